@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/llamaswap serve --config examples/config.yaml
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/llamaswap serve --config examples/config.yaml
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest

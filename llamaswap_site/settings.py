@@ -1,0 +1,111 @@
+"""Django settings, read from the environment (12-factor).
+
+LLAMASWAP_DATA_DIR   where the SQLite file and the generated SECRET_KEY live (default ./data)
+DATABASE_URL         optional postgres://user@host:port/name for scale-out; SQLite otherwise
+LLAMASWAP_DEBUG      "1" turns Django's DEBUG on (off by default)
+LLAMASWAP_ALLOWED_HOSTS  comma-separated Host names accepted (default: localhost names only)
+LLAMASWAP_CONFIG     path of the llama-swap config.yaml (set by `llamaswap serve --config`)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from llamaswap_site.environment import database_from_url, load_or_create_secret_key
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("LLAMASWAP_DATA_DIR", "data")).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = load_or_create_secret_key(DATA_DIR / "secret_key")
+DEBUG = os.environ.get("LLAMASWAP_DEBUG", "") == "1"
+ALLOWED_HOSTS = [
+    h.strip()
+    for h in os.environ.get("LLAMASWAP_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
+    if h.strip()
+]
+
+LLAMASWAP_CONFIG = os.environ.get("LLAMASWAP_CONFIG", "")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_prometheus",
+    "channels",
+    "scheduling",
+    "proxy",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "llamaswap_site.urls"
+ASGI_APPLICATION = "llamaswap_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": database_from_url(os.environ.get("DATABASE_URL", ""), DATA_DIR / "llamaswap.sqlite3")
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True
+# Secure cookies whenever the request arrived over HTTPS (directly or via a proxy that says so).
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_SECURE = os.environ.get("LLAMASWAP_HTTPS", "") == "1"
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+X_FRAME_OPTIONS = "DENY"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "llamaswap": {"handlers": ["console"], "level": os.environ.get("LLAMASWAP_LOG_LEVEL", "INFO").upper()},
+        "django.request": {"handlers": ["console"], "level": "WARNING"},
+    },
+}

@@ -1,0 +1,22 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from proxy import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("health", views.health),
+    path("v1/models", views.list_models),
+    path("models", views.list_models),
+    path("running", views.running),
+    path("unload", views.unload_all_legacy),
+    path("api/models/unload", views.unload_all),
+    path("api/models/unload/<path:model>", views.unload_model),
+    path("logs", views.logs),
+    path("logs/stream", views.logs_stream),
+    path("logs/stream/<path:model>", views.logs_stream),
+    path("", include("django_prometheus.urls")),
+]
+
+handler404 = "proxy.views.not_found"
+handler500 = "proxy.views.server_error"

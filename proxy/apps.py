@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ProxyConfig(AppConfig):
+    name = "proxy"
+    verbose_name = "Proxy"

@@ -1,0 +1,128 @@
+"""The consumers that take each model request, wait for the GPU, and stream the answer back."""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import quote
+
+from proxy.auth import CREDENTIAL_HEADERS, is_authorized
+from proxy.errors import ProxyError
+from proxy.http import StreamingHttpConsumer
+from proxy.inbound import MODEL_ROUTES, forwarded_body, read_model_request
+from proxy.relay import relay, upstream_headers
+from proxy.service import get_service
+from scheduling.core import PRIORITY_HEADER, parse_priority
+from scheduling.runtime import Outcome, Rejected, TicketRequest
+
+log = logging.getLogger("llamaswap.proxy")
+_PRIORITY = PRIORITY_HEADER.lower().encode()
+
+
+class ModelConsumer(StreamingHttpConsumer):
+    """Shared path of every model request: authorise, queue, relay, release."""
+
+    def body_limit(self) -> int:
+        service = get_service()
+        return service.config.max_request_body_bytes
+
+    async def authorise(self, service) -> dict[str, str]:
+        headers = self.header_map()
+        if not is_authorized(headers, service.config.api_keys):
+            raise ProxyError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                "invalid_api_key",
+                headers={"WWW-Authenticate": 'Basic realm="llamaswap"'},
+            )
+        if self.body_too_large:
+            raise ProxyError(
+                413,
+                f"the request body is over the {service.config.max_request_body_bytes} byte limit (maxRequestBodyBytes)",
+                "request_too_large",
+            )
+        return headers
+
+    def client_address(self) -> str:
+        client = self.scope.get("client") or ("", 0)
+        return str(client[0] or "")
+
+    async def serve(self, service, model_cfg, *, requested: str, stream: bool, method: str,
+                    upstream_path: str, body: bytes, headers: dict[str, str]) -> None:
+        runtime = service.runtime
+        request = TicketRequest(
+            model=model_cfg.id,
+            path=self.scope["path"],
+            priority=parse_priority(self.header(_PRIORITY)),
+            requested_model=requested,
+            method=method,
+            stream=stream,
+            client=self.client_address(),
+        )
+        try:
+            lease = await runtime.submit(request)
+        except Rejected as exc:
+            retry = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else None
+            raise ProxyError(exc.status, exc.message, exc.code, headers=retry) from None
+        outcome = Outcome(state="cancelled", error="client disconnected mid-response")
+        try:
+            drop = CREDENTIAL_HEADERS if service.config.api_keys else frozenset()
+            result = await relay(
+                self, service.client_for(model_cfg.id), model_cfg.id, method,
+                lease.upstream + upstream_path, upstream_headers(headers, drop), body,
+            )
+            outcome = Outcome(
+                state=result.state, status_code=result.status, error=result.error, usage=result.usage,
+                first_byte_monotonic=result.first_byte, response_bytes=result.response_bytes,
+            )
+        except ProxyError as exc:
+            outcome = Outcome(state="failed", status_code=exc.status, error=exc.message)
+            raise
+        finally:
+            runtime.release(lease.ticket_id, outcome)
+
+
+class OpenAIConsumer(ModelConsumer):
+    """POST /v1/chat/completions and the other model routes whose body names the model."""
+
+    async def handle(self, body: bytes) -> None:
+        service = get_service()
+        headers = await self.authorise(service)
+        path = self.scope["path"]
+        if self.scope["method"] != "POST":
+            raise ProxyError(405, f"{path} accepts POST only", "method_not_allowed", headers={"Allow": "POST"})
+        if path not in MODEL_ROUTES:
+            raise ProxyError(404, f"no route {path}", "route_not_found")
+        parsed = read_model_request(path, headers.get("content-type", ""), body)
+        model_cfg = service.resolve_model(parsed.requested_model)
+        forwarded = forwarded_body(parsed, model_cfg.use_model_name, model_cfg.filters)
+        query = self.scope.get("query_string", b"").decode("latin-1")
+        await self.serve(
+            service, model_cfg, requested=parsed.requested_model, stream=parsed.stream, method="POST",
+            upstream_path=path + (f"?{query}" if query else ""), body=forwarded, headers=headers,
+        )
+
+
+class UpstreamConsumer(ModelConsumer):
+    """Any method on /upstream/<model>/<path>: straight through to that model's server, still scheduled."""
+
+    async def handle(self, body: bytes) -> None:
+        service = get_service()
+        headers = await self.authorise(service)
+        raw = self.scope.get("raw_path") or quote(self.scope["path"]).encode()
+        rest = raw.decode("latin-1").split("?", 1)[0][len("/upstream/"):]
+        model_cfg, remainder = service.resolve_upstream_path(rest)
+        if remainder is None:
+            target = f"/upstream/{rest}/"
+            query = self.scope.get("query_string", b"")
+            if query:
+                target += "?" + query.decode("latin-1")
+            await self.send_response(308, b"", headers=[(b"location", target.encode("latin-1"))])
+            return
+        query = self.scope.get("query_string", b"").decode("latin-1")
+        await self.serve(
+            service, model_cfg, requested=model_cfg.id, stream=False, method=self.scope["method"],
+            upstream_path="/" + remainder + (f"?{query}" if query else ""), body=body, headers=headers,
+        )
+
+
+

@@ -1,0 +1,152 @@
+"""Reading a model request: which model it wants, whether it streams, and the body to forward.
+
+Bad input is answered here with a clear OpenAI-shaped error before the request
+ever reaches the scheduler, so it can never hold the GPU or start a model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from email.parser import BytesParser
+from email.policy import HTTP
+from urllib.parse import parse_qs
+
+from proxy.errors import ProxyError
+
+# POST routes whose JSON body names the model (llama-swap's list, minus the features we don't ship).
+JSON_ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/rerank",
+        "/v1/reranking",
+        "/rerank",
+        "/reranking",
+        "/v1/audio/speech",
+        "/v1/images/generations",
+        "/infill",
+        "/completion",
+    }
+)
+# POST routes that carry a multipart form with a `model` field.
+MULTIPART_ROUTES = frozenset({"/v1/audio/transcriptions", "/v1/images/edits"})
+MODEL_ROUTES = JSON_ROUTES | MULTIPART_ROUTES
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What the proxy learnt from a request body."""
+
+    requested_model: str
+    stream: bool
+    body: bytes
+    content_type: str
+
+
+def read_model_request(path: str, content_type: str, body: bytes) -> ModelRequest:
+    """Find the model and stream flag; raises ProxyError (400/415) for anything unusable."""
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if path in MULTIPART_ROUTES or media_type == "multipart/form-data":
+        if media_type != "multipart/form-data":
+            raise ProxyError(415, f"{path} expects a multipart/form-data body with a 'model' field", "unsupported_media_type")
+        return ModelRequest(_model_field(_multipart_fields(content_type, body)), False, body, content_type)
+    if media_type == "application/x-www-form-urlencoded":
+        try:
+            form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
+        except UnicodeDecodeError:
+            raise ProxyError(400, "the form body is not valid UTF-8", "invalid_encoding") from None
+        fields = {k: v[0] for k, v in form.items()}
+        return ModelRequest(_model_field(fields), fields.get("stream", "").lower() == "true", body, content_type)
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        raise ProxyError(
+            415,
+            f"send the request body as JSON with 'Content-Type: application/json' (got {media_type or 'no content type'!r})",
+            "unsupported_media_type",
+        )
+    payload = _json_object(body)
+    return ModelRequest(_model_field(payload), payload.get("stream") is True, body, content_type)
+
+
+def parse_json_body(body: bytes) -> dict:
+    return _json_object(body)
+
+
+def _json_object(body: bytes) -> dict:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProxyError(400, f"the request body is not valid UTF-8 (byte {exc.start})", "invalid_encoding") from None
+    if not text.strip():
+        raise ProxyError(400, "the request body is empty; send a JSON object with a 'model' field", "invalid_json")
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProxyError(
+            400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "invalid_json"
+        ) from None
+    except RecursionError:
+        raise ProxyError(400, "the request body is not valid JSON: nested too deeply", "invalid_json") from None
+    if not isinstance(payload, dict):
+        raise ProxyError(400, f"the request body must be a JSON object, not {type(payload).__name__}", "invalid_json")
+    return payload
+
+
+def _model_field(fields: dict) -> str:
+    if "model" not in fields:
+        raise ProxyError(400, "the request has no 'model' field; say which model should answer", "model_missing")
+    model = fields["model"]
+    if not isinstance(model, str):
+        raise ProxyError(400, f"'model' must be a string, not {type(model).__name__}", "invalid_model")
+    if not model.strip():
+        raise ProxyError(400, "'model' is empty; say which model should answer", "model_missing")
+    return model.strip()
+
+
+def _multipart_fields(content_type: str, body: bytes) -> dict[str, str]:
+    """The small text fields of a multipart form (files are skipped)."""
+    message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    if not message.is_multipart():
+        raise ProxyError(400, "the multipart body could not be parsed (check the boundary)", "invalid_multipart")
+    fields: dict[str, str] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if name and part.get_filename() is None:
+            fields[name] = part.get_content() if part.get_content_maintype() == "text" else str(part.get_payload())
+    return fields
+
+
+def rewrite_multipart_model(content_type: str, body: bytes, model: str) -> bytes:
+    """Replace the value of the `model` form field, leaving every other byte as it was."""
+    match = re.search(r'boundary="?([^";]+)"?', content_type)
+    if not match:
+        return body
+    boundary = b"--" + match.group(1).encode("latin-1")
+    parts = body.split(boundary)
+    for i, part in enumerate(parts):
+        head, sep, rest = part.partition(b"\r\n\r\n")
+        if sep and re.search(rb'name="model"(?!\S)', head) and b"filename=" not in head:
+            trailer = b"\r\n" if rest.endswith(b"\r\n") else b""
+            parts[i] = head + sep + model.encode() + trailer
+    return boundary.join(parts)
+
+
+def forwarded_body(request: ModelRequest, use_model_name: str, filters) -> bytes:
+    """Apply useModelName and the filters; the original bytes travel untouched when nothing changes."""
+    media_type = request.content_type.split(";", 1)[0].strip().lower()
+    if media_type == "multipart/form-data":
+        return rewrite_multipart_model(request.content_type, request.body, use_model_name) if use_model_name else request.body
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        return request.body
+    if not use_model_name and filters.is_empty:
+        return request.body
+    payload = parse_json_body(request.body)
+    if use_model_name:
+        payload["model"] = use_model_name
+    payload = filters.apply(payload)
+    return json.dumps(payload, ensure_ascii=False).encode()

@@ -1,0 +1,116 @@
+"""Forwarding one granted request upstream and streaming the answer back, chunk by chunk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from proxy.errors import ProxyError, error_event
+from proxy.usage import usage_from_json, usage_from_sse
+
+# RFC 9110 §7.6.1 hop-by-hop headers, plus what httpx/daphne set themselves.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
+_JSON_KEEP_LIMIT = 4 * 1024 * 1024
+_SSE_TAIL_CHUNKS = 16
+
+
+def upstream_headers(headers: dict[str, str], drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers.items() if k not in _NOT_FORWARDED and k not in drop]
+
+
+def downstream_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+    out = [(k, v) for k, v in response.headers.raw if k.decode("latin-1").lower() not in HOP_BY_HOP]
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        out.append((b"x-accel-buffering", b"no"))
+    return out
+
+
+@dataclass
+class RelayResult:
+    status: int
+    state: str = "completed"
+    error: str = ""
+    first_byte: float | None = None
+    response_bytes: int = 0
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, url: str,
+                headers: list[tuple[str, str]], body: bytes) -> RelayResult:
+    """Send the request and stream the response to `consumer`. Raises ProxyError only before any byte is sent."""
+    loop = asyncio.get_running_loop()
+    request = client.build_request(method, url, headers=headers, content=body)
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.TimeoutException as exc:
+        raise ProxyError(504, f"model '{model}' did not answer in time ({type(exc).__name__})", "upstream_timeout") from None
+    except httpx.HTTPError as exc:
+        raise ProxyError(502, f"model '{model}' could not be reached: {exc or type(exc).__name__}", "upstream_unreachable") from None
+    result = RelayResult(status=response.status_code)
+    is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+    is_json = "json" in response.headers.get("content-type", "")
+    kept: deque[bytes] | list[bytes] = deque(maxlen=_SSE_TAIL_CHUNKS) if is_sse else []
+    try:
+        await consumer.send_headers(status=response.status_code, headers=downstream_headers(response))
+        async for chunk in response.aiter_raw():
+            if result.first_byte is None:
+                result.first_byte = loop.time()
+            result.response_bytes += len(chunk)
+            if is_sse or (is_json and result.response_bytes <= _JSON_KEEP_LIMIT):
+                kept.append(chunk)
+            await consumer.send_body(chunk, more_body=True)
+    except httpx.HTTPError as exc:
+        result.state = "failed"
+        result.status = 502
+        result.error = f"model '{model}' stopped answering mid-response: {exc or type(exc).__name__}"
+        await consumer.send_body(error_event(502, result.error, "upstream_failed") if is_sse else b"")
+    else:
+        await consumer.send_body(b"")
+    finally:
+        await response.aclose()
+    if result.state == "completed" and response.status_code >= 400:
+        result.state = "failed"
+        result.error = _error_message(b"".join(kept), response)
+    if is_sse:
+        result.usage = usage_from_sse(kept)
+    elif is_json and kept and result.response_bytes <= _JSON_KEEP_LIMIT:
+        try:
+            result.usage = usage_from_json(json.loads(b"".join(kept)))
+        except (ValueError, UnicodeDecodeError):
+            pass
+    return result
+
+
+def _error_message(body: bytes, response: httpx.Response) -> str:
+    """llama-swap's rule: error.message, error, message or detail, else the status text."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        payload = None
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        for key in ("error", "message", "detail"):
+            if isinstance(payload.get(key), str):
+                return payload[key]
+    return f"{response.status_code} {response.reason_phrase}"

@@ -1,0 +1,154 @@
+"""Wiring: one service per process holds the config, the fleet, the scheduler runtime and the recorder.
+
+daphne has no lifespan hook, so the service is built on the event loop the
+first time something needs it (`llamaswap serve` does that before the first
+request). The database work that must happen before serving — marking rows a
+previous run left unfinished, stopping model processes it left behind — is
+done synchronously by `prepare()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+from proxy.errors import ProxyError
+from proxy.fleet import ModelFleet
+from scheduling.core import ModelSpec, SwapPolicy, build_scheduler
+from scheduling.recorder import Recorder
+from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketRequest
+
+log = logging.getLogger("llamaswap.service")
+
+_UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    config: object
+    first_ticket_id: int
+
+
+_prepared: Prepared | None = None
+_service: ProxyService | None = None
+
+
+def load_configured():
+    """The config named by settings.LLAMASWAP_CONFIG."""
+    from django.conf import settings
+
+    from proxy.config import load_config
+
+    if not settings.LLAMASWAP_CONFIG:
+        raise RuntimeError("no config file: run `llamaswap serve --config FILE` (or set LLAMASWAP_CONFIG)")
+    return load_config(settings.LLAMASWAP_CONFIG)
+
+
+def prepare(config=None) -> Prepared:
+    """Load the config and recover from a previous run. Synchronous: call it before serving."""
+    from scheduling.recovery import recover_previous_run
+
+    global _prepared
+    config = config or load_configured()
+    next_id = recover_previous_run()
+    _prepared = Prepared(config, next_id)
+    return _prepared
+
+
+def get_service() -> ProxyService:
+    """The process's service, built on the running event loop at first use."""
+    global _service
+    if _service is None:
+        prepared = _prepared
+        if prepared is None:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:  # DB work must not run on the loop thread
+                prepared = pool.submit(prepare).result()
+        _service = ProxyService(prepared.config, prepared.first_ticket_id)
+    return _service
+
+
+def reset_service() -> None:
+    """Forget the process's service (tests that build several in one process)."""
+    global _service, _prepared
+    _service = None
+    _prepared = None
+
+
+class ProxyService:
+    def __init__(self, config, first_ticket_id: int = 1):
+        self.config = config
+        self.recorder = Recorder()
+        self.recorder.start()
+        self.fleet = ModelFleet(config, self.recorder, on_crash=self._model_crashed)
+        scheduler = build_scheduler(
+            config.scheduler.use,
+            {
+                model_id: ModelSpec(
+                    id=model_id,
+                    ttl=model.ttl,
+                    concurrency_limit=model.concurrency_limit,
+                    fifo_priority=config.scheduler.fifo_priority.get(model_id, 0),
+                )
+                for model_id, model in config.models.items()
+            },
+            SwapPolicy(config.groups, config.models),
+            config.scheduler.serial,
+        )
+        self.runtime = SchedulerRuntime(scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id)
+        self._clients: dict[str, httpx.AsyncClient] = {}
+
+    def start(self) -> None:
+        """Begin background work: load `hooks.on_startup.preload` models, one at a time, through the scheduler."""
+        if self.config.preload:
+            self._preload_task = asyncio.get_running_loop().create_task(self._preload())
+
+    async def _preload(self) -> None:
+        for model in self.config.preload:
+            try:
+                lease = await self.runtime.submit(TicketRequest(model=model, path="(preload)", priority=0, method="LOAD"))
+            except Rejected as exc:
+                log.warning("preloading %s failed: %s", model, exc.message)
+                continue
+            self.runtime.release(lease.ticket_id, Outcome(state="completed", status_code=200))
+
+    def _model_crashed(self, model: str) -> None:
+        self.runtime.model_exited(model)
+
+    def resolve_model(self, name: str):
+        model = self.config.resolve(name)
+        if model is None:
+            raise ProxyError(404, f"model '{name}' is not configured; GET /v1/models lists the available models", "model_not_found")
+        return model
+
+    def resolve_upstream_path(self, rest: str):
+        """`<model>/<path>` → (model config, path); model IDs may contain '/', so the longest match wins.
+
+        The path is None when the request named just the model (`/upstream/<model>`), which
+        is answered with a redirect that adds the trailing slash.
+        """
+        segments = rest.split("/")
+        for end in range(len(segments), 0, -1):
+            model = self.config.resolve("/".join(segments[:end]))
+            if model is not None:
+                remainder = "/".join(segments[end:]) if end < len(segments) else None
+                return model, remainder
+        raise ProxyError(404, f"no configured model matches /upstream/{rest}", "model_not_found")
+
+    def client_for(self, model: str) -> httpx.AsyncClient:
+        """One keep-alive client per model server."""
+        client = self._clients.get(model)
+        if client is None:
+            client = httpx.AsyncClient(timeout=_UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            self._clients[model] = client
+        return client
+
+    async def shutdown(self, drain_seconds: float) -> None:
+        """Drain in-flight work within the budget, stop every model, flush the rows."""
+        await self.runtime.shutdown(drain_seconds)
+        await self.fleet.stop_all()
+        await asyncio.gather(*(c.aclose() for c in self._clients.values()), return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(None, self.recorder.close)

@@ -1,0 +1,88 @@
+"""Token counts and speeds from an upstream response, by llama-swap's activity-log rules.
+
+Only the tail of a stream is kept (usage arrives in the last events), so the
+relay does no per-chunk parsing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+
+def usage_from_json(payload: Any) -> dict[str, Any]:
+    """Columns from a JSON response (for `/infill`, an array, the last element)."""
+    if isinstance(payload, list) and payload:
+        payload = payload[-1]
+    if not isinstance(payload, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for usage in (payload.get("usage"), _get(payload, "response", "usage"), _get(payload, "message", "usage")):
+        if isinstance(usage, dict):
+            out.update(_from_usage(usage))
+            break
+    timings = payload.get("timings")
+    if isinstance(timings, dict):
+        out.update(_from_timings(timings))
+    return out
+
+
+def usage_from_sse(tail: Iterable[bytes]) -> dict[str, Any]:
+    """Columns from the last events of a server-sent-events stream; the last usage/timings seen wins."""
+    out: dict[str, Any] = {}
+    text = b"".join(tail).decode("utf-8", "replace")
+    for line in text.splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if not data.startswith("{"):
+            continue
+        try:
+            payload = json.loads(data)
+        except json.JSONDecodeError:
+            continue  # the first line of the tail may be cut
+        out.update(usage_from_json(payload))
+    return out
+
+
+def _get(payload: dict, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(payload, dict):
+            return None
+        payload = payload.get(key)
+    return payload
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _from_usage(usage: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for column, keys in (("input_tokens", ("prompt_tokens", "input_tokens")), ("output_tokens", ("completion_tokens", "output_tokens"))):
+        for key in keys:
+            if _int(usage.get(key)) is not None:
+                out[column] = _int(usage[key])
+                break
+    for cached in (
+        usage.get("cache_read_input_tokens"),
+        _get(usage, "input_tokens_details", "cached_tokens"),
+        _get(usage, "prompt_tokens_details", "cached_tokens"),
+    ):
+        if _int(cached) is not None:
+            out["cache_tokens"] = _int(cached)
+            break
+    return out
+
+
+def _from_timings(timings: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for column, key in (("input_tokens", "prompt_n"), ("output_tokens", "predicted_n"), ("cache_tokens", "cache_n")):
+        if _int(timings.get(key)) is not None:
+            out[column] = _int(timings[key])
+    for column, key in (("prompt_per_second", "prompt_per_second"), ("tokens_per_second", "predicted_per_second")):
+        value = timings.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[column] = float(value)
+    return out

@@ -1,0 +1,178 @@
+"""Plain Django views for everything that is not a proxied model request."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_http_methods
+
+from proxy.auth import is_authorized
+from proxy.errors import error_body
+from proxy.service import get_service
+
+
+def json_error(status: int, message: str, code: str | None = None, **headers: str) -> HttpResponse:
+    response = HttpResponse(error_body(status, message, code), status=status, content_type="application/json")
+    for name, value in headers.items():
+        response[name.replace("_", "-")] = value
+    return response
+
+
+def api_key_required(view):
+    """Protect a view with the configured apiKeys (no keys configured: open)."""
+
+    @functools.wraps(view)
+    async def wrapper(request: HttpRequest, *args, **kwargs):
+        service = get_service()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        if not is_authorized(headers, service.config.api_keys):
+            return json_error(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                "invalid_api_key",
+                WWW_Authenticate='Basic realm="llamaswap"',
+            )
+        return await view(request, service, *args, **kwargs)
+
+    return csrf_exempt(wrapper)
+
+
+def health(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("OK", content_type="text/plain")
+
+
+@require_http_methods(["GET"])
+@api_key_required
+async def list_models(request: HttpRequest, service) -> JsonResponse:
+    created = int(time.time())
+    data = []
+    for model_id, model in service.config.models.items():
+        if model.unlisted:
+            continue
+        state = service.fleet.state(model_id)
+        data.append(
+            {
+                "id": model_id,
+                "object": "model",
+                "created": created,
+                "owned_by": "llamaswap",
+                "name": model.name,
+                "description": model.description,
+                "status": {"value": "unloaded" if state == "stopped" else "loaded"},
+                "meta": {"llamaswap": {"type": "model", "aliases": list(model.aliases), **dict(model.metadata)}},
+            }
+        )
+    return JsonResponse({"object": "list", "data": data})
+
+
+@require_http_methods(["GET"])
+@api_key_required
+async def running(request: HttpRequest, service) -> JsonResponse:
+    items = []
+    for model_id in service.fleet.running():
+        model = service.config.models[model_id]
+        items.append(
+            {
+                "model": model_id,
+                "state": service.fleet.state(model_id),
+                "cmd": " ".join(model.cmd),
+                "proxy": model.proxy,
+                "ttl": model.ttl,
+                "name": model.name,
+                "description": model.description,
+            }
+        )
+    return JsonResponse({"running": items})
+
+
+async def _unload(service, models: list[str] | None) -> None:
+    """Ask the scheduler to stop the models and wait until their processes are gone."""
+    service.runtime.unload(models)
+    targets = models if models is not None else list(service.config.models)
+    deadline = time.monotonic() + max(service.config.models[m].unload_timeout for m in targets) + 10
+    while any(service.fleet.state(m) != "stopped" for m in targets) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+@require_http_methods(["GET"])
+@api_key_required
+async def unload_all_legacy(request: HttpRequest, service) -> HttpResponse:
+    await _unload(service, None)
+    return HttpResponse("OK", content_type="text/plain")
+
+
+@require_http_methods(["POST"])
+@api_key_required
+async def unload_all(request: HttpRequest, service) -> JsonResponse:
+    await _unload(service, None)
+    return JsonResponse({"msg": "ok"})
+
+
+@require_http_methods(["POST"])
+@api_key_required
+async def unload_model(request: HttpRequest, service, model: str) -> HttpResponse:
+    config = service.config.resolve(model)
+    if config is None:
+        return json_error(404, f"model '{model}' is not configured", "model_not_found")
+    await _unload(service, [config.id])
+    return HttpResponse("OK", content_type="text/plain")
+
+
+@require_http_methods(["GET"])
+@api_key_required
+async def logs(request: HttpRequest, service) -> HttpResponse:
+    parts = [f"=== {model_id} ===\n{ring.text()}" for model_id, ring in service.fleet.logs.items() if ring.text()]
+    return HttpResponse("\n".join(parts), content_type="text/plain; charset=utf-8")
+
+
+@require_http_methods(["GET"])
+@api_key_required
+async def logs_stream(request: HttpRequest, service, model: str | None = None) -> HttpResponse:
+    if model is None:
+        rings = dict(service.fleet.logs)
+    else:
+        config = service.config.resolve(model)
+        if config is None:
+            return json_error(400, f"no log named '{model}': use a model id", "unknown_log")
+        rings = {config.id: service.fleet.logs[config.id]}
+    history = "no-history" not in request.GET
+
+    async def lines():
+        queues = {model_id: ring.subscribe() for model_id, ring in rings.items()}
+        try:
+            if history:
+                for ring in rings.values():
+                    if ring.text():
+                        yield ring.text()
+            merged: asyncio.Queue[str] = asyncio.Queue()
+
+            async def pump(q):
+                while True:
+                    await merged.put(await q.get())
+
+            pumps = [asyncio.ensure_future(pump(q)) for q in queues.values()]
+            try:
+                while True:
+                    yield await merged.get()
+            finally:
+                for task in pumps:
+                    task.cancel()
+        finally:
+            for model_id, q in queues.items():
+                rings[model_id].unsubscribe(q)
+
+    response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+def not_found(request: HttpRequest, exception=None) -> HttpResponse:
+    return json_error(404, f"no route {request.path}", "route_not_found")
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    return json_error(500, "llamaswap hit an unexpected error; see its log", "internal_error")

@@ -1,0 +1,158 @@
+"""Write-behind persistence of request rows.
+
+The event loop must never wait for the database while tokens stream, so it only
+hands row changes to this recorder; one thread owns a connection and writes
+them in batches, one transaction per batch. Ordering is kept: changes are
+applied in the order they were recorded, so a row always ends in the last state
+it was given.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("llamaswap.recorder")
+
+_BATCH_LIMIT = 1000
+_RETRIES = 5
+
+
+@dataclass
+class _Create:
+    ticket_id: int
+    fields: dict[str, Any]
+
+
+@dataclass
+class _Update:
+    ticket_id: int
+    fields: dict[str, Any]
+
+
+@dataclass
+class _ProcessStarted:
+    model: str
+    pid: int
+    pgid: int
+    cmdline: list[str]
+
+
+@dataclass
+class _ProcessStopped:
+    pid: int
+
+
+@dataclass
+class _Barrier:
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_STOP = object()
+
+
+class Recorder:
+    """Queues row changes from the event loop; a daemon thread writes them."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="llamaswap-recorder", daemon=True)
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    # -- producers (cheap, non-blocking, safe from any thread) --------------------------------
+    def create(self, ticket_id: int, **fields: Any) -> None:
+        self._queue.put(_Create(ticket_id, fields))
+
+    def update(self, ticket_id: int, **fields: Any) -> None:
+        self._queue.put(_Update(ticket_id, fields))
+
+    def process_started(self, model: str, pid: int, pgid: int, cmdline: list[str]) -> None:
+        self._queue.put(_ProcessStarted(model, pid, pgid, list(cmdline)))
+
+    def process_stopped(self, pid: int) -> None:
+        self._queue.put(_ProcessStopped(pid))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Block until everything recorded before this call is written (tests, shutdown)."""
+        if not self._started:
+            return True
+        barrier = _Barrier()
+        self._queue.put(barrier)
+        return barrier.done.wait(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._started and self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+
+    # -- the writer thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        from django.db import close_old_connections, connection
+
+        try:
+            while True:
+                batch = [self._queue.get()]
+                while len(batch) < _BATCH_LIMIT:
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                stop = any(item is _STOP for item in batch)
+                close_old_connections()
+                self._write(batch)
+                for item in batch:
+                    if isinstance(item, _Barrier):
+                        item.done.set()
+                if stop:
+                    return
+        finally:
+            connection.close()
+
+    def _write(self, batch: list) -> None:
+        for attempt in range(_RETRIES):
+            try:
+                _write_batch(batch)
+                return
+            except Exception:  # a write failure must not kill the recorder; retry, then report
+                if attempt == _RETRIES - 1:
+                    log.exception("could not record %d row changes; they are lost", len(batch))
+                    return
+                time.sleep(0.05 * 2**attempt)
+
+
+def _write_batch(batch: list) -> None:
+    from django.db import transaction
+
+    from scheduling.models import ModelProcessRecord, QueuedRequest
+
+    creates: dict[int, dict[str, Any]] = {}
+    updates: dict[int, dict[str, Any]] = {}
+    for item in batch:
+        if isinstance(item, _Create):
+            creates[item.ticket_id] = dict(item.fields)
+        elif isinstance(item, _Update):
+            target = creates if item.ticket_id in creates else updates
+            target.setdefault(item.ticket_id, {}).update(item.fields)
+    with transaction.atomic():
+        if creates:
+            QueuedRequest.objects.bulk_create(
+                [QueuedRequest(id=tid, **fields) for tid, fields in creates.items()]
+            )
+        for tid, fields in updates.items():
+            QueuedRequest.objects.filter(pk=tid).update(**fields)
+        for item in batch:
+            if isinstance(item, _ProcessStarted):
+                ModelProcessRecord.objects.create(
+                    model=item.model, pid=item.pid, pgid=item.pgid, cmdline=item.cmdline
+                )
+            elif isinstance(item, _ProcessStopped):
+                ModelProcessRecord.objects.filter(pid=item.pid).delete()

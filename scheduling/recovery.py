@@ -1,0 +1,36 @@
+"""Start-up recovery: a run that ended abruptly (SIGKILL, power loss) leaves rows and processes behind."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from scheduling.models import TERMINAL_STATES, ModelProcessRecord, QueuedRequest, RequestState
+
+log = logging.getLogger("llamaswap.recovery")
+
+
+def recover_previous_run() -> int:
+    """Stop orphaned model processes, close unfinished rows as `interrupted`; return the next ticket id."""
+    from proxy.processes import kill_process_group
+
+    for record in ModelProcessRecord.objects.all():
+        if kill_process_group(record.pgid, expect_cmdline=record.cmdline):
+            log.warning("stopped model %s (pid %d) left running by a previous run", record.model, record.pid)
+    ModelProcessRecord.objects.all().delete()
+    now = timezone.now()
+    with transaction.atomic():
+        unfinished = QueuedRequest.objects.exclude(state__in=TERMINAL_STATES)
+        for state in (RequestState.QUEUED, RequestState.DISPATCHED):
+            count = unfinished.filter(state=state).update(
+                state=RequestState.INTERRUPTED,
+                finished_at=now,
+                error=f"llamaswap stopped (killed or crashed) while this request was {state.label.lower()}",
+            )
+            if count:
+                log.warning("marked %d requests left %s by a previous run as interrupted", count, state.value)
+        last = QueuedRequest.objects.aggregate(last=Max("id"))["last"] or 0
+    return last + 1

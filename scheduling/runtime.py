@@ -1,0 +1,420 @@
+"""The single consumer that owns the GPU.
+
+Consumers call `submit()` and await a lease; the pure scheduling core decides
+who goes next and this runtime carries out what it asks for (grant, start or
+stop a model, reject). Every core call happens on the event loop, one at a
+time, so the core needs no locks. The runtime knows nothing of HTTP: model
+processes are reached through a `fleet` object and rows through a recorder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Protocol
+
+from scheduling.core import (
+    Band,
+    Decision,
+    Dequeued,
+    Grant,
+    Reject,
+    Scheduler,
+    SchedulerSnapshot,
+    SerialSettings,
+    StartModel,
+    StopModel,
+    Ticket,
+    band_of,
+)
+
+log = logging.getLogger("llamaswap.scheduler")
+
+
+class Fleet(Protocol):
+    """What the runtime needs from model-process management."""
+
+    async def swap_in(self, model: str, evict: tuple[str, ...]) -> None: ...  # raises on failure
+    async def stop(self, model: str) -> None: ...
+    def upstream_url(self, model: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class TicketRequest:
+    """What a front end knows about a request when it asks for the GPU."""
+
+    model: str
+    path: str
+    priority: int
+    requested_model: str = ""
+    method: str = "POST"
+    stream: bool = False
+    client: str = ""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Permission to send one request upstream; give it back with `release()`."""
+
+    ticket_id: int
+    model: str
+    upstream: str
+    decision: Decision
+
+
+class Rejected(Exception):
+    """The scheduler answered a request with an error instead of a grant."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a granted request ended, for its row."""
+
+    state: str  # completed | failed | cancelled
+    status_code: int | None = None
+    error: str = ""
+    usage: dict[str, Any] | None = None
+    first_byte_monotonic: float | None = None
+    response_bytes: int | None = None
+
+
+@dataclass
+class _Waiter:
+    future: asyncio.Future
+    ticket: Ticket
+    request: TicketRequest
+
+
+class SchedulerRuntime:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        fleet: Fleet,
+        recorder,
+        *,
+        first_ticket_id: int = 1,
+        observer: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.fleet = fleet
+        self.recorder = recorder
+        self._observer = observer or (lambda kind, data: None)
+        self._loop = asyncio.get_running_loop()
+        self._next_id = first_ticket_id
+        self._waiting: dict[int, _Waiter] = {}
+        self._granted: dict[int, tuple[TicketRequest, Decision, float]] = {}
+        self._effects: deque = deque()
+        self._applying = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False
+        self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
+
+    # -- clocks -------------------------------------------------------------------------------
+    def now(self) -> float:
+        return self._loop.time()
+
+    def _wall(self, monotonic: float) -> datetime:
+        return datetime.now(timezone.utc) - timedelta(seconds=max(0.0, self.now() - monotonic))
+
+    # -- front-end API ------------------------------------------------------------------------
+    async def submit(self, request: TicketRequest) -> Lease:
+        """Queue a request and wait for the GPU; raises Rejected, or CancelledError if the caller leaves."""
+        if self._closing:
+            raise Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1)
+        now = self.now()
+        ticket = Ticket(id=self._next_id, model=request.model, priority=request.priority, arrival=now)
+        self._next_id += 1
+        future = self._loop.create_future()
+        self._waiting[ticket.id] = _Waiter(future, ticket, request)
+        band = band_of(request.priority)
+        self.recorder.create(
+            ticket.id,
+            model=request.model,
+            requested_model=request.requested_model,
+            method=request.method,
+            path=request.path,
+            stream=request.stream,
+            client=request.client,
+            priority=request.priority,
+            band=band.value,
+            state="queued",
+            scheduler=self.scheduler.name,
+            arrived_at=self._wall(now),
+        )
+        self._observer("queued", {"model": request.model, "band": band})
+        self._run(lambda: self.scheduler.submit(ticket, now))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.cancel(ticket.id, "client disconnected while queued")
+            raise
+
+    def cancel(self, ticket_id: int, reason: str) -> None:
+        """The caller is gone (or an operator cancelled it). Idempotent."""
+        waiter = self._waiting.pop(ticket_id, None)
+        if waiter is not None:
+            if not waiter.future.done():
+                waiter.future.set_exception(Rejected(499, "cancelled", reason))
+                waiter.future.exception()  # mark retrieved: the caller may already be gone
+            self.recorder.update(
+                ticket_id, state="cancelled", error=reason, finished_at=self._wall(self.now())
+            )
+            self._observer("cancelled", {"model": waiter.ticket.model})
+        elif ticket_id in self._granted:
+            self.release(ticket_id, Outcome(state="cancelled", error=reason))
+            return
+        now = self.now()
+        self._run(lambda: self.scheduler.cancel(ticket_id, now))
+
+    def operator_cancel(self, ticket_id: int) -> bool:
+        """Admin action: fail a queued request with a clear message. Returns whether it was waiting."""
+        if ticket_id not in self._waiting:
+            return False
+        waiter = self._waiting.pop(ticket_id)
+        message = "cancelled by an operator while queued"
+        waiter.future.set_exception(Rejected(503, "cancelled_by_operator", message))
+        self.recorder.update(ticket_id, state="cancelled", error=message, finished_at=self._wall(self.now()))
+        now = self.now()
+        self._run(lambda: self.scheduler.cancel(ticket_id, now))
+        return True
+
+    def reprioritize(self, ticket_id: int, priority: int) -> bool:
+        waiter = self._waiting.get(ticket_id)
+        if waiter is None:
+            return False
+        now = self.now()
+        self._run(lambda: self.scheduler.reprioritize(ticket_id, priority, now))
+        self.recorder.update(ticket_id, priority=priority, band=band_of(priority).value)
+        return True
+
+    def release(self, ticket_id: int, outcome: Outcome) -> None:
+        """The granted request ended. Synchronous and idempotent, so it is safe in `finally`."""
+        granted = self._granted.pop(ticket_id, None)
+        if granted is None:
+            return
+        request, decision, granted_at = granted
+        now = self.now()
+        fields: dict[str, Any] = {
+            "state": outcome.state,
+            "status_code": outcome.status_code,
+            "error": outcome.error,
+            "finished_at": self._wall(now),
+            "duration_ms": int((now - granted_at) * 1000),
+        }
+        if outcome.first_byte_monotonic is not None:
+            fields["first_byte_at"] = self._wall(outcome.first_byte_monotonic)
+        if outcome.response_bytes is not None:
+            fields["response_bytes"] = outcome.response_bytes
+        if outcome.usage:
+            fields.update(outcome.usage)
+        self.recorder.update(ticket_id, **fields)
+        self._observer(
+            "finished",
+            {
+                "model": request.model,
+                "path": request.path,
+                "band": decision.band,
+                "state": outcome.state,
+                "status": outcome.status_code,
+                "seconds": now - granted_at,
+                "ttfb": None if outcome.first_byte_monotonic is None else outcome.first_byte_monotonic - granted_at,
+                "usage": outcome.usage or {},
+            },
+        )
+        self._run(lambda: self.scheduler.finished(ticket_id, now))
+
+    # -- operator API ---------------------------------------------------------------------------
+    def retune(self, settings: SerialSettings) -> None:
+        now = self.now()
+        self._run(lambda: self.scheduler.retune(settings, now))
+
+    def unload(self, models: list[str] | None = None) -> None:
+        now = self.now()
+        self._run(lambda: self.scheduler.unload(models, now))
+
+    def model_exited(self, model: str) -> None:
+        """A model process died on its own (crash): the core must stop counting it as loaded."""
+        now = self.now()
+        self._observer("model_state", {"model": model, "state": "stopped"})
+        self._run(lambda: self.scheduler.model_stopped(model, now))
+
+    def ranked(self) -> list:
+        return self.scheduler.ranked(self.now())
+
+    def waiting_request(self, ticket_id: int) -> TicketRequest | None:
+        waiter = self._waiting.get(ticket_id)
+        return waiter.request if waiter else None
+
+    async def shutdown(self, drain_seconds: float) -> None:
+        """Refuse new work, fail queued requests, give running ones `drain_seconds`, stop every model."""
+        self._closing = True
+        now = self.now()
+        self._run(lambda: self.scheduler.shutdown(now))
+        deadline = self.now() + drain_seconds
+        while (self._granted or self._tasks) and self.now() < deadline:
+            await asyncio.sleep(0.05)
+        if self._timer:
+            self._timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
+    # -- effects --------------------------------------------------------------------------------
+    def _run(self, step: Callable[[], list]) -> None:
+        """Call the core and carry out what it returns, including effects of effects, in order."""
+        self._effects.append(step)
+        if self._applying:
+            return
+        self._applying = True
+        try:
+            while self._effects:
+                item = self._effects.popleft()
+                if callable(item):
+                    self._effects.extend(item())
+                else:
+                    self._apply(item)
+        finally:
+            self._applying = False
+        now = self.now()
+        self.snapshot = (now, self.scheduler.snapshot(now))
+        self._arm_timer()
+
+    def _apply(self, effect) -> None:
+        if isinstance(effect, Grant):
+            self._grant(effect)
+        elif isinstance(effect, Reject):
+            self._reject(effect)
+        elif isinstance(effect, StartModel):
+            self._spawn(self._start_model(effect))
+        elif isinstance(effect, StopModel):
+            self._spawn(self._stop_model(effect))
+        elif isinstance(effect, Dequeued):
+            pass  # the row was already marked by cancel()/operator_cancel()
+        else:
+            raise TypeError(f"unknown scheduler effect {effect!r}")
+
+    def _grant(self, effect: Grant) -> None:
+        waiter = self._waiting.pop(effect.ticket_id, None)
+        now = self.now()
+        if waiter is None or waiter.future.done():
+            # The caller left in the same instant; hand the GPU straight to the next request.
+            if waiter is not None:
+                self.recorder.update(
+                    effect.ticket_id, state="cancelled", error="client disconnected while queued",
+                    finished_at=self._wall(now),
+                )
+            self._effects.append(lambda: self.scheduler.finished(effect.ticket_id, now))
+            return
+        decision = effect.decision
+        self._granted[effect.ticket_id] = (waiter.request, decision, now)
+        waiter.future.set_result(
+            Lease(effect.ticket_id, effect.model, self.fleet.upstream_url(effect.model), decision)
+        )
+        self.recorder.update(effect.ticket_id, state="dispatched", dispatched_at=self._wall(now), **decision_fields(decision))
+        self._observer("dispatched", {"decision": decision})
+
+    def _reject(self, effect: Reject) -> None:
+        waiter = self._waiting.pop(effect.ticket_id, None)
+        self.recorder.update(
+            effect.ticket_id,
+            state="rejected",
+            status_code=effect.status,
+            error=effect.message,
+            finished_at=self._wall(self.now()),
+        )
+        if waiter is not None and not waiter.future.done():
+            waiter.future.set_exception(Rejected(effect.status, effect.code, effect.message, effect.retry_after))
+        self._observer("rejected", {"model": waiter.ticket.model if waiter else "", "status": effect.status})
+
+    def _spawn(self, coro) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _start_model(self, effect: StartModel) -> None:
+        started = self.now()
+        self._observer("model_state", {"model": effect.model, "state": "starting"})
+        try:
+            await self.fleet.swap_in(effect.model, tuple(effect.evict))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any start failure is reported to the waiting requests, never raised
+            reason = str(exc)
+            log.warning("model %s failed to start: %s", effect.model, reason)
+            self._observer("model_state", {"model": effect.model, "state": "stopped"})
+            self._run(lambda: self.scheduler.model_failed(effect.model, reason, self.now()))
+            return
+        self._observer("swap", {"model": effect.model, "seconds": self.now() - started})
+        self._observer("model_state", {"model": effect.model, "state": "ready"})
+        for model in effect.evict:
+            self._observer("model_state", {"model": model, "state": "stopped"})
+        self._run(lambda: self.scheduler.model_ready(effect.model, self.now()))
+
+    async def _stop_model(self, effect: StopModel) -> None:
+        self._observer("model_state", {"model": effect.model, "state": "stopping"})
+        try:
+            await self.fleet.stop(effect.model)
+        finally:
+            self._observer("model_state", {"model": effect.model, "state": "stopped"})
+            self._run(lambda: self.scheduler.model_stopped(effect.model, self.now()))
+
+    def _arm_timer(self) -> None:
+        deadline = self.scheduler.next_deadline()
+        if self._timer is not None:
+            if deadline is not None and math.isclose(self._timer.when(), deadline):
+                return
+            self._timer.cancel()
+            self._timer = None
+        if deadline is not None and not self._closing:
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = self.now()
+        self._run(lambda: self.scheduler.tick(now))
+
+    # -- metrics view ---------------------------------------------------------------------------
+    def oldest_wait_by_band(self) -> dict[Band, float]:
+        """Oldest wait per band as of now, from the last published snapshot (thread-safe read)."""
+        taken_at, snap = self.snapshot
+        elapsed = self._loop.time() - taken_at
+        return {
+            band: (wait + elapsed if snap.depth_by_band[band] else 0.0)
+            for band, wait in snap.oldest_wait_by_band.items()
+        }
+
+
+def decision_fields(decision: Decision) -> dict[str, Any]:
+    """The activity-log columns of a dispatch decision."""
+    fields: dict[str, Any] = {
+        "score_priority": decision.terms.priority,
+        "score_affinity": decision.terms.affinity,
+        "score_aging": decision.terms.aging,
+        "runner_up_id": decision.runner_up_id,
+        "runner_up_score": decision.runner_up_score,
+        "changed_by_aging": decision.changed_by_aging,
+        "changed_by_affinity": decision.changed_by_affinity,
+        "needed_swap": decision.needs_swap,
+        "explanation": decision.explain(),
+    }
+    if decision.scheduler == "serial":
+        fields.update(
+            serial_priority=decision.priority,
+            serial_band=str(decision.band),
+            serial_score=decision.score,
+            serial_queue_wait_ms=int(decision.queue_wait_s * 1000),
+        )
+    else:
+        fields.update(fifo_priority=decision.fifo_priority)
+    return fields

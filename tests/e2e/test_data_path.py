@@ -1,0 +1,172 @@
+"""The data path end to end: real daphne, real fake-model processes started through `cmd:`, the real openai client."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import openai
+import pytest
+
+from tests.served import Served, fake_cmd, read_events, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def two_model_config(tmp, *, bonus=10, divisor=60, ttl=0, extra=""):
+    events = tmp / "events.jsonl"
+    return events, f"""
+        healthCheckTimeout: 20
+        startPort: {20000 + (hash(str(tmp)) % 20000)}
+        models:
+          alpha:
+            cmd: {fake_cmd("alpha", events, "--tps", "200")}
+            proxy: http://127.0.0.1:${{PORT}}
+            aliases: [a]
+            ttl: {ttl}
+          beta:
+            cmd: {fake_cmd("beta", events, "--tps", "200")}
+            proxy: http://127.0.0.1:${{PORT}}
+        {extra}
+        routing:
+          scheduler:
+            use: serial
+            settings:
+              serial: {{agingDivisor: {divisor}, swapAffinityBonus: {bonus}}}
+    """
+
+
+@pytest.fixture
+def served(tmp_path):
+    events, text = two_model_config(tmp_path)
+    with Served(tmp_path, text) as s:
+        s.events = events
+        yield s
+
+
+def client(served, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.base + "/v1", api_key="unused", max_retries=0, **kw)
+
+
+def test_chat_non_streaming_and_streaming_through_the_openai_client(served, rows):
+    c = client(served)
+    reply = c.chat.completions.create(model="alpha", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content
+    assert reply.usage.completion_tokens > 0
+
+    chunks = list(c.chat.completions.create(model="a", messages=[{"role": "user", "content": "hi"}], stream=True))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert len(text.split()) >= 2
+
+    done = wait_until(lambda: [r for r in rows(served.data_dir) if r["state"] == "completed"] if len(
+        [r for r in rows(served.data_dir) if r["state"] == "completed"]) == 2 else None, what="two completed rows")
+    assert [r["requested_model"] for r in done] == ["alpha", "a"]
+    assert all(r["model"] == "alpha" for r in done)
+    assert all(r["serial_band"] == "normal" and r["serial_priority"] == 0 for r in done)
+    assert done[0]["needed_swap"] == 1 and done[1]["needed_swap"] == 0
+    assert done[0]["output_tokens"] > 0 and done[1]["stream"] == 1
+
+
+def _post_in_thread(served, model, priority, results, key, **fake):
+    def run():
+        body = {"model": model, "messages": [{"role": "user", "content": key}], "fake": fake}
+        r = httpx.post(served.base + "/v1/chat/completions", json=body,
+                       headers={"X-LlamaSwap-Priority": str(priority)}, timeout=60)
+        results[key] = r.status_code
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _start_events(served, model=None):
+    return [e for e in read_events(served.events) if e["event"] == "start" and (model is None or e["model"] == model)]
+
+
+def test_dispatch_order_follows_priority_bands_behind_a_long_job(served, rows):
+    results: dict[str, int] = {}
+    threads = [_post_in_thread(served, "alpha", "batch", results, "long", delay=1.5)]
+    wait_until(lambda: len(_start_events(served)) == 1, what="the long job to reach the model")
+    for key, prio in (("batch", "batch"), ("normal", "0"), ("interactive", "interactive")):
+        threads.append(_post_in_thread(served, "alpha", prio, results, key))
+        wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == len(threads) - 1, what=f"{key} queued")
+    for t in threads:
+        t.join(30)
+    assert set(results.values()) == {200}
+    order = [e["priority"] for e in _start_events(served)]
+    assert order == ["batch", "interactive", "0", "batch"]
+
+
+def test_swap_affinity_keeps_a_loaded_model_request_ahead_of_an_older_one(served, rows):
+    results: dict[str, int] = {}
+    threads = [_post_in_thread(served, "alpha", 0, results, "long", delay=1.0)]
+    wait_until(lambda: len(_start_events(served)) == 1, what="the long job to reach alpha")
+    threads.append(_post_in_thread(served, "beta", 0, results, "older-beta"))
+    wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 1, what="beta queued")
+    threads.append(_post_in_thread(served, "alpha", 0, results, "newer-alpha"))
+    wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 2, what="alpha queued")
+    for t in threads:
+        t.join(30)
+    starts = _start_events(served)
+    assert [e["model"] for e in starts] == ["alpha", "alpha", "beta"]
+    done = wait_until(lambda: (r := rows(served.data_dir, "model='alpha' AND state='completed'")) and len(r) == 2 and r,
+                      what="alpha rows")
+    assert done[1]["changed_by_affinity"] == 1
+    assert done[1]["score_affinity"] == 10
+
+
+def test_client_that_leaves_while_queued_never_starts_its_model(served, rows):
+    results: dict[str, int] = {}
+    long = _post_in_thread(served, "alpha", 0, results, "long", delay=1.0)
+    wait_until(lambda: len(_start_events(served)) == 1, what="the long job")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(served.base + "/v1/chat/completions", json={"model": "beta", "messages": []}, timeout=0.3)
+    long.join(30)
+    cancelled = wait_until(lambda: rows(served.data_dir, "model='beta'") and rows(served.data_dir, "model='beta' AND state='cancelled'"),
+                           what="the beta row to be cancelled")
+    assert "disconnected" in cancelled[0]["error"]
+    assert httpx.get(served.base + "/running").json()["running"][0]["model"] == "alpha"
+    assert not _start_events(served, "beta")
+
+
+def test_client_that_leaves_mid_stream_frees_the_gpu_for_the_next_request(served, rows):
+    results: dict[str, int] = {}
+    with httpx.stream("POST", served.base + "/v1/chat/completions",
+                      json={"model": "alpha", "stream": True, "messages": [], "fake": {"tokens": 10000, "tps": 20}},
+                      timeout=30) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data:")
+        waiting = _post_in_thread(served, "alpha", 0, results, "next")
+        wait_until(lambda: rows(served.data_dir, "state='queued'"), what="the next request to queue")
+    waiting.join(30)
+    assert results == {"next": 200}
+    events = read_events(served.events)
+    assert [e["event"] for e in events] == ["start", "disconnect", "start", "end"]
+    first = wait_until(lambda: (r := rows(served.data_dir, "state='cancelled'")) and r, what="the cancelled row")
+    assert "mid-response" in first[0]["error"]
+
+
+def test_unknown_model_and_bad_json_get_openai_errors(served):
+    r = httpx.post(served.base + "/v1/chat/completions", json={"model": "nope", "messages": []})
+    assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
+    r = httpx.post(served.base + "/v1/chat/completions", content=b"{bad", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(served.base + "/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400 and "model" in r.json()["error"]["message"]
+
+
+def test_models_list_running_and_unload(served):
+    listed = httpx.get(served.base + "/v1/models").json()
+    assert [m["id"] for m in listed["data"]] == ["alpha", "beta"]
+    assert httpx.get(served.base + "/running").json() == {"running": []}
+    client(served).embeddings.create(model="beta", input="x")
+    assert [m["model"] for m in httpx.get(served.base + "/running").json()["running"]] == ["beta"]
+    assert httpx.post(served.base + "/api/models/unload/beta").status_code == 200
+    assert httpx.get(served.base + "/running").json() == {"running": []}
+
+
+def test_model_swap_stops_the_previous_model(served):
+    c = client(served)
+    c.embeddings.create(model="alpha", input="x")
+    c.embeddings.create(model="beta", input="x")
+    running = httpx.get(served.base + "/running").json()["running"]
+    assert [m["model"] for m in running] == ["beta"]

@@ -1,0 +1,117 @@
+"""Run the real service for end-to-end tests: `llamaswap serve` in a subprocess, fake models via `cmd:`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_cmd(model: str, events: Path | None = None, *args: str) -> str:
+    """A `cmd:` line that starts the shipped fake model server, like llama-server would be started."""
+    parts = [sys.executable, "-m", "proxy.fakemodel", "--port", "${PORT}", "--model", model, *args]
+    if events is not None:
+        parts += ["--events", str(events)]
+    return " ".join(parts)
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    """Poll `predicate` until it returns something truthy, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def read_events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class Served:
+    """One `llamaswap serve` process on a free loopback port, with its own data dir."""
+
+    def __init__(self, tmp: Path, config_text: str, *, extra_args: tuple[str, ...] = (), env: dict | None = None):
+        self.tmp = tmp
+        self.config_path = tmp / "config.yaml"
+        self.config_path.write_text(textwrap.dedent(config_text))
+        self.data_dir = tmp / "data"
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / "serve.log"
+        self.extra_args = extra_args
+        self.env = {
+            **os.environ,
+            "LLAMASWAP_DATA_DIR": str(self.data_dir),
+            "LLAMASWAP_ALLOW_SHORT_HEALTH_TIMEOUT": "1",
+            "PYTHONPATH": str(REPO),
+            **(env or {}),
+        }
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> Served:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "manage.py"), "serve", "--config", str(self.config_path),
+             "--listen", f"127.0.0.1:{self.port}", *self.extra_args],
+            cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+        def healthy():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"llamaswap exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                return httpx.get(self.base + "/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, timeout, 0.05, "llamaswap to answer /health")
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+    def __enter__(self) -> Served:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.stop()
+            if self.proc.poll() is None:
+                self.kill()
