@@ -253,6 +253,14 @@ class SchedulerRuntime:
     def ranked(self) -> list:
         return self.scheduler.ranked(self.now())
 
+    def from_thread(self, fn: Callable[..., Any], *args: Any, timeout: float = 5.0) -> Any:
+        """Run `fn(*args)` on the runtime's event loop from another thread (sync admin views) and return its result."""
+
+        async def call():
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout)
+
     def waiting_request(self, ticket_id: int) -> TicketRequest | None:
         waiter = self._waiting.get(ticket_id)
         return waiter.request if waiter else None
