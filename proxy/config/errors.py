@@ -1,0 +1,86 @@
+"""Config problems are collected, not raised one at a time.
+
+Users hate fix-one-rerun loops, so every check records a `Problem` and the
+loader raises a single `ConfigError` listing all of them at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in the file: where (dotted key path) and what to do about it."""
+
+    key: str
+    message: str
+
+    def render(self, path: str) -> str:
+        where = f"{path}: {self.key}: " if self.key else f"{path}: "
+        return where + self.message
+
+
+class ConfigError(Exception):
+    """The config file cannot be used; `problems` lists everything that is wrong with it."""
+
+    def __init__(self, path: str | os.PathLike, problems: list[Problem]):
+        if not problems:
+            raise ValueError("ConfigError needs at least one problem")
+        self.path = str(path)
+        self.problems = list(problems)
+        super().__init__(str(self))
+
+    def __reduce__(self):
+        return (ConfigError, (self.path, self.problems))
+
+    @property
+    def key(self) -> str:
+        """Key path of the first problem ("" when it concerns the whole file)."""
+        return self.problems[0].key
+
+    @property
+    def message(self) -> str:
+        """Message of the first problem."""
+        return self.problems[0].message
+
+    def __str__(self) -> str:
+        return "\n".join(problem.render(self.path) for problem in self.problems)
+
+
+class ProblemLog:
+    """Accumulates problems and warnings while a file is checked."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.problems: list[Problem] = []
+        self.warnings: list[str] = []
+
+    def error(self, key: str, message: str) -> None:
+        self.problems.append(Problem(key, message))
+
+    def warn(self, key: str, message: str) -> None:
+        self.warnings.append(Problem(key, message).render(self.path))
+
+    def raise_if_any(self) -> None:
+        if self.problems:
+            raise ConfigError(self.path, self.problems)
+
+
+def kind_of(value: Any) -> str:
+    """What the user wrote, in words, for "expected X, got Y" messages."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"the bool {'true' if value else 'false'}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f'the string "{value}"'
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__

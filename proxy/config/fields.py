@@ -1,0 +1,221 @@
+"""Typed, macro-aware reading of one mapping of the config file.
+
+Each reader checks one key, records a problem (with its full key path and a
+fix) when the value is wrong and returns the default, so a single pass finds
+every mistake. Keys no reader asked for are turned into warnings at the end,
+which is how unknown and unsupported keys get reported by name.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Collection
+from typing import Any
+
+from .errors import ProblemLog, kind_of
+from .macros import MacroCycle, MacroScope, leftover_references
+
+MISSING: Any = object()
+
+
+class Section:
+    """A mapping of the file at key path `key`, read through a macro scope."""
+
+    def __init__(
+        self,
+        data: dict,
+        key: str,
+        log: ProblemLog,
+        scope: MacroScope | None = None,
+        *,
+        model_id: str | None = None,
+    ):
+        self.data = data
+        self.key = key
+        self.log = log
+        self.scope = scope
+        self.model_id = model_id
+        self._read: set[str] = set()
+
+    # -- plumbing ---------------------------------------------------------
+
+    def path(self, name: str) -> str:
+        return f"{self.key}.{name}" if self.key else name
+
+    def error(self, name: str, message: str) -> None:
+        self.log.error(self.path(name), message)
+
+    def has(self, name: str) -> bool:
+        return name in self.data
+
+    def raw(self, name: str, default: Any = MISSING) -> Any:
+        """The value as written (macros not expanded), or `default` when the key is absent."""
+        self._read.add(name)
+        return self.data.get(name, default)
+
+    def expanded(self, name: str, *, typed: bool = True, allow_refs: Collection[str] = ()) -> Any:
+        """The value with macros expanded and leftover references reported, or MISSING."""
+        value = self.raw(name)
+        if value is MISSING or value is None:
+            return value
+        if self.scope is not None:
+            try:
+                value = self.scope.expand(value, typed=typed)
+            except MacroCycle as exc:
+                self.error(name, str(exc))
+                return MISSING
+        if not self._report_leftovers(self.path(name), value, allow_refs):
+            return MISSING
+        return value
+
+    def _report_leftovers(self, key: str, value: Any, allow_refs: Collection[str]) -> bool:
+        if isinstance(value, str):
+            bad = [ref for ref in leftover_references(value) if ref not in allow_refs]
+            for ref in dict.fromkeys(bad):
+                self.log.error(key, self._leftover_message(ref))
+            return not bad
+        if isinstance(value, dict):
+            results = [self._report_leftovers(f"{key}.{k}", v, allow_refs) for k, v in value.items()]
+            return all(results)
+        if isinstance(value, list):
+            results = [self._report_leftovers(f"{key}[{i}]", v, allow_refs) for i, v in enumerate(value)]
+            return all(results)
+        return True
+
+    def _leftover_message(self, ref: str) -> str:
+        name = ref[2:-1]
+        if name == "PID":
+            return "${PID} is only known in cmdStop (it is the process id at stop time) — remove it here"
+        if name in ("PORT", "MODEL_ID") and self.model_id is None:
+            return f"{ref} only exists inside a model — it cannot be used outside `models:`"
+        if name == "PORT":
+            return (
+                "${PORT} is only assigned to models whose cmd uses ${PORT} — "
+                "add `--port ${PORT}` to cmd, or write the port number"
+            )
+        if name.startswith("env."):
+            return f"{ref} is not a valid environment variable reference — names use letters, digits and '_'"
+        where = "under `macros:`"
+        if self.model_id is not None:
+            where += f" or models.{self.model_id}.macros"
+        return f"{ref} is not a defined macro — declare {name} {where}, or fix the spelling"
+
+    # -- typed readers ----------------------------------------------------
+
+    def text(self, name: str, default: str = "", *, allow_refs: Collection[str] = ()) -> str:
+        value = self.expanded(name, typed=False, allow_refs=allow_refs)
+        if value is MISSING or value is None:
+            return default
+        if not isinstance(value, str):
+            self.error(name, f"expected text, got {kind_of(value)} — quote it: {name}: \"{value}\"")
+            return default
+        return value
+
+    def number(self, name: str, default: float, *, minimum: float | None = None, example: str = "60") -> float:
+        value = self.expanded(name)
+        if value is MISSING or value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.error(name, f"expected a number, got {kind_of(value)} — e.g. {name}: {example}")
+            return default
+        if minimum is not None and value < minimum:
+            self.error(name, f"{value} is below the minimum of {minimum:g} — e.g. {name}: {example}")
+            return default
+        return float(value)
+
+    def integer(
+        self,
+        name: str,
+        default: int,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        example: str = "10",
+    ) -> int:
+        value = self.expanded(name)
+        if value is MISSING or value is None:
+            return default
+        return self.check_integer(self.path(name), value, default, minimum=minimum, maximum=maximum, example=f"{name}: {example}")
+
+    def check_integer(
+        self,
+        key: str,
+        value: Any,
+        default: int,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        example: str,
+    ) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.log.error(key, f"expected a whole number, got {kind_of(value)} — e.g. {example}")
+            return default
+        if minimum is not None and value < minimum:
+            self.log.error(key, f"{value} is below the minimum of {minimum} — e.g. {example}")
+            return default
+        if maximum is not None and value > maximum:
+            self.log.error(key, f"{value} is above the maximum of {maximum} — e.g. {example}")
+            return default
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.expanded(name)
+        if value is MISSING or value is None:
+            return default
+        if not isinstance(value, bool):
+            self.error(name, f"expected true or false, got {kind_of(value)}")
+            return default
+        return value
+
+    def text_list(self, name: str, *, example: str) -> tuple[str, ...]:
+        value = self.expanded(name, typed=False)
+        if value is MISSING or value is None:
+            return ()
+        if not isinstance(value, list):
+            self.error(name, f"expected a list, got {kind_of(value)} — e.g. {name}: [{example}]")
+            return ()
+        items = []
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                self.log.error(
+                    f"{self.path(name)}[{index}]",
+                    f"expected text, got {kind_of(item)} — quote it: \"{item}\"",
+                )
+                continue
+            items.append(item)
+        return tuple(items)
+
+    def section(self, name: str) -> Section | None:
+        """The nested mapping at `name` as a Section (None when absent or wrong)."""
+        value = self.raw(name)
+        if value is MISSING or value is None:
+            return None
+        if not isinstance(value, dict):
+            self.error(name, f"expected a mapping of key: value, got {kind_of(value)}")
+            return None
+        return Section(
+            value,
+            self.path(name),
+            self.log,
+            self.scope,
+            model_id=self.model_id,
+        )
+
+    # -- leftovers ------------------------------------------------------------
+
+    def warn_unread(self, unsupported: Collection[str] = (), notes: dict[str, str] | None = None) -> None:
+        """Warn about every key nobody read: `unsupported` ones are known llama-swap keys."""
+        notes = notes or {}
+        known = sorted(self._read)
+        for name in self.data:
+            name_text = str(name)
+            if name in self._read:
+                continue
+            if name_text in notes:
+                self.log.warn(self.path(name_text), notes[name_text])
+            elif name_text in unsupported:
+                self.log.warn(self.path(name_text), "not supported by llamaswap, ignored")
+            else:
+                close = difflib.get_close_matches(name_text, known, n=1)
+                hint = f"did you mean {close[0]}?" if close else "check the spelling"
+                self.log.warn(self.path(name_text), f"unknown key, ignored — {hint}")

@@ -1,0 +1,260 @@
+"""Loading llama-swap's `config.yaml`: the `Config` every other part of llamaswap reads."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from scheduling.core.swap import SwapGroup
+
+from .errors import ConfigError, Problem, ProblemLog, kind_of
+from .fields import MISSING, Section
+from .macros import MacroScope
+from .model import ModelConfig, ModelDefaults, read_model
+from .model_index import ModelIndex
+from .routing import SchedulerConfig, read_groups, read_scheduler
+from .yaml_document import read_yaml_document
+
+DEFAULT_HEALTH_CHECK_TIMEOUT = 120.0
+MIN_HEALTH_CHECK_TIMEOUT = 15.0
+SHORT_HEALTH_TIMEOUT_ENV = "LLAMASWAP_ALLOW_SHORT_HEALTH_TIMEOUT"
+DEFAULT_START_PORT = 5800
+DEFAULT_UNLOAD_TIMEOUT = 10.0
+DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
+LOG_LEVELS = ("debug", "info", "warn", "error")
+
+# Known llama-swap top-level keys that llamaswap does not implement.
+UNSUPPORTED_TOP_KEYS = frozenset(
+    {
+        "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "store", "ui",
+        "performance", "sendLoadingState", "includeAliasesInList", "upstream", "profiles",
+        "selectors", "peers",
+    }
+)
+TOP_KEY_NOTES = {"logRequests": "deprecated in llama-swap and ignored — remove it"}
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str
+    models: Mapping[str, ModelConfig]
+    groups: tuple[SwapGroup, ...]
+    health_check_timeout: float
+    start_port: int
+    global_ttl: float
+    unload_timeout: float
+    api_keys: tuple[str, ...]
+    log_level: str
+    preload: tuple[str, ...]
+    scheduler: SchedulerConfig
+    max_request_body_bytes: int
+    metrics_require_api_key: bool
+    warnings: tuple[str, ...]
+    aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # alias -> model ID
+
+    def resolve(self, name: str) -> ModelConfig | None:
+        """The model a request names, by ID or alias."""
+        model = self.models.get(name)
+        if model is None and name in self.aliases:
+            model = self.models[self.aliases[name]]
+        return model
+
+    def describe(self) -> str:
+        """Human summary printed at start, so operators see what was understood."""
+        scheduler = self.scheduler
+        if scheduler.use == "serial":
+            how = f"agingDivisor {scheduler.serial.aging_divisor:g}, swapAffinityBonus {scheduler.serial.swap_affinity_bonus}"
+        else:
+            how = ", ".join(f"{model}={value}" for model, value in scheduler.fifo_priority.items())
+            how = f"priority {how}" if how else "no per-model priority"
+        lines = [
+            f"config {self.path}",
+            f"scheduler: {scheduler.use} ({how})",
+            "healthCheckTimeout {}s, globalTTL {}, unloadTimeout {:g}s, startPort {}, api keys: {}".format(
+                f"{self.health_check_timeout:g}",
+                _ttl_text(self.global_ttl),
+                self.unload_timeout,
+                self.start_port,
+                len(self.api_keys) or "none (auth off)",
+            ),
+        ]
+        if self.preload:
+            lines.append(f"preload: {', '.join(self.preload)}")
+        group_of = {member: group.name for group in self.groups for member in group.members}
+        for group in self.groups:
+            flags = [flag for flag, on in (("swap", group.swap), ("exclusive", group.exclusive), ("persistent", group.persistent)) if on]
+            lines.append(f"group {group.name} ({', '.join(flags) or 'no flags'}): {', '.join(group.members) or '-'}")
+        lines.append(f"models ({len(self.models)}):")
+        for model in self.models.values():
+            extras = []
+            if model.aliases:
+                extras.append(f"aliases: {', '.join(model.aliases)}")
+            extras.append(f"group: {group_of.get(model.id, '(default)')}")
+            if model.unlisted:
+                extras.append("unlisted")
+            lines.append(f"  {model.id}  [{'; '.join(extras)}]")
+            lines.append(f"    cmd:   {shlex.join(model.cmd)}")
+            lines.append(f"    proxy: {model.proxy}  ttl: {_ttl_text(model.ttl)}")
+        return "\n".join(lines)
+
+
+def _ttl_text(ttl: float) -> str:
+    return "never" if ttl == 0 else f"{ttl:g}s"
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """Read and check the file at `path`; raises ConfigError listing every problem."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except FileNotFoundError:
+        raise ConfigError(path, [Problem("", "file not found — check the path given with --config")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(path, [Problem("", f"cannot be read ({exc}) — check its permissions and that it is UTF-8 text")]) from None
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, path: str = "<string>") -> Config:
+    """Check config text; `path` is only used in messages.
+
+    healthCheckTimeout below 15 s is raised to 15 s as in llama-swap, unless the
+    environment sets LLAMASWAP_ALLOW_SHORT_HEALTH_TIMEOUT=1 (for tests that
+    want a dead upstream to fail fast).
+    """
+    log = ProblemLog(path)
+    data = read_yaml_document(text, log)
+    log.raise_if_any()
+    if not isinstance(data, dict):
+        log.error("", f"the top level must be a mapping of settings, got {kind_of(data)} — start the file with `models:`")
+        log.raise_if_any()
+
+    top = Section(data, "", log)
+    top.scope = MacroScope.declare(top.raw("macros", None), "macros", log)
+    health_check_timeout = _read_health_check_timeout(top)
+    start_port = top.integer("startPort", DEFAULT_START_PORT, minimum=1, maximum=65535, example="5800")
+    global_ttl = top.number("globalTTL", 0, minimum=0, example="300")
+    unload_timeout = top.number("unloadTimeout", 0, minimum=0, example="10") or DEFAULT_UNLOAD_TIMEOUT
+    models = _read_models(top, start_port, ModelDefaults(global_ttl=global_ttl, unload_timeout=unload_timeout))
+    index = ModelIndex(models, log)
+    routing = top.section("routing")
+    groups = read_groups(top, routing, index)
+    scheduler = read_scheduler(routing, index)
+    if routing is not None:
+        routing.warn_unread()
+    api_keys = _read_api_keys(top)
+    log_level = _read_log_level(top)
+    preload = _read_preload(top, index)
+    max_request_body_bytes = top.integer(
+        "maxRequestBodyBytes", DEFAULT_MAX_REQUEST_BODY_BYTES, minimum=1, example=str(DEFAULT_MAX_REQUEST_BODY_BYTES)
+    )
+    metrics_require_api_key = top.boolean("metricsRequireApiKey", False)
+    top.warn_unread(UNSUPPORTED_TOP_KEYS, TOP_KEY_NOTES)
+    log.raise_if_any()
+
+    return Config(
+        path=path,
+        models=MappingProxyType(models),
+        groups=groups,
+        health_check_timeout=health_check_timeout,
+        start_port=start_port,
+        global_ttl=global_ttl,
+        unload_timeout=unload_timeout,
+        api_keys=api_keys,
+        log_level=log_level,
+        preload=preload,
+        scheduler=scheduler,
+        max_request_body_bytes=max_request_body_bytes,
+        metrics_require_api_key=metrics_require_api_key,
+        warnings=tuple(log.warnings),
+        aliases=MappingProxyType(index.aliases()),
+    )
+
+
+def _read_health_check_timeout(top: Section) -> float:
+    timeout = top.number("healthCheckTimeout", DEFAULT_HEALTH_CHECK_TIMEOUT, example="120")
+    if os.environ.get(SHORT_HEALTH_TIMEOUT_ENV) == "1":
+        if timeout <= 0:
+            top.error("healthCheckTimeout", f"{timeout:g} must be above 0 — e.g. healthCheckTimeout: 5")
+            return DEFAULT_HEALTH_CHECK_TIMEOUT
+        return timeout
+    if timeout < MIN_HEALTH_CHECK_TIMEOUT:
+        top.log.warn(
+            "healthCheckTimeout",
+            f"{timeout:g} is below the minimum of {MIN_HEALTH_CHECK_TIMEOUT:g} seconds, using {MIN_HEALTH_CHECK_TIMEOUT:g}",
+        )
+        return MIN_HEALTH_CHECK_TIMEOUT
+    return timeout
+
+
+def _read_models(top: Section, start_port: int, defaults: ModelDefaults) -> dict[str, ModelConfig]:
+    """Models sorted by ID; ${PORT} numbers are handed out in that order, so they are stable."""
+    entries = top.raw("models")
+    if entries is MISSING or entries is None:
+        top.error("models", "missing — add a `models:` section with at least one model and its cmd")
+        return {}
+    if not isinstance(entries, dict):
+        top.error("models", f"expected a mapping of model ID: settings, got {kind_of(entries)}")
+        return {}
+    if not entries:
+        top.log.warn("models", "no models are defined — every request will be answered 404")
+
+    next_port = start_port
+
+    def allocate_port() -> int:
+        nonlocal next_port
+        next_port += 1
+        return next_port - 1
+
+    models: dict[str, ModelConfig] = {}
+    for raw_id in entries:
+        if not isinstance(raw_id, str) or not raw_id:
+            top.log.error(f"models.{raw_id}", f'a model ID must be non-empty text, got {kind_of(raw_id)} — quote it: "{raw_id}":')
+    for model_id in sorted(key for key in entries if isinstance(key, str) and key):
+        model = read_model(model_id, entries[model_id], top.scope, defaults, allocate_port, top.log)
+        if model is not None:
+            models[model_id] = model
+    if next_port - 1 > 65535:
+        top.error("startPort", f"{start_port} leaves too few ports for the {next_port - start_port} models that use ${{PORT}} — lower startPort")
+    return models
+
+
+def _read_api_keys(top: Section) -> tuple[str, ...]:
+    keys = top.text_list("apiKeys", example='"sk-…"')
+    for position, api_key in enumerate(keys):
+        key = f"apiKeys[{position}]"
+        if not api_key:
+            top.log.error(key, "empty API key — remove the entry or set a key (its env variable may be empty)")
+        elif any(char.isspace() for char in api_key):
+            top.log.error(key, "API keys cannot contain spaces — clients send them in one header token; remove the whitespace")
+    return tuple(api_key for api_key in keys if api_key and not any(char.isspace() for char in api_key))
+
+
+def _read_log_level(top: Section) -> str:
+    level = top.text("logLevel", "info")
+    if level not in LOG_LEVELS:
+        top.error("logLevel", f'"{level}" is not a log level — use one of: {", ".join(LOG_LEVELS)}')
+        return "info"
+    return level
+
+
+def _read_preload(top: Section, index: ModelIndex) -> tuple[str, ...]:
+    hooks = top.section("hooks")
+    on_startup = hooks.section("on_startup") if hooks else None
+    names = on_startup.text_list("preload", example="model-a") if on_startup else ()
+    preload: list[str] = []
+    for position, name in enumerate(names):
+        name = name.strip()
+        real = index.resolve(name)
+        if not name:
+            continue
+        if real is None:
+            top.log.error(f"hooks.on_startup.preload[{position}]", index.unknown(name))
+        elif real not in preload:
+            preload.append(real)
+    for section in (on_startup, hooks):
+        if section is not None:
+            section.warn_unread()
+    return tuple(preload)

@@ -1,0 +1,234 @@
+"""One entry under `models:` — how to start, reach, check and stop one upstream server."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from .command import split_command, strip_comment_lines
+from .errors import ProblemLog, kind_of
+from .fields import MISSING, Section
+from .filters import ModelFilters, parse_strip_params
+from .frozen import FrozenDict, freeze
+from .macros import MacroCycle, MacroScope
+
+DEFAULT_CHECK_ENDPOINT = "/health"
+DEFAULT_CONCURRENCY_LIMIT = 10
+PORT_REF = "${PORT}"
+PID_REF = "${PID}"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Known llama-swap model keys that llamaswap reads but does not act on.
+UNSUPPORTED_MODEL_KEYS = frozenset({"sendLoadingState", "timeouts", "compat", "capabilities"})
+MODEL_KEY_NOTES = {
+    "healthCheckTimeout": "cannot be set per model, ignored — set the top-level healthCheckTimeout",
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    id: str
+    cmd: tuple[str, ...]
+    cmd_stop: tuple[str, ...]
+    proxy: str
+    check_endpoint: str | None
+    ttl: float
+    unload_timeout: float
+    aliases: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    unlisted: bool
+    use_model_name: str
+    name: str
+    description: str
+    concurrency_limit: int
+    filters: ModelFilters
+    metadata: Mapping[str, Any]
+    port: int | None
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """Top-level values a model falls back to."""
+
+    global_ttl: float
+    unload_timeout: float
+
+
+def read_model(
+    model_id: str,
+    entry: Any,
+    global_scope: MacroScope,
+    defaults: ModelDefaults,
+    allocate_port: Callable[[], int],
+    log: ProblemLog,
+) -> ModelConfig | None:
+    """Check one model entry; `allocate_port` is called only when cmd uses ${PORT}."""
+    key = f"models.{model_id}"
+    if not isinstance(entry, dict):
+        log.error(key, f"expected a mapping with at least `cmd:`, got {kind_of(entry)}")
+        return None
+    entry = dict(entry)
+    for name in ("cmd", "cmdStop"):  # comment lines go before macro expansion
+        if isinstance(entry.get(name), str):
+            entry[name] = strip_comment_lines(entry[name])
+
+    section = Section(entry, key, log, model_id=model_id)
+    scope = MacroScope.declare(
+        section.raw("macros", None), f"{key}.macros", log, parent=global_scope.with_value("MODEL_ID", model_id)
+    )
+    port = None
+    if _cmd_uses_port(entry.get("cmd"), scope):
+        port = allocate_port()
+        scope = scope.with_value("PORT", port)
+    section.scope = scope
+
+    cmd = _read_cmd(section)
+    cmd_stop = _read_argv(section, "cmdStop", allow_refs=(PID_REF,))
+    model = ModelConfig(
+        id=model_id,
+        cmd=cmd,
+        cmd_stop=cmd_stop,
+        proxy=_read_proxy(section, port),
+        check_endpoint=_read_check_endpoint(section),
+        ttl=_read_ttl(section, defaults.global_ttl),
+        unload_timeout=section.number("unloadTimeout", 0, minimum=0, example="10") or defaults.unload_timeout,
+        aliases=section.text_list("aliases", example='"gpt-4o-mini"'),
+        env=_read_env(section),
+        unlisted=section.boolean("unlisted", False),
+        use_model_name=section.text("useModelName"),
+        name=section.text("name"),
+        description=section.text("description"),
+        concurrency_limit=section.integer("concurrencyLimit", 0, minimum=0, example="4") or DEFAULT_CONCURRENCY_LIMIT,
+        filters=_read_filters(section),
+        metadata=_read_metadata(section),
+        port=port,
+    )
+    section.warn_unread(UNSUPPORTED_MODEL_KEYS, MODEL_KEY_NOTES)
+    return model
+
+
+def _cmd_uses_port(cmd: Any, scope: MacroScope) -> bool:
+    if not isinstance(cmd, str):
+        return False
+    try:
+        return PORT_REF in scope.expand(cmd, typed=False)
+    except MacroCycle:
+        return False  # reported when cmd is read
+
+
+def _read_cmd(section: Section) -> tuple[str, ...]:
+    problems_before = len(section.log.problems)
+    argv = _read_argv(section, "cmd")
+    if not argv and len(section.log.problems) == problems_before:
+        state = "is empty" if section.has("cmd") else "missing"
+        section.error(
+            "cmd",
+            f"{state} — every model needs the command that starts its server, "
+            "e.g. cmd: llama-server --port ${PORT} -m /models/model.gguf",
+        )
+    return argv
+
+
+def _read_argv(section: Section, name: str, *, allow_refs: tuple[str, ...] = ()) -> tuple[str, ...]:
+    text = section.text(name, allow_refs=allow_refs)
+    if not text.strip():
+        return ()
+    try:
+        return split_command(text)
+    except ValueError as exc:
+        section.error(name, str(exc))
+        return ()
+
+
+def _read_proxy(section: Section, port: int | None) -> str:
+    if not section.has("proxy"):
+        section.raw("proxy")
+        if port is not None:
+            return f"http://localhost:{port}"
+        section.error(
+            "proxy",
+            "not set, and cmd does not use ${PORT}, so llamaswap cannot tell where the server listens — "
+            "set proxy: http://127.0.0.1:<port>, or add `--port ${PORT}` to cmd",
+        )
+        return ""
+    proxy = section.text("proxy")
+    if not proxy:
+        return ""
+    parts = urlsplit(proxy)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        section.error("proxy", f'"{proxy}" is not an http(s) URL — e.g. proxy: http://127.0.0.1:8080')
+        return ""
+    return proxy.rstrip("/")
+
+
+def _read_check_endpoint(section: Section) -> str | None:
+    endpoint = section.text("checkEndpoint", DEFAULT_CHECK_ENDPOINT).strip()
+    if endpoint == "none":
+        return None
+    return "/" + endpoint.lstrip("/")
+
+
+def _read_ttl(section: Section, global_ttl: float) -> float:
+    ttl = section.number("ttl", -1, example="300")
+    if ttl == -1:
+        return global_ttl
+    if ttl < 0:
+        section.error(
+            "ttl",
+            f"{ttl:g} is negative — use a number of idle seconds, 0 to never unload, or -1 for globalTTL",
+        )
+        return global_ttl
+    return ttl
+
+
+def _read_env(section: Section) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for index, item in enumerate(section.text_list("env", example='"CUDA_VISIBLE_DEVICES=0"')):
+        name, equals, value = item.partition("=")
+        if not equals or not ENV_NAME.fullmatch(name):
+            section.log.error(
+                f"{section.path('env')}[{index}]",
+                f'"{item}" is not NAME=value — write it like "CUDA_VISIBLE_DEVICES=0" '
+                "(names use letters, digits and '_', and do not start with a digit)",
+            )
+            continue
+        pairs.append((name, value))
+    return tuple(pairs)
+
+
+def _read_filters(section: Section) -> ModelFilters:
+    filters = section.section("filters")
+    if filters is None:
+        return ModelFilters()
+    strip_text = filters.text("stripParams")
+    legacy = filters.text("strip_params")
+    if legacy and strip_text:
+        filters.log.warn(filters.path("strip_params"), "old spelling of stripParams, ignored because stripParams is set — remove it")
+    strip, protected = parse_strip_params(strip_text or legacy)
+    for name in protected:
+        filters.log.warn(filters.path("stripParams"), f"{name} is protected and never stripped — remove it from the list")
+
+    set_params = filters.expanded("setParams")
+    if set_params is MISSING or set_params is None:
+        set_params = {}
+    elif not isinstance(set_params, dict):
+        filters.error("setParams", f"expected a mapping of param: value, got {kind_of(set_params)} — e.g. setParams: {{temperature: 0.7}}")
+        set_params = {}
+    for name in [name for name in set_params if name == "model"]:
+        filters.log.warn(filters.path(f"setParams.{name}"), "model is protected and never overridden, ignored — use useModelName to rename the model upstream")
+        del set_params[name]
+    filters.warn_unread({"setParamsByID"})
+    return ModelFilters(strip_params=tuple(strip), set_params=freeze({str(k): v for k, v in set_params.items()}))
+
+
+def _read_metadata(section: Section) -> Mapping[str, Any]:
+    metadata = section.expanded("metadata")
+    if metadata is MISSING or metadata is None:
+        return FrozenDict()
+    if not isinstance(metadata, dict):
+        section.error("metadata", f"expected a mapping, got {kind_of(metadata)} — e.g. metadata: {{family: llama}}")
+        return FrozenDict()
+    return freeze(metadata)

@@ -1,0 +1,178 @@
+"""`groups` / `routing.router` (which models may run together) and `routing.scheduler`
+(which waiting request is served next)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from scheduling.core.settings import SerialSettings, serial_settings_problems
+from scheduling.core.swap import DEFAULT_GROUP, SwapGroup
+
+from .fields import MISSING, Section
+from .model_index import ModelIndex
+
+SCHEDULERS = ("fifo", "serial")
+DEFAULT_SCHEDULER = "fifo"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    use: str = DEFAULT_SCHEDULER
+    serial: SerialSettings = field(default_factory=SerialSettings)
+    fifo_priority: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def read_groups(top: Section, routing: Section | None, index: ModelIndex) -> tuple[SwapGroup, ...]:
+    """Groups from the legacy top-level `groups` or from `routing.router.settings.groups`."""
+    router = routing.section("router") if routing else None
+    settings = router.section("settings") if router else None
+    use = router.text("use", "") if router else ""
+    new_style = settings.raw("groups") if settings else MISSING
+    legacy = top.raw("groups")
+    legacy_matrix = top.raw("matrix")
+
+    if _given(legacy_matrix) or use == "matrix":
+        where = "matrix" if _given(legacy_matrix) else "routing.router.use"
+        top.log.error(
+            where,
+            "the matrix router is not supported by llamaswap (ignoring it would change which models get "
+            "evicted) — describe models that may run together with routing.router.settings.groups instead",
+        )
+    elif use not in ("", "group"):
+        router.error("use", f'unknown router "{use}" — the only router llamaswap has is group')
+
+    has_new = _given(new_style) or use != "" or (settings is not None and settings.has("matrix"))
+    if _given(legacy) and has_new:
+        top.error(
+            "groups",
+            "the legacy top-level groups and the routing.router block are both set — "
+            "move the groups to routing.router.settings.groups and delete the top-level key",
+        )
+        return ()
+    if settings is not None and use != "matrix":
+        matrix_note = "ignored because routing.router.use is group — llamaswap has no matrix router"
+        settings.warn_unread(notes={"matrix": matrix_note})
+    if router is not None:
+        router.warn_unread()
+
+    if _given(legacy):
+        return _read_group_map(top.section("groups"), index)
+    if settings is not None:
+        return _read_group_map(settings.section("groups"), index)
+    return ()
+
+
+def _given(value: object) -> bool:
+    return value is not MISSING and value is not None
+
+
+def _read_group_map(groups: Section | None, index: ModelIndex) -> tuple[SwapGroup, ...]:
+    if groups is None:
+        return ()
+    result = []
+    member_of: dict[str, str] = {}
+    for raw_name in list(groups.data):
+        name = str(raw_name)
+        if name == DEFAULT_GROUP:
+            groups.raw(raw_name)
+            groups.error(name, f"{DEFAULT_GROUP} is the name of the implicit group of ungrouped models — rename this group")
+            continue
+        group = groups.section(raw_name)
+        if group is None:
+            continue
+        members = []
+        for position, member in enumerate(group.text_list("members", example="model-a, model-b")):
+            key = f"{group.path('members')}[{position}]"
+            real = index.resolve(member)
+            if real is None:
+                group.log.error(key, index.unknown(member))
+            elif real in members:
+                group.log.error(key, f'"{member}" is listed twice in this group — remove one')
+            elif real in member_of:
+                group.log.error(
+                    key,
+                    f'model {real} is already in group {member_of[real]} — a model can belong to only one group',
+                )
+            else:
+                members.append(real)
+                member_of[real] = name
+        if not group.has("members"):
+            group.error("members", "missing — list the model IDs of this group, e.g. members: [model-a, model-b]")
+        result.append(
+            SwapGroup(
+                name=name,
+                members=tuple(members),
+                swap=group.boolean("swap", True),
+                exclusive=group.boolean("exclusive", True),
+                persistent=group.boolean("persistent", False),
+            )
+        )
+        group.warn_unread()
+    return tuple(result)
+
+
+def read_scheduler(routing: Section | None, index: ModelIndex) -> SchedulerConfig:
+    scheduler = routing.section("scheduler") if routing else None
+    if scheduler is None:
+        return SchedulerConfig()
+    use = scheduler.text("use", DEFAULT_SCHEDULER)
+    if use not in SCHEDULERS:
+        scheduler.error("use", f'unknown scheduler "{use}" — valid schedulers are: {", ".join(SCHEDULERS)}')
+        use = DEFAULT_SCHEDULER
+    settings = scheduler.section("settings")
+    serial = _read_serial(settings.section("serial") if settings else None)
+    priority = _read_fifo_priority(settings.section("fifo") if settings else None, index)
+    if settings is not None:
+        settings.warn_unread()
+    scheduler.warn_unread()
+    return SchedulerConfig(use=use, serial=serial, fifo_priority=MappingProxyType(priority))
+
+
+def _read_serial(serial: Section | None) -> SerialSettings:
+    defaults = SerialSettings()
+    if serial is None:
+        return defaults
+    aging = serial.expanded("agingDivisor")
+    bonus = serial.expanded("swapAffinityBonus")
+    aging = aging if _given(aging) else defaults.aging_divisor
+    bonus = bonus if _given(bonus) else defaults.swap_affinity_bonus
+    problems = serial_settings_problems(aging, bonus)
+    for name, message in problems.items():
+        serial.error(name, message)
+    serial.warn_unread()
+    if problems:
+        return defaults
+    return SerialSettings(aging_divisor=float(aging), swap_affinity_bonus=int(bonus))
+
+
+def _read_fifo_priority(fifo: Section | None, index: ModelIndex) -> dict[str, int]:
+    if fifo is None:
+        return {}
+    table = fifo.section("priority")
+    fifo.warn_unread()
+    if table is None:
+        return {}
+    priority: dict[str, int] = {}
+    set_by: dict[str, str] = {}
+    for raw_name in list(table.data):
+        name = str(raw_name)
+        key = table.path(name)
+        value = table.expanded(raw_name)
+        if value is MISSING:
+            continue
+        value = table.check_integer(key, value, 0, example=f"{name}: 10")
+        real = index.resolve(name)
+        if real is None:
+            table.log.error(key, index.unknown(name))
+        elif real in set_by:
+            table.log.error(
+                key,
+                f'"{name}" is model {real}, whose priority is already set by "{set_by[real]}" — keep one entry',
+            )
+        else:
+            priority[real] = value
+            set_by[real] = name
+    return priority
+

@@ -1,0 +1,84 @@
+"""Keys llamaswap does not act on are warned about by key path, never fatal."""
+
+BASE = """
+models:
+  m:
+    cmd: run
+    proxy: http://h:1
+"""
+
+
+def test_no_warnings_for_a_clean_config(load):
+    assert load(BASE).warnings == ()
+
+
+def test_known_llama_swap_keys_are_reported_as_unsupported(load):
+    config = load(
+        """
+        logToStdout: both
+        peers: {}
+        profiles: {}
+        selectors: {}
+        includeAliasesInList: true
+        logRequests: true
+        routing:
+          router:
+            settings:
+              matrix: {sets: {a: m}}
+        models:
+          m:
+            cmd: run
+            proxy: http://h:1
+            capabilities: {tools: true}
+            timeouts: {connect: 5}
+            sendLoadingState: true
+            healthCheckTimeout: 10
+            filters:
+              setParamsByID: {"m:high": {effort: high}}
+        """
+    )
+    warnings = set(config.warnings)
+    for key in ("logToStdout", "peers", "profiles", "selectors", "includeAliasesInList",
+                "models.m.capabilities", "models.m.timeouts", "models.m.sendLoadingState",
+                "models.m.filters.setParamsByID"):
+        assert f"config.yaml: {key}: not supported by llamaswap, ignored" in warnings
+    assert "config.yaml: logRequests: deprecated in llama-swap and ignored — remove it" in warnings
+    assert any(w.startswith("config.yaml: models.m.healthCheckTimeout: cannot be set per model") for w in warnings)
+    assert any(w.startswith("config.yaml: routing.router.settings.matrix: ignored") for w in warnings)
+
+
+def test_unknown_keys_are_warned_with_a_spelling_hint(load):
+    config = load(
+        """
+        logLevl: debug
+        models:
+          m:
+            cmd: run
+            proxy: http://h:1
+            ttL: 5
+            whatever: 1
+        routing:
+          scheduler:
+            use: serial
+            settings:
+              serial: {agingDivisr: 5}
+        hooks:
+          on_startup: {preload: [m], warmup: yes}
+        """
+    )
+    warnings = set(config.warnings)
+    assert "config.yaml: logLevl: unknown key, ignored — did you mean logLevel?" in warnings
+    assert "config.yaml: models.m.ttL: unknown key, ignored — did you mean ttl?" in warnings
+    assert "config.yaml: models.m.whatever: unknown key, ignored — check the spelling" in warnings
+    assert (
+        "config.yaml: routing.scheduler.settings.serial.agingDivisr: unknown key, ignored — did you mean agingDivisor?"
+        in warnings
+    )
+    assert any(w.startswith("config.yaml: hooks.on_startup.warmup: unknown key") for w in warnings)
+    assert config.models["m"].ttl == 0
+
+
+def test_empty_models_section_is_a_warning(load):
+    config = load("models: {}\n")
+    assert config.models == {}
+    assert any("no models are defined" in w for w in config.warnings)
