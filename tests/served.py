@@ -55,7 +55,11 @@ class Served:
     def __init__(self, tmp: Path, config_text: str, *, extra_args: tuple[str, ...] = (), env: dict | None = None):
         self.tmp = tmp
         self.config_path = tmp / "config.yaml"
-        self.config_path.write_text(textwrap.dedent(config_text))
+        config_text = textwrap.dedent(config_text)
+        if "startPort" not in config_text:
+            # Model ports must not collide with other tests' (or a previous run's) model servers.
+            config_text = f"startPort: {free_port()}\n" + config_text
+        self.config_path.write_text(config_text)
         self.data_dir = tmp / "data"
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"

@@ -17,7 +17,6 @@ def two_model_config(tmp, *, bonus=10, divisor=60, ttl=0, extra=""):
     events = tmp / "events.jsonl"
     return events, f"""
         healthCheckTimeout: 20
-        startPort: {20000 + (hash(str(tmp)) % 20000)}
         models:
           alpha:
             cmd: {fake_cmd("alpha", events, "--tps", "200")}

@@ -108,13 +108,19 @@ class Command(BaseCommand):
             stopping.append(asyncio.ensure_future(stop(signame)))
 
         def started() -> None:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, on_signal, sig.name)
-            service = get_service()
-            service.start()
+            try:
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, on_signal, sig.name)
+                service = get_service()
+                service.start()
+            except Exception:
+                log.exception("llamaswap could not start")
+                reactor.stop()
+                raise
             self.stdout.write(f"llamaswap serving on http://{host}:{port} (scheduler: {service.config.scheduler.use})")
             self.stdout.flush()
 
-        reactor.callWhenRunning(started)
+        # Twisted runs `callWhenRunning` callbacks before the asyncio loop spins; call_soon waits for it.
+        reactor.callWhenRunning(lambda: reactor._asyncioEventloop.call_soon(started))
         server.run()
