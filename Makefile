@@ -2,6 +2,7 @@
 PYTHON ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: run test venv bench clean
 
@@ -11,12 +12,17 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Tests also run against a real llama.cpp server, which needs the real-upstream extra.
+$(TEST_STAMP): $(STAMP)
+	$(VENV)/bin/pip install --quiet -e '.[dev,real-upstream]'
+	touch $(TEST_STAMP)
+
 venv: $(STAMP)
 
 run: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/llamaswap serve --config examples/config.yaml
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP)
