@@ -1,7 +1,8 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import path
 
 from proxy import views
+from scheduling import metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -15,7 +16,7 @@ urlpatterns = [
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
     path("logs/stream/<path:model>", views.logs_stream),
-    path("", include("django_prometheus.urls")),
+    path("metrics", metrics.metrics_view, name="prometheus-django-metrics"),
 ]
 
 handler404 = "proxy.views.not_found"

@@ -18,6 +18,7 @@ import httpx
 
 from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
+from scheduling import metrics
 from scheduling.core import ModelSpec, SwapPolicy, build_scheduler
 from scheduling.recorder import Recorder
 from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketRequest
@@ -98,7 +99,10 @@ class ProxyService:
             SwapPolicy(config.groups, config.models),
             config.scheduler.serial,
         )
-        self.runtime = SchedulerRuntime(scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id)
+        self.runtime = SchedulerRuntime(
+            scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, observer=metrics.record_event
+        )
+        metrics.export_service(self.runtime, self.fleet, config)
         self._clients: dict[str, httpx.AsyncClient] = {}
 
     def start(self) -> None:

@@ -1,0 +1,330 @@
+"""Prometheus metrics for /metrics: the scheduler queue, requests, model loads and tokens.
+
+Queue gauges are computed at scrape time from the snapshot the runtime publishes
+after every change, so no error path can leave a stale `set()` behind. /metrics is a
+sync Django view running on a worker thread, so the collectors here only read
+immutable snapshots and plain attributes; they never touch the event loop.
+Counters and histograms are fed by the runtime's observer (`record_event`) on the
+event-loop thread; prometheus_client makes those updates thread-safe.
+
+Labels stay bounded: band, a fixed route list, configured model IDs, status codes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django_prometheus.exports import ExportToDjangoView
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.auth import is_authorized
+from proxy.errors import error_body
+from proxy.inbound import MODEL_ROUTES
+from scheduling.core import Band, Decision, SchedulerSnapshot
+
+log = logging.getLogger("llamaswap.metrics")
+
+BANDS = tuple(str(band) for band in Band)
+REORDER_TERMS = ("aging", "swap_affinity")
+MODEL_STATES = ("stopped", "starting", "ready", "stopping")
+TOKEN_DIRECTIONS = ("input", "output")
+UPSTREAM_ROUTE = "/upstream"
+# Requests that never reached a model (rejected, or cancelled while queued) carry no path in their event.
+UNKNOWN = "unknown"
+
+QUEUE_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+REQUEST_DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+FIRST_BYTE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+MODEL_LOAD_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+
+DISPATCHED = Counter(
+    "llamaswap_scheduler_dispatched_total",
+    "Requests dispatched to the GPU, by the band of their priority.",
+    ["band"],
+)
+REORDERS = Counter(
+    "llamaswap_scheduler_reorders_total",
+    "Dispatches whose pick would have been a different request without this score term.",
+    ["band", "term"],
+)
+QUEUE_WAIT = Histogram(
+    "llamaswap_scheduler_queue_wait_seconds",
+    "Time dispatched requests spent queued, from arrival to dispatch.",
+    ["band"],
+    buckets=QUEUE_WAIT_BUCKETS,
+)
+REQUESTS = Counter(
+    "llamaswap_requests_total",
+    "Model requests that reached the scheduler, by how they ended "
+    "(status 499: the client left; route 'unknown': rejected or cancelled before dispatch).",
+    ["model", "route", "status"],
+)
+REQUEST_DURATION = Histogram(
+    "llamaswap_request_duration_seconds",
+    "Time a dispatched request held the GPU, from dispatch to the end of its response.",
+    ["model"],
+    buckets=REQUEST_DURATION_BUCKETS,
+)
+FIRST_BYTE = Histogram(
+    "llamaswap_request_first_byte_seconds",
+    "Time from dispatch to the first response byte from the model server.",
+    ["model"],
+    buckets=FIRST_BYTE_BUCKETS,
+)
+MODEL_LOADS = Counter(
+    "llamaswap_model_loads_total",
+    "Model servers started and healthy (each one is a model swap).",
+    ["model"],
+)
+MODEL_LOAD_SECONDS = Histogram(
+    "llamaswap_model_load_seconds",
+    "Time to swap a model in: stopping the evicted models, starting it, waiting until healthy.",
+    ["model"],
+    buckets=MODEL_LOAD_BUCKETS,
+)
+TOKENS = Counter(
+    "llamaswap_tokens_total",
+    "Tokens reported by the model server's usage, by direction (input: prompt, output: generated).",
+    ["model", "direction"],
+)
+
+
+def _create_band_series() -> None:
+    """Every band (and term) exists at 0 from the start, so `rate()` sees the first dispatch."""
+    for band in BANDS:
+        DISPATCHED.labels(band)
+        QUEUE_WAIT.labels(band)
+        for term in REORDER_TERMS:
+            REORDERS.labels(band, term)
+
+
+_create_band_series()
+
+
+class SnapshotSource(Protocol):
+    """What the queue collector reads: the runtime's published snapshot."""
+
+    snapshot: tuple[float, SchedulerSnapshot]
+
+    def oldest_wait_by_band(self) -> Mapping[Band, float]: ...
+
+
+class ModelStates(Protocol):
+    """What the model-state collector reads: each model process's current state."""
+
+    def state(self, model: str) -> str: ...
+
+
+class SchedulerCollector(Collector):
+    """Queue depth and oldest wait per band, read from the runtime's latest snapshot at scrape time."""
+
+    def __init__(self, runtime: SnapshotSource | None = None) -> None:
+        self.runtime = runtime
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._depth_family(), self._oldest_wait_family()]
+
+    def collect(self) -> Iterator[Metric]:
+        depth_family, wait_family = self.describe()
+        runtime = self.runtime
+        if runtime is None:
+            depth: Mapping[Band, int] = {}
+            oldest: Mapping[Band, float] = {}
+        else:
+            depth = runtime.snapshot[1].depth_by_band
+            oldest = runtime.oldest_wait_by_band()
+        for band in Band:
+            depth_family.add_metric([str(band)], depth.get(band, 0))
+            wait_family.add_metric([str(band)], oldest.get(band, 0.0))
+        yield depth_family
+        yield wait_family
+
+    @staticmethod
+    def _depth_family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "llamaswap_scheduler_queue_depth", "Requests waiting for the GPU, by band.", labels=["band"]
+        )
+
+    @staticmethod
+    def _oldest_wait_family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "llamaswap_scheduler_queue_oldest_wait_seconds",
+            "How long the longest-waiting request of each band has waited (0 when none waits).",
+            labels=["band"],
+        )
+
+
+class ModelStateCollector(Collector):
+    """`llamaswap_model_state`: 1 on each model's current state, 0 on the others, read from the fleet."""
+
+    def __init__(self, fleet: ModelStates | None = None, models: Iterable[str] = ()) -> None:
+        self.fleet = fleet
+        self.models = tuple(models)
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        fleet = self.fleet
+        if fleet is not None:
+            for model in self.models:
+                current = fleet.state(model)
+                for state in dict.fromkeys((*MODEL_STATES, current)):
+                    family.add_metric([model, state], 1.0 if state == current else 0.0)
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "llamaswap_model_state",
+            "1 for the state each model's server is in (stopped, starting, ready, stopping), else 0.",
+            labels=["model", "state"],
+        )
+
+
+@dataclass
+class Export:
+    """What this process's /metrics reports on: the served runtime and fleet, and the config's key rule."""
+
+    scheduler: SchedulerCollector
+    model_states: ModelStateCollector
+    config: Any = None
+
+
+EXPORT = Export(SchedulerCollector(), ModelStateCollector())
+REGISTRY.register(EXPORT.scheduler)
+REGISTRY.register(EXPORT.model_states)
+
+
+def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
+    """Point /metrics at this service, and create every configured model's series at zero.
+
+    Series that exist from the start let `rate()` and `increase()` see the first event.
+    """
+    EXPORT.scheduler.runtime = runtime
+    EXPORT.model_states.fleet = fleet
+    EXPORT.model_states.models = tuple(config.models)
+    EXPORT.config = config
+    for model in config.models:
+        MODEL_LOADS.labels(model)
+        MODEL_LOAD_SECONDS.labels(model)
+        REQUEST_DURATION.labels(model)
+        FIRST_BYTE.labels(model)
+        for direction in TOKEN_DIRECTIONS:
+            TOKENS.labels(model, direction)
+
+
+def record_event(kind: str, data: Mapping[str, Any]) -> None:
+    """The runtime's observer: turn one scheduler event into counter and histogram updates.
+
+    It runs inside the scheduler's critical path, so a metrics bug is logged, never raised.
+    Queue depth and model state are not counted here: they are read at scrape time.
+    """
+    try:
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            handler(data)
+    except Exception:
+        log.exception("could not record the %r scheduler event in the metrics", kind)
+
+
+def _dispatched(data: Mapping[str, Any]) -> None:
+    decision: Decision = data["decision"]
+    band = str(decision.band)
+    DISPATCHED.labels(band).inc()
+    QUEUE_WAIT.labels(band).observe(decision.queue_wait_s)
+    if decision.changed_by_aging:
+        REORDERS.labels(band, "aging").inc()
+    if decision.changed_by_affinity:
+        REORDERS.labels(band, "swap_affinity").inc()
+
+
+def _finished(data: Mapping[str, Any]) -> None:
+    model = data["model"]
+    REQUESTS.labels(model, route_label(data["path"]), status_label(data["status"], data["state"])).inc()
+    REQUEST_DURATION.labels(model).observe(data["seconds"])
+    if data["ttfb"] is not None:
+        FIRST_BYTE.labels(model).observe(data["ttfb"])
+    usage = data["usage"]
+    for direction in TOKEN_DIRECTIONS:
+        count = usage.get(f"{direction}_tokens")
+        if isinstance(count, int) and count > 0:
+            TOKENS.labels(model, direction).inc(count)
+
+
+def _rejected(data: Mapping[str, Any]) -> None:
+    REQUESTS.labels(data["model"] or UNKNOWN, UNKNOWN, str(data["status"])).inc()
+
+
+def _cancelled(data: Mapping[str, Any]) -> None:
+    REQUESTS.labels(data["model"], UNKNOWN, "499").inc()
+
+
+def _swap(data: Mapping[str, Any]) -> None:
+    MODEL_LOADS.labels(data["model"]).inc()
+    MODEL_LOAD_SECONDS.labels(data["model"]).observe(data["seconds"])
+
+
+_HANDLERS = {
+    "dispatched": _dispatched,
+    "finished": _finished,
+    "rejected": _rejected,
+    "cancelled": _cancelled,
+    "swap": _swap,
+}
+
+
+def route_label(path: str) -> str:
+    """A request path as a bounded label: one of the model routes, `/upstream`, or `other`."""
+    if path in MODEL_ROUTES:
+        return path
+    if path.startswith(UPSTREAM_ROUTE + "/"):
+        return UPSTREAM_ROUTE
+    return "other"
+
+
+def status_label(status: int | None, state: str) -> str:
+    """The HTTP status sent; 499 (client closed the request) when the client left before one was."""
+    if status is not None:
+        return str(status)
+    return "499" if state == "cancelled" else state
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """GET /metrics: django-prometheus's export, behind the API keys when `metricsRequireApiKey: true`."""
+    config = _served_config()
+    if config is not None and config.metrics_require_api_key:
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        if not is_authorized(headers, config.api_keys):
+            response = HttpResponse(
+                error_body(
+                    401,
+                    "/metrics needs an API key (metricsRequireApiKey is on): "
+                    "send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                    "invalid_api_key",
+                ),
+                status=401,
+                content_type="application/json",
+            )
+            response["WWW-Authenticate"] = 'Basic realm="llamaswap"'
+            return response
+    return ExportToDjangoView(request)
+
+
+def _served_config():
+    """The config of the running service; before one exists (served by plain daphne), the configured file."""
+    if EXPORT.config is not None:
+        return EXPORT.config
+    if settings.LLAMASWAP_CONFIG:
+        from proxy.service import load_configured  # here, not at the top: proxy.service imports this module
+
+        return load_configured()
+    return None
