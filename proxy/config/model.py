@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,10 +22,22 @@ PID_REF = "${PID}"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Known llama-swap model keys that llamaswap reads but does not act on.
-UNSUPPORTED_MODEL_KEYS = frozenset({"sendLoadingState", "timeouts", "compat", "capabilities"})
+UNSUPPORTED_MODEL_KEYS = frozenset({"sendLoadingState", "compat", "capabilities"})
+# llama-swap transport timeouts that httpx has no counterpart for.
+UNSUPPORTED_TIMEOUT_KEYS = frozenset({"keepalive", "tlsHandshake", "expectContinue", "idleConn"})
+DEFAULT_CONNECT_TIMEOUT = 30.0
 MODEL_KEY_NOTES = {
     "healthCheckTimeout": "cannot be set per model, ignored — set the top-level healthCheckTimeout",
 }
+
+
+@dataclass(frozen=True)
+class UpstreamTimeouts:
+    """llama-swap's `timeouts` (seconds; 0 disables one). `response_header` also bounds each gap
+    between response chunks, since httpx has one read timeout for both."""
+
+    connect: float | None = DEFAULT_CONNECT_TIMEOUT
+    response_header: float | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,7 @@ class ModelConfig:
     filters: ModelFilters
     metadata: Mapping[str, Any]
     port: int | None
+    timeouts: UpstreamTimeouts = field(default_factory=UpstreamTimeouts)
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,7 @@ def read_model(
         filters=_read_filters(section),
         metadata=_read_metadata(section),
         port=port,
+        timeouts=_read_timeouts(section),
     )
     section.warn_unread(UNSUPPORTED_MODEL_KEYS, MODEL_KEY_NOTES)
     return model
@@ -147,7 +161,7 @@ def _read_proxy(section: Section, port: int | None) -> str:
     if not section.has("proxy"):
         section.raw("proxy")
         if port is not None:
-            return f"http://localhost:{port}"
+            return f"http://127.0.0.1:{port}"
         section.error(
             "proxy",
             "not set, and cmd does not use ${PORT}, so llamaswap cannot tell where the server listens — "
@@ -197,6 +211,16 @@ def _read_env(section: Section) -> tuple[tuple[str, str], ...]:
             continue
         pairs.append((name, value))
     return tuple(pairs)
+
+
+def _read_timeouts(section: Section) -> UpstreamTimeouts:
+    timeouts = section.section("timeouts")
+    if timeouts is None:
+        return UpstreamTimeouts()
+    connect = timeouts.number("connect", DEFAULT_CONNECT_TIMEOUT, minimum=0, example="30")
+    header = timeouts.number("responseHeader", 0, minimum=0, example="120")
+    timeouts.warn_unread(UNSUPPORTED_TIMEOUT_KEYS)
+    return UpstreamTimeouts(connect=connect or None, response_header=header or None)
 
 
 def _read_filters(section: Section) -> ModelFilters:

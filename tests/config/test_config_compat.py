@@ -117,7 +117,8 @@ def test_example_unsupported_keys_are_named_in_warnings():
         "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "ui", "performance",
         "sendLoadingState", "includeAliasesInList", "upstream", "profiles", "selectors", "peers",
         "models.gpt-oss-120b.compat", "models.gpt-oss-120b.sendLoadingState",
-        "models.gpt-oss-120b.timeouts", "models.gpt-oss-120b.capabilities",
+        "models.gpt-oss-120b.timeouts.keepalive", "models.gpt-oss-120b.timeouts.tlsHandshake",
+        "models.gpt-oss-120b.timeouts.idleConn", "models.gpt-oss-120b.capabilities",
         "models.gpt-oss-120b.filters.setParamsByID", "routing.router.settings.matrix",
     }
 

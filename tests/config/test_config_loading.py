@@ -41,7 +41,7 @@ def test_minimal_model_gets_llama_swap_defaults(load):
     assert model.id == "llama"
     assert model.cmd == ("llama-server", "--port", "5800", "-m", "/models/llama.gguf")
     assert model.cmd_stop == ()
-    assert model.proxy == "http://localhost:5800"
+    assert model.proxy == "http://127.0.0.1:5800"
     assert model.port == 5800
     assert model.check_endpoint == "/health"
     assert model.ttl == 0
@@ -301,4 +301,4 @@ def test_describe_summarises_scheduler_and_models(load):
     assert "serial (agingDivisor 30, swapAffinityBonus 5)" in text
     assert "llama" in text and "gpt-4o" in text and "group: big" in text
     assert "llama-server --port 5800 -m '/models/my model.gguf'" in text
-    assert "http://localhost:5800" in text and "300s" in text
+    assert "http://127.0.0.1:5800" in text and "300s" in text

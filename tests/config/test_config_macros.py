@@ -283,7 +283,7 @@ class TestPortAllocation:
         assert ports == {"alpha": 7000, "beta": 7001, "fixed": None, "zeta": 7002}
         assert config.models["beta"].cmd == ("b", "--port=7001")
         assert config.models["beta"].proxy == "http://127.0.0.1:7001/v1"
-        assert config.models["zeta"].proxy == "http://localhost:7002"
+        assert config.models["zeta"].proxy == "http://127.0.0.1:7002"
 
     def test_port_through_a_macro_counts_and_expands_in_metadata(self, load):
         model = load(

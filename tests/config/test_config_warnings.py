@@ -30,7 +30,7 @@ def test_known_llama_swap_keys_are_reported_as_unsupported(load):
             cmd: run
             proxy: http://h:1
             capabilities: {tools: true}
-            timeouts: {connect: 5}
+            timeouts: {connect: 5, idleConn: 90}
             sendLoadingState: true
             healthCheckTimeout: 10
             filters:
@@ -39,7 +39,7 @@ def test_known_llama_swap_keys_are_reported_as_unsupported(load):
     )
     warnings = set(config.warnings)
     for key in ("logToStdout", "peers", "profiles", "selectors", "includeAliasesInList",
-                "models.m.capabilities", "models.m.timeouts", "models.m.sendLoadingState",
+                "models.m.capabilities", "models.m.timeouts.idleConn", "models.m.sendLoadingState",
                 "models.m.filters.setParamsByID"):
         assert f"config.yaml: {key}: not supported by llamaswap, ignored" in warnings
     assert "config.yaml: logRequests: deprecated in llama-swap and ignored — remove it" in warnings
@@ -82,3 +82,19 @@ def test_empty_models_section_is_a_warning(load):
     config = load("models: {}\n")
     assert config.models == {}
     assert any("no models are defined" in w for w in config.warnings)
+
+
+def test_connect_and_response_header_timeouts_are_read(load):
+    config = load(
+        """
+        models:
+          m:
+            cmd: run --port ${PORT}
+            timeouts: {connect: 5, responseHeader: 120}
+          n:
+            cmd: run --port ${PORT}
+        """
+    )
+    assert (config.models["m"].timeouts.connect, config.models["m"].timeouts.response_header) == (5, 120)
+    assert (config.models["n"].timeouts.connect, config.models["n"].timeouts.response_header) == (30, None)
+    assert config.models["n"].proxy.startswith("http://127.0.0.1:")

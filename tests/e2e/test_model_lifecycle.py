@@ -138,3 +138,18 @@ def test_sigterm_stops_models_and_exits_zero(tmp_path):
     pgid = _model_pgid(served)
     assert served.stop(signal.SIGTERM) == 0
     assert not _group_alive(pgid)
+
+
+def test_upstream_that_hangs_past_its_response_timeout_gets_504_and_frees_the_gpu(tmp_path):
+    text = f"""
+        models:
+          slow:
+            cmd: {fake_cmd("slow")}
+            proxy: http://127.0.0.1:${{PORT}}
+            timeouts: {{responseHeader: 1}}
+    """
+    with Served(tmp_path, text) as served:
+        r = chat(served, "slow", delay=30)
+        assert r.status_code == 504
+        assert "slow" in r.json()["error"]["message"] and r.json()["error"]["code"] == "upstream_timeout"
+        assert chat(served, "slow").status_code == 200
