@@ -1,0 +1,118 @@
+"""Per-operation cost of the serial scheduler core with many requests waiting.
+
+Mixed bands and priorities over four models, two of them loaded: m1 stays
+resident, and one of m2..m4 is loaded at a time. Prints mean microseconds per
+enqueue (submit while the GPU is busy), per dispatch (finished -> pick -> grant,
+including the model start when the pick needs one) and per cancel of a queued
+request. Run from the repository root: `python bench/scheduler_core.py`.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduling.core import (  # noqa: E402
+    Grant,
+    ModelSpec,
+    SerialScheduler,
+    SerialSettings,
+    StartModel,
+    SwapGroup,
+    SwapPolicy,
+    Ticket,
+)
+
+MODELS = ("m1", "m2", "m3", "m4")
+PRIORITIES = (100, 101, 102, 0, 0, 0, 1, 2, -100, -100, -99, -98)
+SIZES = (10, 1_000, 10_000, 100_000)
+TIMED_OPERATIONS = 2_000
+TARGET_US = 50.0
+
+
+class Bench:
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+        policy = SwapPolicy([SwapGroup("resident", ("m1",), persistent=True)], MODELS)
+        self.scheduler = SerialScheduler({m: ModelSpec(m) for m in MODELS}, policy, SerialSettings())
+        self.now = 0.0
+        self.next_id = 1
+        self.queued: list[int] = []
+        self.running: int | None = None
+        for model in ("m1", "m2"):  # load both, leaving the GPU free
+            self.run_effects(self.scheduler.submit(self.ticket(model), self.now))
+            self.run_effects(self.scheduler.finished(self.running, self.now))
+        self.run_effects(self.scheduler.submit(self.ticket("m1"), self.now))  # a job holds the GPU
+
+    def ticket(self, model: str | None = None) -> Ticket:
+        self.now += 0.01
+        ticket = Ticket(
+            self.next_id, model or self.random.choice(MODELS), self.random.choice(PRIORITIES), self.now
+        )
+        self.next_id += 1
+        return ticket
+
+    def run_effects(self, effects) -> None:
+        """Play the runtime: models start instantly, a grant becomes the running job."""
+        while effects:
+            effect, *effects = effects
+            if isinstance(effect, StartModel):
+                effects += self.scheduler.model_ready(effect.model, self.now)
+            elif isinstance(effect, Grant):
+                self.running = effect.ticket_id
+
+    def enqueue(self) -> float:
+        ticket = self.ticket()
+        start = time.perf_counter()
+        self.scheduler.submit(ticket, self.now)
+        elapsed = time.perf_counter() - start
+        self.queued.append(ticket.id)
+        return elapsed
+
+    def dispatch(self) -> float:
+        self.now += 0.01
+        start = time.perf_counter()
+        self.run_effects(self.scheduler.finished(self.running, self.now))
+        elapsed = time.perf_counter() - start
+        self.enqueue()  # keep the queue at its size
+        return elapsed
+
+    def cancel(self) -> float:
+        index = self.random.randrange(len(self.queued))
+        self.queued[index], self.queued[-1] = self.queued[-1], self.queued[index]
+        ticket_id = self.queued.pop()
+        start = time.perf_counter()
+        self.scheduler.cancel(ticket_id, self.now)
+        elapsed = time.perf_counter() - start
+        self.enqueue()
+        return elapsed
+
+
+def mean_us(samples: list[float]) -> float:
+    return sum(samples) / len(samples) * 1e6
+
+
+def measure(size: int) -> tuple[float, float, float]:
+    bench = Bench(seed=size)
+    enqueue = [bench.enqueue() for _ in range(size)]
+    operations = min(size, TIMED_OPERATIONS)
+    dispatch = [bench.dispatch() for _ in range(operations)]
+    bench.queued = [t.id for t, _ in bench.scheduler.ranked(bench.now)]
+    cancel = [bench.cancel() for _ in range(operations)]
+    return mean_us(enqueue), mean_us(dispatch), mean_us(cancel)
+
+
+def main() -> None:
+    print(f"serial scheduler core, mean µs per operation (target ≤ {TARGET_US:.0f} µs at 10 000 waiting)")
+    print(f"{'waiting':>9} {'enqueue':>9} {'dispatch':>9} {'cancel':>9}")
+    for size in SIZES:
+        enqueue, dispatch, cancel = measure(size)
+        print(f"{size:>9,} {enqueue:>9.1f} {dispatch:>9.1f} {cancel:>9.1f}".replace(",", " "))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The interface the runtime drives, whichever scheduler the config names."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from .decision import ScoreTerms
+from .effects import Effect
+from .fifo import FifoScheduler
+from .serial import SerialScheduler
+from .settings import SerialSettings
+from .snapshot import SchedulerSnapshot
+from .swap import SwapPolicy
+from .ticket import ModelSpec, Ticket
+
+
+class Scheduler(Protocol):
+    """Every method takes the current monotonic time and returns what the runtime must do."""
+
+    name: str
+
+    def submit(self, ticket: Ticket, now: float) -> list[Effect]: ...
+    def cancel(self, ticket_id: int, now: float) -> list[Effect]: ...
+    def finished(self, ticket_id: int, now: float) -> list[Effect]: ...
+    def model_ready(self, model: str, now: float) -> list[Effect]: ...
+    def model_failed(self, model: str, reason: str, now: float) -> list[Effect]: ...
+    def model_stopped(self, model: str, now: float) -> list[Effect]: ...
+    def unload(self, models: Iterable[str] | None, now: float) -> list[Effect]: ...
+    def tick(self, now: float) -> list[Effect]: ...
+    def next_deadline(self) -> float | None: ...
+    def retune(self, settings: SerialSettings, now: float) -> list[Effect]: ...
+    def reprioritize(self, ticket_id: int, priority: int, now: float) -> list[Effect]: ...
+    def shutdown(self, now: float) -> list[Effect]: ...
+    def snapshot(self, now: float) -> SchedulerSnapshot: ...
+    def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]: ...
+
+
+SCHEDULERS: dict[str, type[SerialScheduler] | type[FifoScheduler]] = {
+    SerialScheduler.name: SerialScheduler,
+    FifoScheduler.name: FifoScheduler,
+}
+
+
+def build_scheduler(
+    name: str, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings
+) -> Scheduler:
+    """The scheduler `routing.scheduler.use` names."""
+    try:
+        scheduler_class = SCHEDULERS[name]
+    except KeyError:
+        known = " or ".join(repr(n) for n in sorted(SCHEDULERS))
+        raise ValueError(f"unknown scheduler {name!r} — use {known}") from None
+    return scheduler_class(models, policy, settings)

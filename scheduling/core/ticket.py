@@ -1,0 +1,35 @@
+"""The two inputs every scheduler works from: a waiting request and a model's limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One request waiting for the GPU. `arrival` is monotonic seconds at submit; ids are
+    unique positive integers chosen by the caller."""
+
+    id: int
+    model: str
+    priority: int
+    arrival: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the schedulers need from a model's config."""
+
+    id: str
+    ttl: float = 0.0  # idle seconds before unload, 0 = never
+    concurrency_limit: int = 10
+    fifo_priority: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ttl < 0:
+            raise ValueError(f"model {self.id!r}: ttl {self.ttl} is negative — use 0 to never unload, or idle seconds")
+        if self.concurrency_limit < 1:
+            raise ValueError(
+                f"model {self.id!r}: concurrency limit {self.concurrency_limit} is below 1 — "
+                "use at least 1 (llama-swap's default is 10)"
+            )

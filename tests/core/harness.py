@@ -1,0 +1,49 @@
+"""Small helpers to drive a scheduler the way the runtime does, without a runtime."""
+
+from scheduling.core import Dequeued, Grant, ModelSpec, Reject, StartModel, StopModel, SwapPolicy, Ticket
+
+
+def specs(*ids, **overrides) -> dict[str, ModelSpec]:
+    """ModelSpecs for `ids`; overrides maps a model id to ModelSpec keyword arguments."""
+    return {model: ModelSpec(model, **overrides.get(model, {})) for model in ids}
+
+
+def one_at_a_time(*ids) -> SwapPolicy:
+    return SwapPolicy([], ids)
+
+
+def grants(effects) -> list[int]:
+    return [e.ticket_id for e in effects if isinstance(e, Grant)]
+
+
+def grant_of(effects) -> Grant:
+    (grant,) = [e for e in effects if isinstance(e, Grant)]
+    return grant
+
+
+def starts(effects) -> list[StartModel]:
+    return [e for e in effects if isinstance(e, StartModel)]
+
+
+def stops(effects) -> list[StopModel]:
+    return [e for e in effects if isinstance(e, StopModel)]
+
+
+def rejects(effects) -> dict[int, Reject]:
+    return {e.ticket_id: e for e in effects if isinstance(e, Reject)}
+
+
+def dequeued(effects) -> list[int]:
+    return [e.ticket_id for e in effects if isinstance(e, Dequeued)]
+
+
+class Tickets:
+    """Hands out tickets with increasing ids."""
+
+    def __init__(self) -> None:
+        self.next_id = 1
+
+    def __call__(self, model: str, priority: int = 0, arrival: float = 0.0) -> Ticket:
+        ticket = Ticket(self.next_id, model, priority, arrival)
+        self.next_id += 1
+        return ticket

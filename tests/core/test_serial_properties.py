@@ -1,0 +1,137 @@
+"""Random interleavings against the serial scheduler: no request lost or duplicated, one job at a
+time, and every pick is the best-scoring waiting request (checked against a brute-force scorer)."""
+
+from hypothesis import settings as hypothesis_settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from scheduling.core import (
+    Dequeued,
+    ModelSpec,
+    Reject,
+    SerialScheduler,
+    SerialSettings,
+    StartModel,
+    SwapGroup,
+    SwapPolicy,
+)
+
+from .runtime_double import RuntimeDouble
+from .scoring import best_first
+
+MODELS = ("a", "b", "c")
+POLICIES = {
+    "one at a time": [],
+    "a+b share the GPU": [SwapGroup("ab", ("a", "b"), swap=False)],
+    "c beside the rest": [SwapGroup("c", ("c",), exclusive=False)],
+    "a persistent": [SwapGroup("a", ("a",), persistent=True)],
+}
+PRIORITIES = st.sampled_from([-100, -99, -98, -1, 0, 1, 2, 100, 101])
+SETTINGS = st.builds(SerialSettings, st.sampled_from([0, 0.5, 1, 60]), st.sampled_from([0, 1, 10, 99]))
+
+
+class SerialMachine(RuleBasedStateMachine):
+    @initialize(policy=st.sampled_from(sorted(POLICIES)), settings=SETTINGS, ttl=st.sampled_from([0, 5, 60]))
+    def start(self, policy, settings, ttl):
+        models = {"a": ModelSpec("a", ttl=ttl), "b": ModelSpec("b"), "c": ModelSpec("c", ttl=1)}
+        self.settings = settings
+        self.scheduler = SerialScheduler(models, SwapPolicy(POLICIES[policy], MODELS), settings)
+        self.runtime = RuntimeDouble(self.scheduler)
+
+    def observe(self, method, *args, submitted=None):
+        """Call the scheduler through the runtime double; if the call picked a request, check the
+        pick against brute force over what was waiting."""
+        now = self.runtime.now
+        before = {t.id: t for t, _ in self.scheduler.ranked(now)}
+        if submitted is not None:
+            before[submitted.id] = submitted
+        effects = getattr(self.runtime, method)(*args)
+        after = {t.id for t, _ in self.scheduler.ranked(now)}
+        removed = {e.ticket_id for e in effects if isinstance(e, (Reject, Dequeued))}
+        picked = set(before) - after - removed
+        assert len(picked) <= 1, f"picked {picked} in one step"
+        if picked:
+            loaded = set(self.scheduler.snapshot(now).loaded)
+            loaded |= {model for e in effects if isinstance(e, StartModel) for model in e.evict}
+            waiting = [t for ticket_id, t in before.items() if ticket_id not in removed]
+            best = best_first(waiting, now, loaded, self.settings)[0]
+            assert picked == {best.id}, f"picked {picked}, but #{best.id} scored best"
+
+    @rule(model=st.sampled_from(MODELS), priority=PRIORITIES)
+    def submit(self, model, priority):
+        ticket = self.runtime.new_ticket(model, priority)
+        self.observe("call", "submit", ticket, submitted=ticket)
+
+    @rule(data=st.data())
+    def cancel(self, data):
+        self.observe("cancel", data.draw(st.sampled_from(sorted(self.runtime.tickets) + [10_000])))
+
+    @precondition(lambda self: self.runtime.running)
+    @rule(data=st.data())
+    def finish(self, data):
+        self.observe("finish", data.draw(st.sampled_from(sorted(self.runtime.running))))
+
+    @rule(data=st.data())
+    def finish_again_or_unknown(self, data):
+        ticket_id = data.draw(st.sampled_from(sorted(self.runtime.ended) + [10_000]))
+        assert self.runtime.finish(ticket_id) == []
+
+    @precondition(lambda self: self.runtime.starts)
+    @rule(data=st.data(), ok=st.booleans())
+    def start_outcome(self, data, ok):
+        self.observe("answer_start", data.draw(st.sampled_from(sorted(self.runtime.starts))), ok)
+
+    @precondition(lambda self: self.runtime.stops)
+    @rule(data=st.data())
+    def stop_done(self, data):
+        self.observe("answer_stop", data.draw(st.sampled_from(sorted(self.runtime.stops))))
+
+    @rule(data=st.data())
+    def crash(self, data):
+        loaded = self.scheduler.snapshot(self.runtime.now).loaded
+        if loaded:
+            self.observe("call", "model_stopped", data.draw(st.sampled_from(loaded)))
+
+    @rule(seconds=st.sampled_from([0.25, 1, 5, 60, 600, 6000]))
+    def wait(self, seconds):
+        self.runtime.now += seconds
+
+    @rule()
+    def tick(self):
+        self.observe("call", "tick")
+        deadline = self.scheduler.next_deadline()
+        assert deadline is None or deadline > self.runtime.now
+
+    @rule(settings=SETTINGS)
+    def retune(self, settings):
+        self.settings = settings
+        self.observe("call", "retune", settings)
+
+    @rule(data=st.data(), priority=PRIORITIES)
+    def reprioritize(self, data, priority):
+        ticket_id = data.draw(st.sampled_from(sorted(self.runtime.tickets) + [10_000]))
+        self.observe("call", "reprioritize", ticket_id, priority)
+
+    @rule(models=st.none() | st.sets(st.sampled_from(MODELS + ("unknown",))))
+    def unload(self, models):
+        self.observe("call", "unload", models)
+
+    @precondition(lambda self: len(self.runtime.tickets) > 20)
+    @rule()
+    def shutdown(self):
+        self.observe("call", "shutdown")
+
+    @invariant()
+    def one_job_at_a_time(self):
+        assert len(self.runtime.running) <= 1
+        snapshot = self.scheduler.snapshot(self.runtime.now)
+        assert set(snapshot.running_tickets) == set(self.runtime.running)
+        assert snapshot.waiting == sum(snapshot.depth_by_band.values()) == len(self.scheduler.ranked(self.runtime.now))
+
+    def teardown(self):
+        self.runtime.settle()
+        assert set(self.runtime.ended) == set(self.runtime.tickets), "some requests never ended"
+        assert self.scheduler.snapshot(self.runtime.now).waiting == 0
+
+
+SerialMachine.TestCase.settings = hypothesis_settings(max_examples=300, stateful_step_count=60, deadline=None)
+test_serial_scheduler_properties = SerialMachine.TestCase
