@@ -261,11 +261,8 @@ def _finished(data: Mapping[str, Any]) -> None:
 
 
 def _rejected(data: Mapping[str, Any]) -> None:
-    REQUESTS.labels(data["model"] or UNKNOWN, UNKNOWN, str(data["status"])).inc()
-
-
-def _cancelled(data: Mapping[str, Any]) -> None:
-    REQUESTS.labels(data["model"], UNKNOWN, "499").inc()
+    """Answered by the scheduler with an error (429, failed start, shutdown) or cancelled while queued."""
+    REQUESTS.labels(data["model"] or UNKNOWN, route_label(data["path"]), str(data["status"])).inc()
 
 
 def _swap(data: Mapping[str, Any]) -> None:
@@ -277,7 +274,7 @@ _HANDLERS = {
     "dispatched": _dispatched,
     "finished": _finished,
     "rejected": _rejected,
-    "cancelled": _cancelled,
+    "cancelled": _rejected,
     "swap": _swap,
 }
 

@@ -118,6 +118,7 @@ class SchedulerRuntime:
         self._applying = False
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._starts: dict[str, asyncio.Task] = {}
         self._closing = False
         self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
 
@@ -171,7 +172,7 @@ class SchedulerRuntime:
             self.recorder.update(
                 ticket_id, state="cancelled", error=reason, finished_at=self._wall(self.now())
             )
-            self._observer("cancelled", {"model": waiter.ticket.model})
+            self._observer("cancelled", {"model": waiter.ticket.model, "path": waiter.request.path, "status": 499})
         elif ticket_id in self._granted:
             self.release(ticket_id, Outcome(state="cancelled", error=reason))
             return
@@ -186,6 +187,7 @@ class SchedulerRuntime:
         message = "cancelled by an operator while queued"
         waiter.future.set_exception(Rejected(503, "cancelled_by_operator", message))
         self.recorder.update(ticket_id, state="cancelled", error=message, finished_at=self._wall(self.now()))
+        self._observer("cancelled", {"model": waiter.ticket.model, "path": waiter.request.path, "status": 503})
         now = self.now()
         self._run(lambda: self.scheduler.cancel(ticket_id, now))
         return True
@@ -304,7 +306,7 @@ class SchedulerRuntime:
         elif isinstance(effect, Reject):
             self._reject(effect)
         elif isinstance(effect, StartModel):
-            self._spawn(self._start_model(effect))
+            self._starts[effect.model] = self._spawn(self._start_model(effect))
         elif isinstance(effect, StopModel):
             self._spawn(self._stop_model(effect))
         elif isinstance(effect, Dequeued):
@@ -343,14 +345,29 @@ class SchedulerRuntime:
         )
         if waiter is not None and not waiter.future.done():
             waiter.future.set_exception(Rejected(effect.status, effect.code, effect.message, effect.retry_after))
-        self._observer("rejected", {"model": waiter.ticket.model if waiter else "", "status": effect.status})
+        self._observer(
+            "rejected",
+            {
+                "model": waiter.ticket.model if waiter else "",
+                "path": waiter.request.path if waiter else "",
+                "status": effect.status,
+            },
+        )
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> asyncio.Task:
         task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _start_model(self, effect: StartModel) -> None:
+        try:
+            await self._start_and_report(effect)
+        finally:
+            if self._starts.get(effect.model) is asyncio.current_task():
+                del self._starts[effect.model]
+
+    async def _start_and_report(self, effect: StartModel) -> None:
         started = self.now()
         self._observer("model_state", {"model": effect.model, "state": "starting"})
         try:
@@ -373,6 +390,11 @@ class SchedulerRuntime:
         self._observer("model_state", {"model": effect.model, "state": "stopping"})
         try:
             await self.fleet.stop(effect.model)
+            start = self._starts.get(effect.model)
+            if start is not None:
+                # A start this stop cut short must report its failure before the stop is reported,
+                # or the core could blame that failure on a later start of the same model.
+                await asyncio.wait([start])
         finally:
             self._observer("model_state", {"model": effect.model, "state": "stopped"})
             self._run(lambda: self.scheduler.model_stopped(effect.model, self.now()))

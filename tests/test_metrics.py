@@ -208,14 +208,17 @@ def test_upstream_paths_collapse_to_one_route_and_a_client_that_left_counts_as_4
     assert value("llamaswap_request_first_byte_seconds_count", model="delta") == first_bytes
 
 
-def test_rejected_and_queue_cancelled_requests_are_counted_without_a_route():
-    rejected = {"model": "alpha", "route": "unknown", "status": "429"}
-    cancelled = {"model": "alpha", "route": "unknown", "status": "499"}
-    before = value("llamaswap_requests_total", **rejected), value("llamaswap_requests_total", **cancelled)
-    metrics.record_event("rejected", {"model": "alpha", "status": 429})
-    metrics.record_event("cancelled", {"model": "alpha"})
-    after = value("llamaswap_requests_total", **rejected), value("llamaswap_requests_total", **cancelled)
-    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+def test_rejected_and_cancelled_requests_are_counted_by_route_and_status():
+    rejected = {"model": "alpha", "route": "/v1/chat/completions", "status": "429"}
+    cancelled = {"model": "alpha", "route": "/v1/embeddings", "status": "499"}
+    by_operator = {"model": "alpha", "route": "/v1/embeddings", "status": "503"}
+    series = (rejected, cancelled, by_operator)
+    before = [value("llamaswap_requests_total", **labels) for labels in series]
+    metrics.record_event("rejected", {"model": "alpha", "path": "/v1/chat/completions", "status": 429})
+    metrics.record_event("cancelled", {"model": "alpha", "path": "/v1/embeddings", "status": 499})
+    metrics.record_event("cancelled", {"model": "alpha", "path": "/v1/embeddings", "status": 503})
+    after = [value("llamaswap_requests_total", **labels) for labels in series]
+    assert [a - b for a, b in zip(after, before)] == [1, 1, 1]
 
 
 def test_a_model_swap_counts_a_load_and_its_duration():
