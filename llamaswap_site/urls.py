@@ -1,11 +1,15 @@
 from django.contrib import admin
-from django.urls import path
+from django.contrib.staticfiles.views import serve as serve_static
+from django.urls import path, re_path
 
 from proxy import views
+from scheduling import views as scheduling_views
 from scheduling import metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # The admin's CSS and scripts: daphne serves no static files, and a local tool needs no separate web server.
+    re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),
     path("health", views.health),
     path("v1/models", views.list_models),
     path("models", views.list_models),
@@ -13,6 +17,7 @@ urlpatterns = [
     path("unload", views.unload_all_legacy),
     path("api/models/unload", views.unload_all),
     path("api/models/unload/<path:model>", views.unload_model),
+    path("api/activity", scheduling_views.activity),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
     path("logs/stream/<path:model>", views.logs_stream),

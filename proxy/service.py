@@ -19,7 +19,7 @@ import httpx
 from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
 from scheduling import metrics
-from scheduling.core import ModelSpec, SwapPolicy, build_scheduler
+from scheduling.core import ModelSpec, SerialSettings, SwapPolicy, build_scheduler
 from scheduling.recorder import Recorder
 from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketRequest
 
@@ -32,6 +32,7 @@ _UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None
 class Prepared:
     config: object
     first_ticket_id: int
+    serial_settings: SerialSettings  # the config's values with the admin's stored overrides
 
 
 _prepared: Prepared | None = None
@@ -52,11 +53,12 @@ def load_configured():
 def prepare(config=None) -> Prepared:
     """Load the config and recover from a previous run. Synchronous: call it before serving."""
     from scheduling.recovery import recover_previous_run
+    from scheduling.settings_store import stored_serial_settings
 
     global _prepared
     config = config or load_configured()
     next_id = recover_previous_run()
-    _prepared = Prepared(config, next_id)
+    _prepared = Prepared(config, next_id, stored_serial_settings(config.scheduler.serial))
     return _prepared
 
 
@@ -68,7 +70,12 @@ def get_service() -> ProxyService:
         if prepared is None:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:  # DB work must not run on the loop thread
                 prepared = pool.submit(prepare).result()
-        _service = ProxyService(prepared.config, prepared.first_ticket_id)
+        _service = ProxyService(prepared.config, prepared.first_ticket_id, prepared.serial_settings)
+    return _service
+
+
+def current_service() -> ProxyService | None:
+    """The process's service if it was built; never builds one (safe from any thread)."""
     return _service
 
 
@@ -80,7 +87,7 @@ def reset_service() -> None:
 
 
 class ProxyService:
-    def __init__(self, config, first_ticket_id: int = 1):
+    def __init__(self, config, first_ticket_id: int = 1, serial_settings: SerialSettings | None = None):
         self.config = config
         self.recorder = Recorder()
         self.recorder.start()
@@ -97,7 +104,7 @@ class ProxyService:
                 for model_id, model in config.models.items()
             },
             SwapPolicy(config.groups, config.models),
-            config.scheduler.serial,
+            serial_settings or config.scheduler.serial,
         )
         self.runtime = SchedulerRuntime(
             scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, observer=metrics.record_event

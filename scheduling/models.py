@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
+
+from scheduling.core import SerialSettings, serial_settings_problems
 
 
 class RequestState(models.TextChoices):
@@ -84,6 +87,8 @@ class QueuedRequest(models.Model):
 
     class Meta:
         ordering = ("-id",)
+        verbose_name = "request"
+        verbose_name_plural = "request history"
         indexes = [
             models.Index(fields=["-arrived_at"], name="qr_arrived_desc"),
             models.Index(fields=["model", "-arrived_at"], name="qr_model_arrived"),
@@ -106,3 +111,111 @@ class ModelProcessRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} pid={self.pid}"
+
+
+class WaitingRequest(QueuedRequest):
+    """The requests waiting for the GPU right now: the admin's live queue page.
+
+    The page ranks from the running scheduler, not from the rows, which lag
+    behind it; this proxy gives the page a place, and permissions, in the admin.
+    """
+
+    class Meta:
+        proxy = True
+        verbose_name = "waiting request"
+        verbose_name_plural = "queue"
+
+
+class ConfiguredModel(models.Model):
+    """A model from the config file, shown with its process state on the admin's models page.
+
+    Configured models live in the config file, not in the database; this
+    unmanaged model has no table and exists so the page has an entry and
+    permissions in the admin index.
+    """
+
+    class Meta:
+        managed = False
+        verbose_name = "model"
+        verbose_name_plural = "models"
+
+
+class SchedulerSettings(models.Model):
+    """Operator overrides of `routing.scheduler.settings.serial`, one row (pk 1).
+
+    A blank field means "not overridden": the config file's value applies.
+    """
+
+    aging_divisor = models.FloatField(
+        "agingDivisor",
+        null=True,
+        blank=True,
+        help_text="Seconds of waiting per priority point; 0 disables aging. Blank: the config file value.",
+    )
+    swap_affinity_bonus = models.IntegerField(
+        "swapAffinityBonus",
+        null=True,
+        blank=True,
+        help_text="Bonus for a request needing no model swap, 0 to 99; 0 disables it. Blank: the config file value.",
+    )
+
+    class Meta:
+        verbose_name = "scheduler settings"
+        verbose_name_plural = "scheduler settings"
+        constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="scheduler_settings_singleton")]
+
+    # The llama-swap config names, which the validation messages and the audit use.
+    CONFIG_NAMES = {"aging_divisor": "agingDivisor", "swap_affinity_bonus": "swapAffinityBonus"}
+
+    def __str__(self) -> str:
+        return "Scheduler settings"
+
+    @classmethod
+    def load(cls) -> SchedulerSettings:
+        settings, _ = cls.objects.get_or_create(pk=1)
+        return settings
+
+    def save(self, *args, **kwargs) -> None:
+        self.pk = 1
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        # Check only the overridden values; the defaults stand in for the rest and are valid.
+        defaults = SerialSettings()
+        problems = serial_settings_problems(
+            defaults.aging_divisor if self.aging_divisor is None else _as_typed(self.aging_divisor),
+            defaults.swap_affinity_bonus if self.swap_affinity_bonus is None else self.swap_affinity_bonus,
+        )
+        errors = {field: problems[name] for field, name in self.CONFIG_NAMES.items() if name in problems}
+        if errors:
+            raise ValidationError(errors)
+
+    def overrides(self) -> dict[str, float | int]:
+        """The fields an operator has set, by model field name."""
+        return {field: getattr(self, field) for field in self.CONFIG_NAMES if getattr(self, field) is not None}
+
+
+def _as_typed(value: float) -> float | int:
+    """60.0 as 60, so a message quotes the value the way the operator wrote it."""
+    return int(value) if value.is_integer() else value
+
+
+class SettingsChange(models.Model):
+    """One audited edit of a scheduler setting. Append-only; None means "the config file value"."""
+
+    changed_at = models.DateTimeField(db_index=True)
+    changed_by = models.CharField(max_length=150)
+    setting = models.CharField(max_length=40)
+    old_value = models.CharField(max_length=40, null=True, blank=True)
+    new_value = models.CharField(max_length=40, null=True, blank=True)
+
+    class Meta:
+        ordering = ("-changed_at", "-id")
+        verbose_name = "settings change"
+
+    def __str__(self) -> str:
+        return f"{self.setting}: {self.shown(self.old_value)} → {self.shown(self.new_value)} by {self.changed_by}"
+
+    @staticmethod
+    def shown(value: str | None) -> str:
+        return "config file value" if value is None else value

@@ -1,0 +1,458 @@
+"""The operators' admin: the live queue, the models, the scheduler settings and the request history.
+
+The queue and models pages read the running scheduler (see `scheduling.live`),
+not the database, so they show what the scheduler will do next. The history is
+read-only and built to stay fast on millions of rows: no full COUNT, and only
+indexed orderings.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from proxy.config import ConfigError
+from proxy.service import current_service
+from scheduling import live
+from scheduling.forms import PriorityForm
+from scheduling.history import CappedCountPaginator, HistoryQuerySet, search_requests
+from scheduling.models import (
+    ConfiguredModel,
+    QueuedRequest,
+    RequestState,
+    SchedulerSettings,
+    SettingsChange,
+    WaitingRequest,
+)
+from scheduling.settings_store import as_text, override_source, save_settings
+
+
+_NO_ANSWER = "The scheduler did not answer within 5 s (its event loop is busy or stuck); try again, and check the log."
+
+
+def _seconds(ms: int | None) -> str:
+    return "—" if ms is None else f"{ms / 1000:.1f} s"
+
+
+def _ticket_list(ids) -> str:
+    return ", ".join(f"#{tid}" for tid in ids)
+
+
+def _changelist_url(model) -> str:
+    opts = model._meta
+    return reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+
+
+def _config_or_problem():
+    """(config, None) or (None, why there is no config to show)."""
+    try:
+        return live.current_config(), None
+    except (RuntimeError, ConfigError) as exc:
+        return None, str(exc)
+
+
+class LivePageAdmin(admin.ModelAdmin):
+    """An admin entry that is one custom page (no add/change/delete pages), drawn from the running service."""
+
+    template_name = ""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def get_urls(self):
+        opts = self.model._meta
+        return [
+            path(
+                "",
+                self.admin_site.admin_view(self.changelist_view),
+                name=f"{opts.app_label}_{opts.model_name}_changelist",
+            )
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        try:
+            service = live.running_service()
+        except live.ServiceUnavailable as exc:
+            service, unavailable = None, str(exc)
+        else:
+            unavailable = None
+        try:
+            if request.method == "POST":
+                if not self.has_change_permission(request):
+                    raise PermissionDenied
+                if service is None:
+                    self.message_user(request, unavailable, messages.ERROR)
+                    return HttpResponseRedirect(request.path)
+                return self.act(request, service)
+            page = self.page_context(request, service) if service is not None else {}
+        except TimeoutError:
+            page, unavailable = {}, _NO_ANSWER
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": self.model._meta.verbose_name_plural.capitalize(),
+            "unavailable": unavailable,
+            "can_change": self.has_change_permission(request),
+            **page,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, self.template_name, context)
+
+    def page_context(self, request: HttpRequest, service) -> dict:
+        raise NotImplementedError
+
+    def act(self, request: HttpRequest, service) -> HttpResponse:
+        raise NotImplementedError
+
+
+def _selected_tickets(request: HttpRequest) -> list[int]:
+    return sorted({int(value) for value in request.POST.getlist("ticket") if value.isdigit()})
+
+
+@admin.register(WaitingRequest)
+class WaitingRequestAdmin(LivePageAdmin):
+    """The queue right now, ranked by current score; cancel or re-prioritize waiting requests."""
+
+    template_name = "admin/scheduling/waitingrequest/queue.html"
+
+    def page_context(self, request: HttpRequest, service) -> dict:
+        _, snapshot = service.runtime.snapshot
+        return {
+            "entries": live.waiting_now(service),
+            "scheduler": service.config.scheduler.use,
+            "settings_in_use": snapshot.settings,
+            "running_tickets": snapshot.running_tickets,
+            "starting": snapshot.starting,
+            "history_url": _changelist_url(QueuedRequest),
+        }
+
+    def act(self, request: HttpRequest, service) -> HttpResponse:
+        tickets = _selected_tickets(request)
+        action = request.POST.get("action")
+        if not tickets:
+            self.message_user(request, "Select at least one waiting request first.", messages.WARNING)
+            return HttpResponseRedirect(request.path)
+        if action == "cancel":
+            cancelled = live.cancel_waiting(service, tickets)
+            if cancelled:
+                self.message_user(
+                    request,
+                    f"Cancelled {_ticket_list(cancelled)}; their clients were told an operator cancelled them.",
+                    messages.SUCCESS,
+                )
+            self._report_gone(request, tickets, cancelled)
+            return HttpResponseRedirect(request.path)
+        if action == "reprioritize":
+            return self._reprioritize(request, service, tickets)
+        self.message_user(request, "Choose an action: cancel, or change priority.", messages.WARNING)
+        return HttpResponseRedirect(request.path)
+
+    def _reprioritize(self, request: HttpRequest, service, tickets: list[int]) -> HttpResponse:
+        form = PriorityForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            priority = form.cleaned_data["priority"]
+            changed = live.reprioritize_waiting(service, tickets, priority)
+            if changed:
+                self.message_user(
+                    request, f"{_ticket_list(changed)} now at priority {priority} and re-ranked.", messages.SUCCESS
+                )
+            self._report_gone(request, tickets, changed)
+            return HttpResponseRedirect(request.path)
+        selected = [entry for entry in live.waiting_now(service) if entry.ticket_id in tickets]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Change the priority of waiting requests",
+            "form": form,
+            "tickets": tickets,
+            "selected": selected,
+        }
+        return TemplateResponse(request, "admin/scheduling/waitingrequest/reprioritize.html", context)
+
+    def _report_gone(self, request: HttpRequest, asked: list[int], done: list[int]) -> None:
+        gone = [tid for tid in asked if tid not in done]
+        if gone:
+            self.message_user(
+                request, f"{_ticket_list(gone)} no longer waiting (already dispatched or gone); left alone.",
+                messages.WARNING,
+            )
+
+
+@admin.register(ConfiguredModel)
+class ConfiguredModelAdmin(LivePageAdmin):
+    """The configured models with their process state and last use; unload them."""
+
+    template_name = "admin/scheduling/configuredmodel/models.html"
+
+    def page_context(self, request: HttpRequest, service) -> dict:
+        states = live.model_states(service)
+        rows = [
+            {
+                "id": model_id,
+                "model": model,
+                "state": states[model_id],
+                "last_used": _last_used(model_id),
+                "history_url": f"{_changelist_url(QueuedRequest)}?model={model_id}",
+            }
+            for model_id, model in service.config.models.items()
+        ]
+        return {"rows": rows}
+
+    def act(self, request: HttpRequest, service) -> HttpResponse:
+        wanted = request.POST.getlist("model")
+        unknown = [m for m in wanted if m not in service.config.models]
+        if not wanted or unknown:
+            self.message_user(request, f"No configured model named {', '.join(unknown) or 'in the request'}.",
+                              messages.ERROR)
+            return HttpResponseRedirect(request.path)
+        live.unload_models(service, wanted)
+        self.message_user(
+            request,
+            f"Unloading {', '.join(wanted)}; a model serving a request stops once that request ends.",
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(request.path)
+
+
+def _last_used(model: str):
+    """When the model last finished a request (walks the model's newest rows through its index)."""
+    return (
+        QueuedRequest.objects.filter(model=model, finished_at__isnull=False)
+        .order_by("-arrived_at")
+        .values_list("finished_at", flat=True)
+        .first()
+    )
+
+
+class SchedulerSettingsForm(forms.ModelForm):
+    class Meta:
+        model = SchedulerSettings
+        fields = ("aging_divisor", "swap_affinity_bonus")
+        labels = SchedulerSettings.CONFIG_NAMES  # the config file's spelling, not capitalised
+
+
+@admin.register(SchedulerSettings)
+class SchedulerSettingsAdmin(admin.ModelAdmin):
+    """One page: the serial scheduler's overrides, where each value comes from, and what is in use."""
+
+    form = SchedulerSettingsForm
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context=None) -> HttpResponse:
+        SchedulerSettings.load()
+        return HttpResponseRedirect(reverse("admin:scheduling_schedulersettings_change", args=[1]))
+
+    def change_view(self, request: HttpRequest, object_id, form_url="", extra_context=None) -> HttpResponse:
+        stored = SchedulerSettings.load()
+        return super().change_view(
+            request, str(stored.pk), form_url, {**(extra_context or {}), **self._overview(stored)}
+        )
+
+    def save_model(self, request: HttpRequest, obj: SchedulerSettings, form, change: bool) -> None:
+        save_settings(obj, request.user.get_username())
+        if current_service() is None:
+            self.message_user(
+                request,
+                "No scheduler runs in this process: `llamaswap serve` applies the new values when it next starts.",
+                messages.WARNING,
+            )
+
+    def _overview(self, stored: SchedulerSettings) -> dict:
+        config, problem = _config_or_problem()
+        service = current_service()
+        in_use = live.serial_settings_in_use(service) if service is not None else None
+        rows = []
+        for field, name in SchedulerSettings.CONFIG_NAMES.items():
+            rows.append(
+                {
+                    "name": name,
+                    "config": as_text(getattr(config.scheduler.serial, field)) if config else "unknown",
+                    "override": as_text(getattr(stored, field)),
+                    "source": override_source(stored, field),
+                    "in_use": as_text(getattr(in_use, field)) if in_use else None,
+                }
+            )
+        return {
+            "scheduler_in_use": config.scheduler.use if config else None,
+            "config_problem": problem,
+            "setting_rows": rows,
+            "service_running": service is not None,
+            "audit_url": _changelist_url(SettingsChange),
+        }
+
+
+@admin.register(SettingsChange)
+class SettingsChangeAdmin(admin.ModelAdmin):
+    """The audit trail of settings edits: read-only, nobody can rewrite it."""
+
+    list_display = ("changed_at", "changed_by", "setting", "old", "new")
+    list_filter = ("setting", "changed_by")
+    date_hierarchy = "changed_at"
+
+    @admin.display(description="old value")
+    def old(self, obj: SettingsChange) -> str:
+        return SettingsChange.shown(obj.old_value)
+
+    @admin.display(description="new value")
+    def new(self, obj: SettingsChange) -> str:
+        return SettingsChange.shown(obj.new_value)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+class ConfiguredModelFilter(admin.SimpleListFilter):
+    """The models from the config, so the filter never scans the table for distinct names."""
+
+    title = "model"
+    parameter_name = "model"
+
+    def lookups(self, request: HttpRequest, model_admin):
+        config, _ = _config_or_problem()
+        if config is not None:
+            names = list(config.models)
+        else:
+            names = QueuedRequest.objects.order_by("model").values_list("model", flat=True).distinct()
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset):
+        return queryset.filter(model=self.value()) if self.value() else queryset
+
+
+@admin.register(QueuedRequest)
+class QueuedRequestAdmin(admin.ModelAdmin):
+    """Every request with its decision; read-only, and only superusers may prune it."""
+
+    list_display = (
+        "id", "arrived_at", "model", "band", "priority", "state", "score", "queue_wait", "duration", "output_tokens",
+    )
+    list_filter = ("state", "band", ConfiguredModelFilter, ("arrived_at", admin.DateFieldListFilter))
+    search_fields = ("=id", "^model")  # served by search_requests, through the indexes
+    search_help_text = "An exact request id, or the start of a model name."
+    date_hierarchy = "arrived_at"
+    ordering = ("-arrived_at",)  # every filter's index ends in arrived_at, so no filter needs a sort
+    sortable_by = ("id", "arrived_at")
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # per-choice counts would scan the table
+    paginator = CappedCountPaginator
+    list_per_page = 100
+    readonly_fields = ("why", "timeline", "tokens", "runner_up")
+    fieldsets = (
+        ("Why it ran when it did", {"fields": ("why", "timeline", "tokens")}),
+        (
+            "Request",
+            {"fields": ("id", "model", "requested_model", "method", "path", "stream", "client", "priority", "band",
+                        "state", "status_code", "error")},
+        ),
+        (
+            "Decision",
+            {"fields": ("scheduler", "serial_priority", "serial_band", "serial_score", "serial_queue_wait_ms",
+                        "fifo_priority", "score_priority", "score_affinity", "score_aging", "runner_up",
+                        "changed_by_aging", "changed_by_affinity", "needed_swap", "explanation")},
+        ),
+        ("Times", {"fields": ("arrived_at", "dispatched_at", "first_byte_at", "finished_at", "duration_ms")}),
+        (
+            "Tokens",
+            {"fields": ("input_tokens", "output_tokens", "cache_tokens", "prompt_per_second", "tokens_per_second",
+                        "response_bytes")},
+        ),
+    )
+
+    def get_queryset(self, request: HttpRequest):
+        queryset = super().get_queryset(request)
+        return HistoryQuerySet(queryset.model, queryset.query, using=queryset.db)
+
+    def get_search_results(self, request: HttpRequest, queryset, search_term: str):
+        return search_requests(queryset, search_term), False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return request.user.is_superuser
+
+    @admin.display(description="score")
+    def score(self, obj: QueuedRequest) -> str:
+        if obj.serial_score is not None:
+            return f"{obj.serial_score:.1f}"
+        if obj.fifo_priority is not None:
+            return str(obj.fifo_priority)
+        return "—"
+
+    @admin.display(description="queue wait")
+    def queue_wait(self, obj: QueuedRequest) -> str:
+        return _seconds(obj.serial_queue_wait_ms)
+
+    @admin.display(description="duration")
+    def duration(self, obj: QueuedRequest) -> str:
+        return _seconds(obj.duration_ms)
+
+    @admin.display(description="decision")
+    def why(self, obj: QueuedRequest) -> str:
+        if obj.explanation:
+            return obj.explanation[0].upper() + obj.explanation[1:] + "."
+        if obj.state == RequestState.QUEUED:
+            return "Still waiting for the GPU; the queue page shows its current rank and score."
+        reason = f": {obj.error}" if obj.error else ""
+        return f"Never dispatched — {obj.get_state_display().lower()}{reason}."
+
+    @admin.display(description="timeline")
+    def timeline(self, obj: QueuedRequest) -> str:
+        parts = []
+        if obj.dispatched_at is not None:
+            parts.append(f"waited {(obj.dispatched_at - obj.arrived_at).total_seconds():.1f} s in the queue")
+        elif obj.finished_at is not None:
+            parts.append(f"left the queue after {(obj.finished_at - obj.arrived_at).total_seconds():.1f} s")
+        if obj.needed_swap:
+            parts.append("its model had to be started")
+        if obj.first_byte_at is not None and obj.dispatched_at is not None:
+            parts.append(f"first byte {(obj.first_byte_at - obj.dispatched_at).total_seconds():.2f} s after dispatch")
+        if obj.duration_ms is not None:
+            parts.append(f"ran {_seconds(obj.duration_ms)}")
+        return "; ".join(parts) or "—"
+
+    @admin.display(description="tokens")
+    def tokens(self, obj: QueuedRequest) -> str:
+        if obj.input_tokens is None and obj.output_tokens is None:
+            return "—"
+        text = f"{obj.input_tokens or 0} in"
+        if obj.cache_tokens:
+            text += f" ({obj.cache_tokens} from cache)"
+        text += f", {obj.output_tokens or 0} out"
+        if obj.tokens_per_second is not None:
+            text += f" at {obj.tokens_per_second:.1f} tokens/s"
+        if obj.prompt_per_second is not None:
+            text += f", prompt at {obj.prompt_per_second:.1f} tokens/s"
+        return text
+
+    @admin.display(description="runner-up")
+    def runner_up(self, obj: QueuedRequest):
+        if obj.runner_up_id is None:
+            return "—"
+        url = reverse("admin:scheduling_queuedrequest_change", args=[obj.runner_up_id])
+        score = "?" if obj.runner_up_score is None else f"{obj.runner_up_score:.1f}"
+        return format_html('<a href="{}">#{}</a> at score {}', url, obj.runner_up_id, score)

@@ -1,0 +1,94 @@
+"""The serial scheduler's settings in force: the config file's values, overridden from the admin.
+
+An operator's override is stored (SchedulerSettings), audited (SettingsChange),
+applied when the service starts (`stored_serial_settings`) and pushed to the
+running scheduler as soon as the edit is committed, so the next pick uses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from proxy.service import current_service
+from scheduling.core import SerialSettings
+from scheduling.models import SchedulerSettings, SettingsChange
+
+log = logging.getLogger("llamaswap.settings")
+
+
+def with_overrides(config: SerialSettings, stored: SchedulerSettings) -> SerialSettings:
+    """The config file's values, replaced by every field the operator has set."""
+    return dataclasses.replace(config, **stored.overrides())
+
+
+def stored_serial_settings(config: SerialSettings) -> SerialSettings:
+    """What the scheduler should use, given the config file's values: the overrides win."""
+    stored = SchedulerSettings.objects.filter(pk=1).first()
+    return config if stored is None else with_overrides(config, stored)
+
+
+def as_text(value: float | int | None) -> str | None:
+    """A setting as an operator would type it (60, not 60.0); None stays None ("config file value")."""
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value)
+
+
+def save_settings(edited: SchedulerSettings, changed_by: str) -> list[SettingsChange]:
+    """Store an operator's edit, audit every value it changes, and apply it to the running scheduler."""
+    with transaction.atomic():
+        before = SchedulerSettings.load()
+        now = timezone.now()
+        changes = [
+            SettingsChange(
+                changed_at=now,
+                changed_by=changed_by,
+                setting=name,
+                old_value=as_text(getattr(before, field)),
+                new_value=as_text(getattr(edited, field)),
+            )
+            for field, name in SchedulerSettings.CONFIG_NAMES.items()
+            if getattr(before, field) != getattr(edited, field)
+        ]
+        edited.save()
+        SettingsChange.objects.bulk_create(changes)
+        if changes:
+            transaction.on_commit(push_to_running_scheduler)
+    return changes
+
+
+def push_to_running_scheduler() -> bool:
+    """Retune this process's scheduler with the stored settings; False when there is none to reach.
+
+    The stored row is read again rather than passed in, so when two edits race the
+    scheduler ends with whichever was committed last.
+    """
+    service = current_service()
+    if service is None:
+        return False
+    settings = stored_serial_settings(service.config.scheduler.serial)
+    try:
+        service.runtime.from_thread(service.runtime.retune, settings)
+    except (TimeoutError, RuntimeError):
+        log.exception("could not apply scheduler settings %s to the running scheduler", settings)
+        return False
+    log.info("scheduler settings now agingDivisor=%s swapAffinityBonus=%s", settings.aging_divisor,
+             settings.swap_affinity_bonus)
+    return True
+
+
+def override_source(stored: SchedulerSettings, field: str) -> str:
+    """Where a setting's value comes from, in words: the config file, or who overrode it and when."""
+    if getattr(stored, field) is None:
+        return "config file"
+    change = SettingsChange.objects.filter(setting=SchedulerSettings.CONFIG_NAMES[field]).first()
+    if change is None or change.new_value is None:
+        return "admin override"
+    at = timezone.localtime(change.changed_at).strftime("%Y-%m-%d %H:%M:%S %Z")
+    return f"admin override by {change.changed_by} at {at}"

@@ -1,0 +1,48 @@
+import textwrap
+
+import pytest
+
+
+@pytest.fixture
+def config_file(tmp_path, settings):
+    """A two-model config with serial settings agingDivisor 30 / swapAffinityBonus 5, named by LLAMASWAP_CONFIG."""
+    path = tmp_path / "config.yaml"
+    path.write_text(textwrap.dedent("""
+        models:
+          alpha:
+            cmd: /bin/true --port ${PORT}
+            proxy: http://127.0.0.1:${PORT}
+          beta:
+            cmd: /bin/true --port ${PORT}
+            proxy: http://127.0.0.1:${PORT}
+        routing:
+          scheduler:
+            use: serial
+            settings:
+              serial: {agingDivisor: 30, swapAffinityBonus: 5}
+    """))
+    settings.LLAMASWAP_CONFIG = str(path)
+    return path
+
+
+@pytest.fixture
+def make_request():
+    """Create request rows like the recorder writes them; ids count up from 1 unless given."""
+    from datetime import datetime, timedelta, timezone
+
+    from scheduling.models import QueuedRequest
+
+    start = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+    made = []
+
+    def make(**fields):
+        ticket_id = fields.pop("id", len(made) + 1)
+        arrived = fields.pop("arrived_at", start + timedelta(minutes=ticket_id))
+        values = {"model": "alpha", "path": "/v1/chat/completions", "state": "completed", "scheduler": "serial"}
+        values.update(fields)
+        row = QueuedRequest.objects.create(id=ticket_id, arrived_at=arrived, **values)
+        made.append(row)
+        return row
+
+    return make
+

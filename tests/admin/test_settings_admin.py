@@ -1,0 +1,128 @@
+"""The scheduler settings page: validation with the config file's messages, audit, precedence, live apply."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from proxy.config import load_config
+from proxy.service import prepare, reset_service
+from scheduling import settings_store
+from scheduling.core import SerialSettings
+from scheduling.models import SchedulerSettings, SettingsChange
+
+pytestmark = pytest.mark.django_db
+
+CHANGE_URL = reverse("admin:scheduling_schedulersettings_change", args=[1])
+
+
+def post_settings(client, aging="", bonus=""):
+    return client.post(CHANGE_URL, {"aging_divisor": aging, "swap_affinity_bonus": bonus, "_save": "Save"})
+
+
+def test_the_settings_list_leads_straight_to_the_single_settings_page(admin_client, config_file):
+    response = admin_client.get(reverse("admin:scheduling_schedulersettings_changelist"))
+    assert response.status_code == 302 and response.url == CHANGE_URL
+    page = admin_client.get(CHANGE_URL)
+    assert page.status_code == 200
+    assert SchedulerSettings.objects.count() == 1
+    assert reverse("admin:scheduling_schedulersettings_add") not in page.content.decode()
+
+
+def test_a_bonus_that_would_cross_a_band_is_refused_with_the_config_files_message(admin_client, config_file):
+    response = post_settings(admin_client, bonus="150")
+    assert response.status_code == 200
+    assert "150 is outside 0..99 — it must stay below the band spacing of 100" in response.content.decode()
+    assert SchedulerSettings.load().swap_affinity_bonus is None
+    assert not SettingsChange.objects.exists()
+
+
+def test_a_negative_aging_divisor_is_refused_and_decimals_are_accepted(admin_client, config_file):
+    response = post_settings(admin_client, aging="-1")
+    assert "-1 is negative — use 0 to disable aging" in response.content.decode()
+    assert post_settings(admin_client, aging="45.5").status_code == 302
+    assert SchedulerSettings.load().aging_divisor == 45.5
+
+
+def test_each_changed_value_is_audited_with_who_and_old_and_new(admin_client, admin_user, config_file):
+    post_settings(admin_client, bonus="20")
+    post_settings(admin_client, aging="90", bonus="20")
+    post_settings(admin_client, aging="90", bonus="")
+    changes = [(c.changed_by, c.setting, c.old_value, c.new_value) for c in SettingsChange.objects.order_by("id")]
+    assert changes == [
+        ("admin", "swapAffinityBonus", None, "20"),
+        ("admin", "agingDivisor", None, "90"),
+        ("admin", "swapAffinityBonus", "20", None),
+    ]
+    audit = admin_client.get(reverse("admin:scheduling_settingschange_changelist")).content.decode()
+    assert "config file value" in audit and "swapAffinityBonus" in audit
+
+
+def test_the_audit_trail_cannot_be_edited_or_deleted(admin_client, config_file):
+    post_settings(admin_client, bonus="20")
+    change = SettingsChange.objects.get()
+    detail = admin_client.get(reverse("admin:scheduling_settingschange_change", args=[change.pk]))
+    assert detail.status_code == 200 and 'name="new_value"' not in detail.content.decode()
+    admin_client.post(reverse("admin:scheduling_settingschange_change", args=[change.pk]), {"new_value": "99"})
+    delete_url = reverse("admin:scheduling_settingschange_delete", args=[change.pk])
+    assert admin_client.post(delete_url, {"post": "yes"}).status_code == 403
+    assert SettingsChange.objects.get().new_value == "20"
+
+
+def test_the_page_says_where_each_value_comes_from(admin_client, config_file):
+    page = admin_client.get(CHANGE_URL).content.decode()
+    assert "scheduler-in-use\">serial" in page
+    assert page.count("config file</td>") == 2
+    post_settings(admin_client, bonus="0")
+    page = admin_client.get(CHANGE_URL).content.decode()
+    assert "admin override by admin at " in page
+    assert page.count("config file</td>") == 1
+
+
+def test_saving_without_a_running_scheduler_says_when_it_will_apply(admin_client, config_file):
+    response = post_settings(admin_client, bonus="3")
+    page = admin_client.get(response.url, follow=True).content.decode()
+    assert "applies the new values when it next starts" in page
+
+
+def test_an_override_beats_the_config_file_and_blank_falls_back_to_it():
+    config = SerialSettings(aging_divisor=30, swap_affinity_bonus=5)
+    assert settings_store.stored_serial_settings(config) == config
+    SchedulerSettings(swap_affinity_bonus=0).save()
+    assert settings_store.stored_serial_settings(config) == SerialSettings(aging_divisor=30, swap_affinity_bonus=0)
+    SchedulerSettings(aging_divisor=7.5, swap_affinity_bonus=None).save()
+    assert settings_store.stored_serial_settings(config) == SerialSettings(aging_divisor=7.5, swap_affinity_bonus=5)
+
+
+def test_the_service_starts_with_the_stored_override(config_file):
+    SchedulerSettings(swap_affinity_bonus=42).save()
+    try:
+        prepared = prepare(load_config(str(config_file)))
+    finally:
+        reset_service()
+    assert prepared.serial_settings == SerialSettings(aging_divisor=30, swap_affinity_bonus=42)
+    assert prepared.config.scheduler.serial == SerialSettings(aging_divisor=30, swap_affinity_bonus=5)
+
+
+class RecordingRuntime:
+    """Stands in for the running scheduler: records what the admin thread asked it to do."""
+
+    def __init__(self):
+        self.retuned: list[SerialSettings] = []
+
+    def from_thread(self, fn, *args):
+        return fn(*args)
+
+    def retune(self, settings):
+        self.retuned.append(settings)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_saved_edit_is_pushed_to_the_running_scheduler_after_commit(admin_client, config_file, monkeypatch):
+    runtime = RecordingRuntime()
+    service = type("Service", (), {"runtime": runtime, "config": load_config(str(config_file))})()
+    monkeypatch.setattr(settings_store, "current_service", lambda: service)
+    post_settings(admin_client, bonus="2")
+    assert runtime.retuned == [SerialSettings(aging_divisor=30, swap_affinity_bonus=2)]
+    post_settings(admin_client, bonus="2")  # nothing changed: nothing to push
+    assert len(runtime.retuned) == 1

@@ -1,0 +1,108 @@
+"""An operator in a real headless Chromium: log in, watch the queue, retune swapAffinityBonus, see the dispatch follow."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.admin.session import create_superuser
+from tests.admin.traffic import Caller, GpuHolder, started_ids, two_model_config
+from tests.served import REPO, Served
+
+pytestmark = pytest.mark.e2e
+
+SCREENSHOT = REPO / "test-artifacts" / "queue-page.png"
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1400,900",
+)
+
+
+def browser_or_skip(profile: Path):
+    """A headless Chromium driven by selenium; skips (fails under CI=true) with the reason when one is missing."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    missing = []
+    if chromium is None or driver is None:
+        missing.append("Chromium and its driver (apt-get install -y chromium chromium-driver)")
+    try:
+        from selenium import webdriver
+    except ImportError:
+        missing.append("selenium (pip install -e '.[dev]')")
+    if missing:
+        reason = f"the browser test needs {' and '.join(missing)}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}; under CI it must run, not skip")
+        print(f"skipping: {reason}")
+        pytest.skip(reason)
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    driver = browser_or_skip(tmp_path / "chromium-profile")
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def served(tmp_path):
+    events, text = two_model_config(tmp_path, bonus=10)
+    with Served(tmp_path, text) as s:
+        s.events = events
+        create_superuser(s, "alice", "correct-horse-battery")
+        yield s
+
+
+def test_an_operator_retunes_swap_affinity_and_the_next_dispatch_follows(browser, served):
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def wait(condition, what, timeout=15):
+        return WebDriverWait(browser, timeout, ignored_exceptions=[StaleElementReferenceException]).until(
+            lambda d: condition(), message=f"waiting for {what}")
+
+    def ranked_models():
+        return [row.find_element(By.CLASS_NAME, "model").text
+                for row in browser.find_elements(By.CSS_SELECTOR, "tr.queue-entry")]
+
+    browser.get(served.base + "/admin/login/?next=/admin/")
+    browser.find_element(By.NAME, "username").send_keys("alice")
+    browser.find_element(By.NAME, "password").send_keys("correct-horse-battery")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait(lambda: "Site administration" in browser.page_source, "the admin index")
+
+    holder = GpuHolder(served)
+    beta = Caller(served, "beta", 0, "beta")
+    browser.find_element(By.LINK_TEXT, "Queue").click()
+    wait(lambda: ranked_models() == ["beta"], "beta on the queue page")
+    alpha = Caller(served, "alpha", 0, "alpha")
+    # alpha is loaded: with swapAffinityBonus 10 the newer alpha request is ranked ahead of beta.
+    wait(lambda: ranked_models() == ["alpha", "beta"], "alpha ranked first by its affinity bonus")
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOT))
+
+    browser.get(served.base + "/admin/scheduling/schedulersettings/")
+    bonus = browser.find_element(By.NAME, "swap_affinity_bonus")
+    bonus.clear()
+    bonus.send_keys("0")
+    browser.find_element(By.NAME, "_save").click()
+    wait(lambda: "was changed successfully" in browser.page_source, "the settings to save")
+    assert browser.find_element(By.CSS_SELECTOR, "#setting-swapAffinityBonus .in-use").text == "0"
+
+    browser.get(served.base + "/admin/scheduling/waitingrequest/")
+    wait(lambda: ranked_models() == ["beta", "alpha"], "the queue ranked by arrival once the bonus is 0", timeout=2)
+
+    holder.release()
+    assert beta.wait()[0] == 200 and alpha.wait()[0] == 200
+    assert started_ids(served) == ["holder", "beta", "alpha"]
