@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from proxy.logring import LogRing
 from proxy.processes import ModelProcess
 
 log = logging.getLogger("llamaswap.fleet")
+
+
+def process_changed(old, new) -> bool:
+    """Whether a reloaded model entry needs a new process (what it runs or where it listens changed)."""
+    fields = ("cmd", "cmd_stop", "proxy", "check_endpoint", "env")
+    return any(getattr(old, f) != getattr(new, f) for f in fields)
 
 
 class ModelFleet:
@@ -19,26 +25,49 @@ class ModelFleet:
         self.config = config
         self.recorder = recorder
         self.on_crash = on_crash
-        self.logs: dict[str, LogRing] = {model_id: LogRing() for model_id in config.models}
-        self.processes: dict[str, ModelProcess] = {
-            model_id: ModelProcess(
-                model,
-                health_check_timeout=config.health_check_timeout,
+        self.logs: dict[str, LogRing] = {}
+        self.processes: dict[str, ModelProcess] = {}
+        # Processes of models a reload removed or changed, kept until the scheduler stops them.
+        self._retiring: dict[str, ModelProcess] = {}
+        self._recorded_pids: dict[str, int] = {}
+        self._add(config.models)
+
+    def _add(self, models) -> None:
+        for model_id in models:
+            self.logs.setdefault(model_id, LogRing())
+            self.processes[model_id] = ModelProcess(
+                self.config.models[model_id],
+                health_check_timeout=self.config.health_check_timeout,
                 log=self.logs[model_id],
                 on_exit=self._exited,
             )
-            for model_id, model in config.models.items()
-        }
-        self._recorded_pids: dict[str, int] = {}
+
+    def apply(self, config, restart: Iterable[str]) -> None:
+        """Take a reloaded config: new models get processes, removed and `restart` ones retire theirs.
+
+        A retiring process keeps running (it may be serving) until the scheduler stops it.
+        """
+        removed = set(self.config.models) - set(config.models)
+        replaced = set(restart) | removed
+        for model_id in replaced:
+            process = self.processes.pop(model_id)
+            if process.state != "stopped":
+                self._retiring[model_id] = process
+        self.config = config
+        self._add([m for m in config.models if m not in self.processes])
+
+    def _current(self, model: str) -> ModelProcess:
+        return self._retiring.get(model) or self.processes[model]
 
     def upstream_url(self, model: str) -> str:
         return self.config.models[model].proxy
 
     def state(self, model: str) -> str:
-        return self.processes[model].state
+        return self._current(model).state
 
     def running(self) -> list[str]:
-        return [m for m, p in self.processes.items() if p.state != "stopped"]
+        models = dict.fromkeys([*self._retiring, *self.processes])
+        return [m for m in models if self._current(m).state != "stopped"]
 
     async def swap_in(self, model: str, evict: tuple[str, ...]) -> None:
         """Stop the evicted models (in parallel), then start `model` and wait until it is healthy."""
@@ -52,16 +81,22 @@ class ModelFleet:
             self.recorder.process_started(model, process.pid, process.pgid or process.pid, list(process.config.cmd))
 
     async def stop(self, model: str) -> None:
-        await self.processes[model].stop()
+        retiring = self._retiring.get(model)
+        await (retiring or self.processes[model]).stop()
+        if retiring is not None and self._retiring.get(model) is retiring:
+            del self._retiring[model]
         self._forget_pid(model)
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(self.stop(m) for m in self.running()), return_exceptions=True)
 
     def _exited(self, process: ModelProcess, returncode: int | None) -> None:
-        log.warning("model %s exited unexpectedly (status %s)", process.config.id, returncode)
-        self._forget_pid(process.config.id)
-        self.on_crash(process.config.id)
+        model = process.config.id
+        log.warning("model %s exited unexpectedly (status %s)", model, returncode)
+        if self._retiring.get(model) is process:
+            del self._retiring[model]
+        self._forget_pid(model)
+        self.on_crash(model)
 
     def _forget_pid(self, model: str) -> None:
         pid = self._recorded_pids.pop(model, None)

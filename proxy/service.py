@@ -25,7 +25,6 @@ from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketReques
 
 log = logging.getLogger("llamaswap.service")
 
-_UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
 
 
 @dataclass(frozen=True)
@@ -86,6 +85,23 @@ def reset_service() -> None:
     _prepared = None
 
 
+def model_specs(config) -> dict[str, ModelSpec]:
+    """What the scheduling core needs to know about each configured model."""
+    return {
+        model_id: ModelSpec(
+            id=model_id,
+            ttl=model.ttl,
+            concurrency_limit=model.concurrency_limit,
+            fifo_priority=config.scheduler.fifo_priority.get(model_id, 0),
+        )
+        for model_id, model in config.models.items()
+    }
+
+
+def swap_policy(config) -> SwapPolicy:
+    return SwapPolicy(config.groups, config.models)
+
+
 class ProxyService:
     def __init__(self, config, first_ticket_id: int = 1, serial_settings: SerialSettings | None = None):
         self.config = config
@@ -93,18 +109,7 @@ class ProxyService:
         self.recorder.start()
         self.fleet = ModelFleet(config, self.recorder, on_crash=self._model_crashed)
         scheduler = build_scheduler(
-            config.scheduler.use,
-            {
-                model_id: ModelSpec(
-                    id=model_id,
-                    ttl=model.ttl,
-                    concurrency_limit=model.concurrency_limit,
-                    fifo_priority=config.scheduler.fifo_priority.get(model_id, 0),
-                )
-                for model_id, model in config.models.items()
-            },
-            SwapPolicy(config.groups, config.models),
-            serial_settings or config.scheduler.serial,
+            config.scheduler.use, model_specs(config), swap_policy(config), serial_settings or config.scheduler.serial
         )
         self.runtime = SchedulerRuntime(
             scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, observer=metrics.record_event
@@ -125,6 +130,19 @@ class ProxyService:
                 log.warning("preloading %s failed: %s", model, exc.message)
                 continue
             self.runtime.release(lease.ticket_id, Outcome(state="completed", status_code=200))
+
+    def apply_config(self, config, restart: list[str], serial_settings: SerialSettings) -> None:
+        """Switch to a reloaded config; `restart` names models whose process must be replaced."""
+        replaced = set(restart) | (set(self.config.models) - set(config.models))
+        self.fleet.apply(config, restart)
+        self.config = config
+        self.runtime.reconfigure(model_specs(config), swap_policy(config), restart)
+        self.runtime.retune(serial_settings)
+        for model in replaced:
+            client = self._clients.pop(model, None)
+            if client is not None:
+                asyncio.get_running_loop().create_task(client.aclose())
+        metrics.export_service(self.runtime, self.fleet, config)
 
     def _model_crashed(self, model: str) -> None:
         self.runtime.model_exited(model)
@@ -153,7 +171,11 @@ class ProxyService:
         """One keep-alive client per model server."""
         client = self._clients.get(model)
         if client is None:
-            client = httpx.AsyncClient(timeout=_UPSTREAM_TIMEOUT, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            timeouts = self.config.models[model].timeouts
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(connect=timeouts.connect, read=timeouts.response_header, write=60.0, pool=None),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
             self._clients[model] = client
         return client
 

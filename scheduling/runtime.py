@@ -13,6 +13,7 @@ import asyncio
 import logging
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Protocol
@@ -22,12 +23,14 @@ from scheduling.core import (
     Decision,
     Dequeued,
     Grant,
+    ModelSpec,
     Reject,
     Scheduler,
     SchedulerSnapshot,
     SerialSettings,
     StartModel,
     StopModel,
+    SwapPolicy,
     Ticket,
     band_of,
 )
@@ -241,6 +244,11 @@ class SchedulerRuntime:
     def retune(self, settings: SerialSettings) -> None:
         now = self.now()
         self._run(lambda: self.scheduler.retune(settings, now))
+
+    def reconfigure(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: list[str]) -> None:
+        """A reloaded config: new model table and swap groups; `restart` models get a fresh process."""
+        now = self.now()
+        self._run(lambda: self.scheduler.reconfigure(models, policy, restart, now))
 
     def unload(self, models: list[str] | None = None) -> None:
         now = self.now()

@@ -39,6 +39,10 @@ class Command(BaseCommand):
         parser.add_argument("--no-migrate", action="store_true", help="do not apply database migrations first")
         parser.add_argument("--check", action="store_true", help="validate and print the config, then exit")
         parser.add_argument(
+            "--watch-config", action="store_true",
+            help="reload the config when the file changes (checked every 2 s); SIGHUP always reloads",
+        )
+        parser.add_argument(
             "--drain-seconds", type=float, default=30.0,
             help="on SIGTERM/SIGINT, how long running requests may finish before models are stopped (default 30)",
         )
@@ -71,7 +75,7 @@ class Command(BaseCommand):
         self._suggest_admin_user()
         if not is_loopback(host):
             self.stderr.write(f"warning: listening on {host}, reachable from other machines; set apiKeys")
-        self._run_daphne(host, port, options["drain_seconds"])
+        self._run_daphne(host, port, options["drain_seconds"], path if options["watch_config"] else None)
 
     def _suggest_admin_user(self) -> None:
         from django.contrib.auth import get_user_model
@@ -79,11 +83,12 @@ class Command(BaseCommand):
         if not get_user_model().objects.filter(is_superuser=True).exists():
             self.stdout.write("No admin user yet: create one with `llamaswap createsuperuser`, then open /admin/.")
 
-    def _run_daphne(self, host: str, port: int, drain_seconds: float) -> None:
+    def _run_daphne(self, host: str, port: int, drain_seconds: float, watch: str | None) -> None:
         from daphne.server import Server
         from twisted.internet import reactor
 
         from llamaswap_site.asgi import application
+        from proxy.reload import reload_config, watch_config
         from proxy.service import get_service
 
         interface = host.replace(":", r"\:")
@@ -94,9 +99,12 @@ class Command(BaseCommand):
             verbosity=0,
         )
         stopping: list[asyncio.Task] = []
+        background: list[asyncio.Task] = []
 
         async def stop(signame: str) -> None:
             self.stdout.write(f"{signame}: finishing in-flight requests (up to {drain_seconds:g}s), stopping models")
+            for task in background:
+                task.cancel()
             try:
                 await get_service().shutdown(drain_seconds)
             finally:
@@ -113,6 +121,11 @@ class Command(BaseCommand):
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, on_signal, sig.name)
                 service = get_service()
+                loop.add_signal_handler(
+                    signal.SIGHUP, lambda: asyncio.ensure_future(reload_config(service, settings.LLAMASWAP_CONFIG))
+                )
+                if watch:
+                    background.append(asyncio.ensure_future(watch_config(service, watch)))
                 service.start()
             except Exception:
                 log.exception("llamaswap could not start")

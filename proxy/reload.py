@@ -1,0 +1,72 @@
+"""Config reload (SIGHUP, or `--watch-config` polling the file): a bad file is refused, the old config keeps serving.
+
+Unlike llama-swap, which rebuilds everything and stops every model, a reload here
+keeps queued requests for models that still exist and only replaces the
+processes whose command, address or environment changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from proxy.config import ConfigError, load_config
+from proxy.fleet import process_changed
+
+log = logging.getLogger("llamaswap.reload")
+
+WATCH_INTERVAL_S = 2.0
+
+
+async def reload_config(service, path: str) -> bool:
+    """Load `path` and apply it to the running service; returns whether it was applied."""
+    from scheduling.settings_store import stored_serial_settings
+
+    loop = asyncio.get_running_loop()
+    try:
+        new = await loop.run_in_executor(None, load_config, path)
+    except ConfigError as exc:
+        log.error("config reload rejected; still serving the previous config:\n%s", exc)
+        return False
+    except OSError as exc:
+        log.error("config reload rejected: cannot read %s (%s); still serving the previous config", path, exc.strerror)
+        return False
+    old = service.config
+    if new.scheduler.use != old.scheduler.use:
+        log.error(
+            "config reload rejected: routing.scheduler.use changed from %s to %s, which needs a restart; "
+            "still serving the previous config", old.scheduler.use, new.scheduler.use,
+        )
+        return False
+    for warning in new.warnings:
+        log.warning("%s", warning)
+    restart = sorted(m for m in new.models if m in old.models and process_changed(old.models[m], new.models[m]))
+    settings = await loop.run_in_executor(None, stored_serial_settings, new.scheduler.serial)
+    service.apply_config(new, restart, settings)
+    added = sorted(set(new.models) - set(old.models))
+    removed = sorted(set(old.models) - set(new.models))
+    log.info(
+        "config reloaded from %s: added %s, removed %s, restarting %s",
+        path, ", ".join(added) or "none", ", ".join(removed) or "none", ", ".join(restart) or "none",
+    )
+    return True
+
+
+def _signature(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+async def watch_config(service, path: str, interval: float = WATCH_INTERVAL_S) -> None:
+    """Poll the file's stat (works on every filesystem, containers included) and reload on change."""
+    seen = _signature(path)
+    while True:
+        await asyncio.sleep(interval)
+        current = _signature(path)
+        if current is not None and current != seen:
+            seen = current
+            await reload_config(service, path)

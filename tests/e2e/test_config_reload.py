@@ -1,0 +1,82 @@
+"""Config reload, as llama-swap users know it: `--watch-config` and SIGHUP."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import httpx
+import pytest
+
+from tests.served import Served, fake_cmd, read_events, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def models_yaml(events, models: dict[str, str]) -> str:
+    lines = ["models:"]
+    for name, extra in models.items():
+        lines += [f"  {name}:", f"    cmd: {fake_cmd(name, events, *extra.split())}", "    proxy: http://127.0.0.1:${PORT}"]
+    return "\n".join(lines) + "\nrouting:\n  scheduler:\n    use: serial\n"
+
+
+def chat(served, model, **fake):
+    return httpx.post(served.base + "/v1/chat/completions",
+                      json={"model": model, "messages": [], "fake": fake}, timeout=60)
+
+
+def rewrite(served, text: str) -> None:
+    """Replace the models, keeping the free start port the harness chose."""
+    start_port = served.config_path.read_text().split("\n", 1)[0]
+    served.config_path.write_text(start_port + "\n" + text)
+
+
+@pytest.fixture
+def served(tmp_path):
+    events = tmp_path / "events.jsonl"
+    s = Served(tmp_path, models_yaml(events, {"keep": "--tps 0", "gone": "--tps 0"}), extra_args=("--watch-config",))
+    s.events = events
+    with s:
+        yield s
+
+
+def test_an_invalid_config_is_refused_and_the_old_one_keeps_serving(served):
+    served.config_path.write_text("models:\n  keep:\n    ttl: soon\n")
+    wait_until(lambda: "config reload rejected" in served.log(), timeout=15, what="the reload to be refused")
+    assert "models.keep" in served.log()
+    assert chat(served, "keep").status_code == 200
+    assert chat(served, "gone").status_code == 200
+
+
+def test_a_valid_config_applies_without_dropping_queued_requests(served, rows):
+    results: dict[str, int] = {}
+
+    def post(key, model, **fake):
+        def run():
+            results[key] = chat(served, model, **fake).status_code
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+    threads = [post("long", "keep", delay=2)]
+    wait_until(lambda: read_events(served.events), what="the long job to start")
+    threads.append(post("queued-keep", "keep"))
+    threads.append(post("queued-gone", "gone"))
+    wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 2, what="two queued requests")
+    rewrite(served, models_yaml(served.events, {"keep": "--tps 0", "fresh": "--tps 0"}))
+    wait_until(lambda: "config reloaded" in served.log(), timeout=15, what="the reload")
+    for t in threads:
+        t.join(30)
+    assert results == {"long": 200, "queued-keep": 200, "queued-gone": 404}
+    assert chat(served, "fresh").status_code == 200
+    assert [m["id"] for m in httpx.get(served.base + "/v1/models").json()["data"]] == ["fresh", "keep"]
+
+
+def test_sighup_reloads_and_restarts_a_model_whose_command_changed(tmp_path):
+    with Served(tmp_path, models_yaml(None, {"keep": "--tps 0"})) as served:
+        assert chat(served, "keep").json()["usage"]["completion_tokens"] != 3
+        text = served.config_path.read_text()
+        served.config_path.write_text(text.replace("--tps 0", "--tps 0 --tokens 3"))
+        served.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "restarting keep" in served.log(), timeout=10, what="the SIGHUP reload")
+        assert chat(served, "keep").json()["usage"]["completion_tokens"] == 3
