@@ -1,8 +1,8 @@
 """Write-behind persistence of request rows.
 
 The event loop must never wait for the database while tokens stream, so it only
-hands row changes to this recorder; one thread owns a connection and writes
-them in batches, one transaction per batch. Ordering is kept: changes are
+hands row changes to this recorder; one thread owns a long-lived connection and
+writes them in batches, one transaction per batch. Ordering is kept: changes are
 applied in the order they were recorded, so a row always ends in the last state
 it was given.
 """
@@ -20,6 +20,7 @@ log = logging.getLogger("llamaswap.recorder")
 
 _BATCH_LIMIT = 1000
 _RETRIES = 5
+_LINGER_S = 0.02
 
 
 @dataclass
@@ -96,18 +97,20 @@ class Recorder:
 
     # -- the writer thread ----------------------------------------------------------------------
     def _run(self) -> None:
-        from django.db import close_old_connections, connection
+        from django.db import connection
 
         try:
             while True:
                 batch = [self._queue.get()]
+                # Linger briefly so a burst becomes one transaction: fewer commits, and less time
+                # holding the GIL against the event loop that streams tokens.
+                time.sleep(_LINGER_S)
                 while len(batch) < _BATCH_LIMIT:
                     try:
                         batch.append(self._queue.get_nowait())
                     except queue.Empty:
                         break
                 stop = any(item is _STOP for item in batch)
-                close_old_connections()
                 self._write(batch)
                 for item in batch:
                     if isinstance(item, _Barrier):
@@ -123,6 +126,9 @@ class Recorder:
                 _write_batch(batch)
                 return
             except Exception:  # a write failure must not kill the recorder; retry, then report
+                from django.db import connection
+
+                connection.close()  # the next attempt reconnects, in case the connection itself broke
                 if attempt == _RETRIES - 1:
                     log.exception("could not record %d row changes; they are lost", len(batch))
                     return

@@ -28,6 +28,14 @@ def chat(served, model, **fake):
                       json={"model": model, "messages": [{"role": "user", "content": "hi"}], "fake": fake}, timeout=60)
 
 
+def chat_until_killed(served, model, **fake):
+    """A client whose connection the test is about to cut by killing the service."""
+    try:
+        chat(served, model, **fake)
+    except httpx.HTTPError:
+        pass
+
+
 def test_model_that_exits_at_start_gets_a_503_naming_model_cause_and_log(tmp_path):
     text = config(tmp_path, {"broken": fake_cmd("broken", None, "--exit-at-start", "3"), "ok": fake_cmd("ok")})
     with Served(tmp_path, text) as served:
@@ -103,9 +111,9 @@ def test_restart_after_sigkill_interrupts_unfinished_rows_and_stops_orphaned_mod
     text = config(tmp_path, {"m": fake_cmd("m", events)})
     served = Served(tmp_path, text).start()
     try:
-        threading.Thread(target=lambda: chat(served, "m", delay=30), daemon=True).start()
+        threading.Thread(target=chat_until_killed, args=(served, "m"), kwargs={"delay": 30}, daemon=True).start()
         wait_until(lambda: read_events(events), what="the long request to reach the model")
-        threading.Thread(target=lambda: chat(served, "m"), daemon=True).start()
+        threading.Thread(target=chat_until_killed, args=(served, "m"), daemon=True).start()
         wait_until(lambda: rows(served.data_dir, "state='queued'"), what="a queued row")
         wait_until(lambda: rows(served.data_dir, "state='dispatched'"), what="a dispatched row")
         pgid = httpx.get(served.base + "/running").json()["running"] and _model_pgid(served)

@@ -94,7 +94,8 @@ class Command(BaseCommand):
         interface = host.replace(":", r"\:")
         server = Server(
             application,
-            endpoints=[f"tcp:port={port}:interface={interface}"],
+            # A deep accept backlog: hundreds of clients may connect at once to wait in the queue.
+            endpoints=[f"tcp:port={port}:interface={interface}:backlog=2048"],
             signal_handlers=False,
             verbosity=0,
         )
