@@ -27,6 +27,7 @@ test: $(TEST_STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/scheduler_core.py
+	$(VENV)/bin/python bench/proxy.py
 
 clean:
 	rm -rf $(VENV) data
