@@ -276,10 +276,12 @@ class SchedulerRuntime:
         return waiter.request if waiter else None
 
     async def shutdown(self, drain_seconds: float) -> None:
-        """Refuse new work, fail queued requests, give running ones `drain_seconds`, stop every model."""
+        """Refuse new work, fail queued requests, give running ones `drain_seconds` to finish."""
         self._closing = True
         now = self.now()
-        self._run(lambda: self.scheduler.shutdown(now))
+        # The core asks to stop every model at once; that would cut the running request short, so the
+        # stops wait until the drain is over (the service stops the whole fleet then).
+        self._run(lambda: [e for e in self.scheduler.shutdown(now) if not isinstance(e, StopModel)])
         deadline = self.now() + drain_seconds
         while (self._granted or self._tasks) and self.now() < deadline:
             await asyncio.sleep(0.05)

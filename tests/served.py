@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,6 +22,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def model_ports(count: int) -> int:
+    """The first of `count` consecutive free ports below the kernel's ephemeral range.
+
+    Outgoing connections (ours, and other processes' on a shared machine) take ephemeral ports;
+    a model port in that range can be taken by one before the model starts, failing its start.
+    """
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100):
+        first = random.randrange(10_000, ephemeral_low - count)
+        if all(_bindable(port) for port in range(first, first + count)):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports between 10000 and {ephemeral_low}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def fake_cmd(model: str, events: Path | None = None, *args: str) -> str:
@@ -58,7 +82,7 @@ class Served:
         config_text = textwrap.dedent(config_text)
         if "startPort" not in config_text:
             # Model ports must not collide with other tests' (or a previous run's) model servers.
-            config_text = f"startPort: {free_port()}\n" + config_text
+            config_text = f"startPort: {model_ports(8)}\n" + config_text
         self.config_path.write_text(config_text)
         self.data_dir = tmp / "data"
         self.port = free_port()

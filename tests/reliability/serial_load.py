@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.reliability.support import model_ports
+from tests.served import model_ports
 from tests.served import Served, fake_cmd, read_events
 
 MODELS = ("alpha", "beta", "gamma")

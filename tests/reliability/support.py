@@ -7,8 +7,6 @@ queued or dispatched — so the checks for that live here.
 from __future__ import annotations
 
 import os
-import random
-import socket
 import sqlite3
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import httpx
 import yaml
 
 from tests.e2e.conftest import db_rows
-from tests.served import wait_until
+from tests.served import model_ports, wait_until
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected", "interrupted"})
 
@@ -29,29 +27,6 @@ def serial_config(models: dict[str, dict]) -> str:
         "models": {name: {"proxy": "http://127.0.0.1:${PORT}", **keys} for name, keys in models.items()},
         "routing": {"scheduler": {"use": "serial"}},
     }, sort_keys=False)
-
-
-def model_ports(count: int) -> int:
-    """The first of `count` consecutive free ports below the kernel's ephemeral range.
-
-    Outgoing connections (ours, and other processes' on a shared machine) take ephemeral ports;
-    a model port in that range can be taken by one before the model starts, failing its start.
-    """
-    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(100):
-        first = random.randrange(10_000, ephemeral_low - count)
-        if all(_bindable(port) for port in range(first, first + count)):
-            return first
-    raise RuntimeError(f"no {count} consecutive free ports between 10000 and {ephemeral_low}")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def chat(base: str, model: str, *, timeout: float = 60, **fake) -> httpx.Response:

@@ -19,14 +19,6 @@ pytestmark = pytest.mark.e2e
 
 EXIT_SLACK_S = 5  # stopping the model and flushing the rows, after the drain budget
 
-# scheduling/core/serial.py (and fifo.py) `shutdown()` emit StopModel for every loaded model at
-# once, and SchedulerRuntime.shutdown applies them before draining: the running request's model
-# is SIGTERMed immediately and the request gets 502 instead of its drain budget.
-MODELS_STOPPED_BEFORE_DRAIN = pytest.mark.xfail(
-    strict=True, reason="SIGTERM stops the running request's model before the drain (scheduling/runtime.py shutdown)"
-)
-
-
 def in_thread(call) -> tuple[threading.Thread, list]:
     """Run `call` in a thread; its result (or the exception it raised) and when it ended land in the list."""
     outcome: list = []
@@ -47,7 +39,6 @@ def starts(events, request_id: str) -> list[dict]:
     return [e for e in read_events(events) if e["event"] == "start" and e["id"] == request_id]
 
 
-@MODELS_STOPPED_BEFORE_DRAIN
 def test_sigterm_finishes_the_running_request_and_refuses_the_queued_ones(tmp_path):
     events = tmp_path / "events.jsonl"
     served = Served(tmp_path, serial_config({"m": {"cmd": fake_cmd("m", events)}}),
@@ -78,7 +69,6 @@ def test_sigterm_finishes_the_running_request_and_refuses_the_queued_ones(tmp_pa
     assert states == ["completed", "rejected", "rejected"]
 
 
-@MODELS_STOPPED_BEFORE_DRAIN
 def test_sigterm_cuts_a_request_longer_than_the_drain_budget_and_still_exits_zero(tmp_path):
     events = tmp_path / "events.jsonl"
     drain_s = 1
