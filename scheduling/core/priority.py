@@ -16,6 +16,7 @@ BAND_SPACING = 100
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
+_INT64_DIGITS = len(str(_INT64_MAX))
 # ASCII digits only: str.isdigit() and int() would accept "١٢" and "1_0".
 _SIGNED_INTEGER = re.compile(r"[+-]?[0-9]+")
 # HTTP optional whitespace plus line breaks; other characters are part of the value.
@@ -39,6 +40,8 @@ def parse_priority(value: str | bytes | None) -> int:
         return alias
     if _SIGNED_INTEGER.fullmatch(text) is None:
         return 0
+    if len(text.lstrip("+-").lstrip("0")) > _INT64_DIGITS:
+        return 0  # out of range; int() would also refuse strings past 4300 digits
     number = int(text)
     if not _INT64_MIN <= number <= _INT64_MAX:
         return 0

@@ -125,3 +125,9 @@ def test_tier_offsets_order_within_a_band_but_stay_below_normal():
 
 def test_band_values_are_metric_labels():
     assert [str(b) for b in Band] == ["interactive", "normal", "batch"]
+
+
+def test_a_10_kilobyte_number_is_out_of_range_not_an_error():
+    assert parse_priority("9" * 10_000) == 0
+    assert parse_priority("-" + "1" * 5_000) == 0
+    assert parse_priority("0" * 5_000 + "42") == 42
