@@ -40,9 +40,11 @@ def parse_priority(value: str | bytes | None) -> int:
         return alias
     if _SIGNED_INTEGER.fullmatch(text) is None:
         return 0
-    if len(text.lstrip("+-").lstrip("0")) > _INT64_DIGITS:
+    sign = "-" if text.startswith("-") else ""
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    if len(digits) > _INT64_DIGITS:
         return 0  # out of range; int() would also refuse strings past 4300 digits
-    number = int(text)
+    number = int(sign + digits)
     if not _INT64_MIN <= number <= _INT64_MAX:
         return 0
     return number
