@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 
+from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
@@ -32,6 +33,14 @@ class StreamingHttpConsumer(AsyncHttpConsumer):
         self.body_too_large = False
         self.response_started = False
         self.response_ended = False
+
+    async def dispatch(self, message):
+        """Channels closes stale DB connections (a thread hop) before every message; these consumers
+        never touch the database — the recorder thread does — so each message goes straight to its handler."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
 
     async def http_request(self, message):
         if self._job is not None:
