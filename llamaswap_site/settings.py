@@ -4,6 +4,7 @@ LLAMASWAP_DATA_DIR   where the SQLite file and the generated SECRET_KEY live (de
 DATABASE_URL         optional postgres://user@host:port/name for scale-out; SQLite otherwise
 LLAMASWAP_DEBUG      "1" turns Django's DEBUG on (off by default)
 LLAMASWAP_ALLOWED_HOSTS  comma-separated Host names accepted (default: localhost names only)
+LLAMASWAP_HTTPS      "1" when served behind a TLS proxy: Secure cookies, HSTS, redirect to HTTPS
 LLAMASWAP_CONFIG     path of the llama-swap config.yaml (set by `llamaswap serve --config`)
 """
 
@@ -93,11 +94,22 @@ STATIC_URL = "static/"
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
-# Secure cookies whenever the request arrived over HTTPS (directly or via a proxy that says so).
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-SESSION_COOKIE_SECURE = os.environ.get("LLAMASWAP_HTTPS", "") == "1"
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
+
+# LLAMASWAP_HTTPS=1: served behind a TLS-terminating reverse proxy that sets X-Forwarded-Proto
+# (daphne here speaks plain HTTP). Only then is that header trusted: a client talking to daphne
+# directly could otherwise claim HTTPS.
+LLAMASWAP_HTTPS = os.environ.get("LLAMASWAP_HTTPS", "") == "1"
+SESSION_COOKIE_SECURE = LLAMASWAP_HTTPS
+CSRF_COOKIE_SECURE = LLAMASWAP_HTTPS
+if LLAMASWAP_HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    # Load balancers and Prometheus probe these over plain HTTP inside the network.
+    SECURE_REDIRECT_EXEMPT = [r"^health$", r"^metrics$"]
+    SECURE_HSTS_SECONDS = 365 * 24 * 3600
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
 
 LOGGING = {
     "version": 1,

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
-from urllib.parse import quote
+import re
+from urllib.parse import quote, unquote
+
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
 from proxy.auth import CREDENTIAL_HEADERS, is_authorized
 from proxy.errors import ProxyError
@@ -16,6 +20,26 @@ from scheduling.runtime import Outcome, Rejected, TicketRequest
 
 log = logging.getLogger("llamaswap.proxy")
 _PRIORITY = PRIORITY_HEADER.lower().encode()
+# What an upstream server may read as a path separator once it decodes %2f or %5c.
+_PATH_SEPARATORS = re.compile(r"[/\\]")
+
+
+def request_priority(header: str | None) -> int:
+    """The header's priority, 0 when unusable — including digit strings too long for int() to convert."""
+    try:
+        return parse_priority(header)
+    except ValueError:
+        return 0
+
+
+def climbs_out(path: str) -> bool:
+    """Whether a '..' segment, plain or percent-encoded, could lead above the model's base URL."""
+    return ".." in _PATH_SEPARATORS.split(unquote(path))
+
+
+def as_sent(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    """Headers back to the bytes the client sent: httpx would refuse a non-ASCII str value."""
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
 
 
 class ModelConsumer(StreamingHttpConsumer):
@@ -27,6 +51,7 @@ class ModelConsumer(StreamingHttpConsumer):
 
     async def authorise(self, service) -> dict[str, str]:
         headers = self.header_map()
+        self.check_host(headers)
         if not is_authorized(headers, service.config.api_keys):
             raise ProxyError(
                 401,
@@ -42,6 +67,19 @@ class ModelConsumer(StreamingHttpConsumer):
             )
         return headers
 
+    def check_host(self, headers: dict[str, str]) -> None:
+        """ALLOWED_HOSTS, as Django applies it to the admin: a browser lured by DNS rebinding gets no model."""
+        host = headers.get("host")
+        if host is None:
+            return  # browsers always send Host; without one there is no name to rebind
+        domain, _ = split_domain_port(host)
+        if not validate_host(domain, settings.ALLOWED_HOSTS):
+            raise ProxyError(
+                400,
+                f"host {host!r} is not served here: add it to LLAMASWAP_ALLOWED_HOSTS to serve it",
+                "host_not_allowed",
+            )
+
     def client_address(self) -> str:
         client = self.scope.get("client") or ("", 0)
         return str(client[0] or "")
@@ -52,7 +90,7 @@ class ModelConsumer(StreamingHttpConsumer):
         request = TicketRequest(
             model=model_cfg.id,
             path=self.scope["path"],
-            priority=parse_priority(self.header(_PRIORITY)),
+            priority=request_priority(self.header(_PRIORITY)),
             requested_model=requested,
             method=method,
             stream=stream,
@@ -68,7 +106,7 @@ class ModelConsumer(StreamingHttpConsumer):
             drop = CREDENTIAL_HEADERS if service.config.api_keys else frozenset()
             result = await relay(
                 self, service.client_for(model_cfg.id), model_cfg.id, method,
-                lease.upstream + upstream_path, upstream_headers(headers, drop), body,
+                lease.upstream + upstream_path, as_sent(upstream_headers(headers, drop)), body,
             )
             outcome = Outcome(
                 state=result.state, status_code=result.status, error=result.error, usage=result.usage,
@@ -111,6 +149,8 @@ class UpstreamConsumer(ModelConsumer):
         raw = self.scope.get("raw_path") or quote(self.scope["path"]).encode()
         rest = raw.decode("latin-1").split("?", 1)[0][len("/upstream/"):]
         model_cfg, remainder = service.resolve_upstream_path(rest)
+        if remainder is not None and climbs_out(remainder):
+            raise ProxyError(400, f"/upstream/{rest}: '..' path segments are not forwarded", "invalid_path")
         if remainder is None:
             target = f"/upstream/{rest}/"
             query = self.scope.get("query_string", b"")
@@ -123,6 +163,3 @@ class UpstreamConsumer(ModelConsumer):
             service, model_cfg, requested=model_cfg.id, stream=False, method=self.scope["method"],
             upstream_path="/" + remainder + (f"?{query}" if query else ""), body=body, headers=headers,
         )
-
-
-

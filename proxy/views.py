@@ -6,9 +6,9 @@ import asyncio
 import functools
 import time
 
+from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_http_methods
 
 from proxy.auth import is_authorized
 from proxy.errors import error_body
@@ -20,6 +20,35 @@ def json_error(status: int, message: str, code: str | None = None, **headers: st
     for name, value in headers.items():
         response[name.replace("_", "-")] = value
     return response
+
+
+def allow_methods(*methods: str):
+    """Like Django's require_http_methods, but the 405 is an OpenAI-shaped error API clients can read."""
+
+    def refusal(request: HttpRequest) -> HttpResponse | None:
+        if request.method in methods:
+            return None
+        allowed = " or ".join(methods)
+        return json_error(405, f"{request.path} accepts {allowed} only", "method_not_allowed", Allow=", ".join(methods))
+
+    def decorate(view):
+        if iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def async_wrapper(request: HttpRequest, *args, **kwargs):
+                refused = refusal(request)
+                return refused if refused is not None else await view(request, *args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs):
+            refused = refusal(request)
+            return refused if refused is not None else view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
 
 
 def api_key_required(view):
@@ -41,11 +70,13 @@ def api_key_required(view):
     return csrf_exempt(wrapper)
 
 
+@csrf_exempt  # machines probe it; an unsafe method gets a 405, not the CSRF page
+@allow_methods("GET", "HEAD")
 def health(request: HttpRequest) -> HttpResponse:
     return HttpResponse("OK", content_type="text/plain")
 
 
-@require_http_methods(["GET"])
+@allow_methods("GET")
 @api_key_required
 async def list_models(request: HttpRequest, service) -> JsonResponse:
     created = int(time.time())
@@ -69,7 +100,7 @@ async def list_models(request: HttpRequest, service) -> JsonResponse:
     return JsonResponse({"object": "list", "data": data})
 
 
-@require_http_methods(["GET"])
+@allow_methods("GET")
 @api_key_required
 async def running(request: HttpRequest, service) -> JsonResponse:
     items = []
@@ -98,21 +129,21 @@ async def _unload(service, models: list[str] | None) -> None:
         await asyncio.sleep(0.02)
 
 
-@require_http_methods(["GET"])
+@allow_methods("GET")
 @api_key_required
 async def unload_all_legacy(request: HttpRequest, service) -> HttpResponse:
     await _unload(service, None)
     return HttpResponse("OK", content_type="text/plain")
 
 
-@require_http_methods(["POST"])
+@allow_methods("POST")
 @api_key_required
 async def unload_all(request: HttpRequest, service) -> JsonResponse:
     await _unload(service, None)
     return JsonResponse({"msg": "ok"})
 
 
-@require_http_methods(["POST"])
+@allow_methods("POST")
 @api_key_required
 async def unload_model(request: HttpRequest, service, model: str) -> HttpResponse:
     config = service.config.resolve(model)
@@ -122,14 +153,14 @@ async def unload_model(request: HttpRequest, service, model: str) -> HttpRespons
     return HttpResponse("OK", content_type="text/plain")
 
 
-@require_http_methods(["GET"])
+@allow_methods("GET")
 @api_key_required
 async def logs(request: HttpRequest, service) -> HttpResponse:
     parts = [f"=== {model_id} ===\n{ring.text()}" for model_id, ring in service.fleet.logs.items() if ring.text()]
     return HttpResponse("\n".join(parts), content_type="text/plain; charset=utf-8")
 
 
-@require_http_methods(["GET"])
+@allow_methods("GET")
 @api_key_required
 async def logs_stream(request: HttpRequest, service, model: str | None = None) -> HttpResponse:
     if model is None:
