@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -13,11 +14,21 @@ def load_or_create_secret_key(path: Path) -> str:
     try:
         return path.read_text().strip()
     except FileNotFoundError:
-        key = secrets.token_urlsafe(50)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(key)
-        return key
+        pass
+    key = secrets.token_urlsafe(50)
+    # Written to a private temp file and linked into place: two processes starting at once
+    # agree on one key, and nobody ever reads a half-written one.
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+    temp = Path(temp_name)
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
+    try:
+        os.link(temp, path)
+    except FileExistsError:
+        key = path.read_text().strip()
+    finally:
+        temp.unlink()
+    return key
 
 
 def database_from_url(url: str, sqlite_path: Path) -> dict:

@@ -17,7 +17,8 @@ from llamaswap_site.environment import database_from_url, load_or_create_secret_
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("LLAMASWAP_DATA_DIR", "data")).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+# Private to the service's user: it holds the secret key and the request history.
+DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 SECRET_KEY = load_or_create_secret_key(DATA_DIR / "secret_key")
 DEBUG = os.environ.get("LLAMASWAP_DEBUG", "") == "1"

@@ -24,5 +24,6 @@ urlpatterns = [
     path("metrics", metrics.metrics_view, name="prometheus-django-metrics"),
 ]
 
+handler400 = "proxy.views.bad_request"
 handler404 = "proxy.views.not_found"
 handler500 = "proxy.views.server_error"

@@ -24,14 +24,6 @@ _PRIORITY = PRIORITY_HEADER.lower().encode()
 _PATH_SEPARATORS = re.compile(r"[/\\]")
 
 
-def request_priority(header: str | None) -> int:
-    """The header's priority, 0 when unusable — including digit strings too long for int() to convert."""
-    try:
-        return parse_priority(header)
-    except ValueError:
-        return 0
-
-
 def climbs_out(path: str) -> bool:
     """Whether a '..' segment, plain or percent-encoded, could lead above the model's base URL."""
     return ".." in _PATH_SEPARATORS.split(unquote(path))
@@ -90,7 +82,7 @@ class ModelConsumer(StreamingHttpConsumer):
         request = TicketRequest(
             model=model_cfg.id,
             path=self.scope["path"],
-            priority=request_priority(self.header(_PRIORITY)),
+            priority=parse_priority(self.header(_PRIORITY)),
             requested_model=requested,
             method=method,
             stream=stream,

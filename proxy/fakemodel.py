@@ -296,6 +296,7 @@ class FakeModelHandler(BaseHTTPRequestHandler):
     # -- dispatch ---------------------------------------------------------------------------
 
     def do_GET(self) -> None:
+        self._read_body()  # a body on a GET must not be left to corrupt the next request on this connection
         path = self.path.split("?", 1)[0]
         if path == "/health":
             if self.server.loaded.is_set():
@@ -304,6 +305,15 @@ class FakeModelHandler(BaseHTTPRequestHandler):
                 self._respond(503, {"status": "loading"})
             return
         self._handle(body={})
+
+    def do_PUT(self) -> None:
+        self.do_POST()
+
+    def do_PATCH(self) -> None:
+        self.do_POST()
+
+    def do_DELETE(self) -> None:
+        self.do_POST()
 
     def do_POST(self) -> None:
         raw = self._read_body()

@@ -6,49 +6,12 @@ import asyncio
 import functools
 import time
 
-from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from proxy.auth import is_authorized
-from proxy.errors import error_body
+from proxy.responses import allow_methods, json_error
 from proxy.service import get_service
-
-
-def json_error(status: int, message: str, code: str | None = None, **headers: str) -> HttpResponse:
-    response = HttpResponse(error_body(status, message, code), status=status, content_type="application/json")
-    for name, value in headers.items():
-        response[name.replace("_", "-")] = value
-    return response
-
-
-def allow_methods(*methods: str):
-    """Like Django's require_http_methods, but the 405 is an OpenAI-shaped error API clients can read."""
-
-    def refusal(request: HttpRequest) -> HttpResponse | None:
-        if request.method in methods:
-            return None
-        allowed = " or ".join(methods)
-        return json_error(405, f"{request.path} accepts {allowed} only", "method_not_allowed", Allow=", ".join(methods))
-
-    def decorate(view):
-        if iscoroutinefunction(view):
-
-            @functools.wraps(view)
-            async def async_wrapper(request: HttpRequest, *args, **kwargs):
-                refused = refusal(request)
-                return refused if refused is not None else await view(request, *args, **kwargs)
-
-            return async_wrapper
-
-        @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args, **kwargs):
-            refused = refusal(request)
-            return refused if refused is not None else view(request, *args, **kwargs)
-
-        return wrapper
-
-    return decorate
 
 
 def api_key_required(view):
@@ -199,6 +162,11 @@ async def logs_stream(request: HttpRequest, service, model: str | None = None) -
     response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+def bad_request(request: HttpRequest, exception=None) -> HttpResponse:
+    """Django's own 400s (a Host not in LLAMASWAP_ALLOWED_HOSTS, a suspicious path) as JSON too."""
+    return json_error(400, str(exception) if exception else "bad request", "bad_request")
 
 
 def not_found(request: HttpRequest, exception=None) -> HttpResponse:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from django_prometheus.exports import ExportToDjangoView
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -27,6 +28,7 @@ from prometheus_client.registry import Collector
 from proxy.auth import is_authorized
 from proxy.errors import error_body
 from proxy.inbound import MODEL_ROUTES
+from proxy.responses import allow_methods
 from scheduling.core import Band, Decision, SchedulerSnapshot
 
 log = logging.getLogger("llamaswap.metrics")
@@ -295,6 +297,8 @@ def status_label(status: int | None, state: str) -> str:
     return "499" if state == "cancelled" else state
 
 
+@csrf_exempt
+@allow_methods("GET", "HEAD")
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """GET /metrics: django-prometheus's export, behind the API keys when `metricsRequireApiKey: true`."""
     config = _served_config()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.http import require_http_methods
 
-from proxy.views import api_key_required, json_error
+from proxy.responses import allow_methods, json_error
+from proxy.views import api_key_required
 from scheduling.activity import ActivityQuery, ActivityQueryError, activity_page
 
 
-@require_http_methods(["GET"])
+@allow_methods("GET")
 @api_key_required
 async def activity(request: HttpRequest, service) -> HttpResponse:
     try:

@@ -129,6 +129,18 @@ def test_the_secret_key_is_made_once_per_install_private_and_reused(tmp_path):
     assert key_file.read_text().strip() == first and len(first) >= 50
     assert site_settings(tmp_path / "one")["SECRET_KEY"] == first
     assert site_settings(tmp_path / "two")["SECRET_KEY"] != first
+    assert stat.S_IMODE((tmp_path / "one").stat().st_mode) == 0o700  # the request history is private too
+    assert [p.name for p in (tmp_path / "one").iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+def test_processes_starting_at_once_agree_on_one_secret_key(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llamaswap_site.environment import load_or_create_secret_key
+
+    with ThreadPoolExecutor(8) as pool:
+        keys = set(pool.map(lambda _: load_or_create_secret_key(tmp_path / "secret_key"), range(8)))
+    assert len(keys) == 1
 
 
 def test_https_hardening_is_on_only_with_llamaswap_https(tmp_path):

@@ -185,6 +185,16 @@ def test_other_paths_echo_path_method_requested_and_serving_model(launch):
     assert got == {"path": "/props?model=p", "method": "GET", "model": "p", "served_by": "server-a"}
 
 
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "DELETE", "GET"])
+def test_a_body_on_any_method_is_read_so_the_next_request_on_the_connection_is_intact(launch, method):
+    model = launch("--model", "server-a")
+    with model.client() as client:
+        answered = client.request(method, "/any/path", content=b'{"model": "m"}' + b" " * 5000)
+        after = client.post("/v1/rerank", json={"model": "next"})
+    assert answered.json()["method"] == method
+    assert after.json() == {"path": "/v1/rerank", "method": "POST", "model": "next", "served_by": "server-a"}
+
+
 def test_invalid_requests_get_openai_errors(launch):
     model = launch()
     with model.client() as client:

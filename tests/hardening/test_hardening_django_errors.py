@@ -1,0 +1,20 @@
+"""Django's own error paths answer in the same OpenAI JSON shape as the proxied routes."""
+
+import pytest
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_host_not_allowed_gets_a_json_400(client):
+    r = client.get("/health", HTTP_HOST="evil.example")
+    assert r.status_code == 400
+    assert r["content-type"] == "application/json"
+    assert "evil.example" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/api/activity"])
+def test_wrong_methods_on_api_routes_get_a_json_405(client, path):
+    r = client.post(path)
+    assert r.status_code == 405
+    assert r.json()["error"]["code"] == "method_not_allowed"
+    assert "GET" in r["allow"]
