@@ -55,7 +55,7 @@ class RelayResult:
 
 
 async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, url: str,
-                headers: list[tuple[str, str]], body: bytes) -> RelayResult:
+                headers: list[tuple[bytes, bytes]], body: bytes) -> RelayResult:
     """Send the request and stream the response to `consumer`. Raises ProxyError only before any byte is sent."""
     loop = asyncio.get_running_loop()
     request = client.build_request(method, url, headers=headers, content=body)
