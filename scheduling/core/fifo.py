@@ -28,15 +28,6 @@ from .swap import SwapPolicy
 from .ticket import ModelSpec, Ticket
 
 
-@dataclass
-class _Swap:
-    """A model start under way, with the evictions it made and the requests waiting on it."""
-
-    target: str
-    evict: frozenset[str]
-    waiters: dict[int, tuple[Ticket, Decision]]
-
-
 @dataclass(frozen=True)
 class _Queued:
     ticket: Ticket
@@ -46,6 +37,16 @@ class _Queued:
     @property
     def sort_key(self) -> tuple[int, int]:
         return (-self.effective_priority, self.order)
+
+
+@dataclass
+class _Swap:
+    """A model start under way, with the evictions it made and the requests waiting on it
+    (kept as queued, so a reload can put them back in their place)."""
+
+    target: str
+    evict: frozenset[str]
+    waiters: dict[int, tuple[_Queued, Decision]]
 
 
 class FifoScheduler:
@@ -78,7 +79,7 @@ class FifoScheduler:
         item = _Queued(ticket, spec.fifo_priority + ticket.priority, next(self._order))
         proceeded, effects = self._route(item, now)
         if not proceeded:
-            bisect.insort(self._queue, item, key=lambda queued: queued.sort_key)
+            self._enqueue(item)
         return effects
 
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
@@ -101,7 +102,9 @@ class FifoScheduler:
             return []
         self._release(model)
         self._fleet.end_serving(model, now)
-        return [] if self._fleet.serving(model) else self._drain(now)
+        if self._fleet.serving(model):
+            return []
+        return self._stop_if_retired(model) + self._drain(now)
 
     def reprioritize(self, ticket_id: int, priority: int, now: float) -> list[Effect]:
         """Move a queued request to its new place; among equals it keeps its arrival order."""
@@ -109,8 +112,9 @@ class FifoScheduler:
             if item.ticket.id == ticket_id:
                 del self._queue[index]
                 spec = self._fleet.spec(item.ticket.model)
-                moved = _Queued(replace(item.ticket, priority=priority), spec.fifo_priority + priority, item.order)
-                bisect.insort(self._queue, moved, key=lambda queued: queued.sort_key)
+                self._enqueue(
+                    _Queued(replace(item.ticket, priority=priority), spec.fifo_priority + priority, item.order)
+                )
                 break
         return []
 
@@ -121,18 +125,19 @@ class FifoScheduler:
             return []  # a start that was unloaded or shut down meanwhile
         self._fleet.mark_ready(model, now)
         swap = self._swaps.pop(model)
-        effects: list[Effect] = [self._grant(ticket, decision) for ticket, decision in swap.waiters.values()]
-        return effects + self._drain(now)
+        effects: list[Effect] = [self._grant(item.ticket, decision) for item, decision in swap.waiters.values()]
+        return effects + self._stop_if_retired(model) + self._drain(now)
 
     def model_failed(self, model: str, reason: str, now: float) -> list[Effect]:
-        """Every request waiting on the failed start gets the error; queued ones stay and retry."""
+        """Every request waiting on the failed start gets the error; queued ones stay and retry.
+        (A start a reload superseded has no waiters left: they went back to the queue.)"""
         if self._fleet.state(model) is not ModelState.STARTING:
             return []
         self._fleet.mark_stopped(model)
         swap = self._swaps.pop(model)
         effects: list[Effect] = [
-            self._refuse(ticket, rejections.start_failed(ticket.id, model, reason))
-            for ticket, _ in swap.waiters.values()
+            self._refuse(item.ticket, rejections.start_failed(item.ticket.id, model, reason))
+            for item, _ in swap.waiters.values()
         ]
         return effects + self._drain(now)
 
@@ -148,12 +153,15 @@ class FifoScheduler:
         """Stop the given models (None: all). Requests waiting for them, queued or on a start,
         get "model unloaded"; requests for other models stay queued. Running requests are cut
         by the stop itself."""
-        names = set(self._fleet.ids()) if models is None else {m for m in models if m in self._fleet}
+        if models is None:
+            names = {*self._fleet.ids(), *self._fleet.departing()}
+        else:
+            names = {m for m in models if m in self._fleet}
         effects: list[Effect] = []
         for model in sorted(names):
             swap = self._swaps.pop(model, None)
-            for ticket, _ in swap.waiters.values() if swap is not None else ():
-                effects.append(self._refuse(ticket, rejections.unloaded(ticket.id, model)))
+            for item, _ in swap.waiters.values() if swap is not None else ():
+                effects.append(self._refuse(item.ticket, rejections.unloaded(item.ticket.id, model)))
         staying = []
         for item in self._queue:
             if item.ticket.model in names:
@@ -180,14 +188,41 @@ class FifoScheduler:
         self._settings = settings
         return []
 
+    def reconfigure(
+        self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: Iterable[str], now: float
+    ) -> list[Effect]:
+        """Adopt a reloaded config: new model table (limits, TTLs, priorities for new requests)
+        and swap groups from now on.
+
+        Requests for removed models are refused; requests for restarted models (whose command
+        changed) keep their place in the queue and start them again once the old process has
+        stopped. Either kind of model stops at once when idle, else when its last request or
+        its start ends. Ids in `restart` that `models` lacks are ignored. Effects come in model
+        id order.
+        """
+        if self._shut_down:
+            return []
+        removed = set(self._fleet.reconfigure(models))
+        self._policy = policy
+        restarted = set(restart) & models.keys()
+        orphaned: dict[str, list[_Queued]] = {model: [] for model in removed}
+        staying = []
+        for item in self._queue:
+            (orphaned[item.ticket.model] if item.ticket.model in removed else staying).append(item)
+        self._queue = staying
+        effects: list[Effect] = []
+        for model in sorted(removed | restarted):
+            effects += self._remove(model, orphaned[model]) if model in removed else self._restart(model)
+        return effects + self._drain(now)
+
     def shutdown(self, now: float) -> list[Effect]:
         if self._shut_down:
             return []
         self._shut_down = True
         effects: list[Effect] = []
         for swap in self._swaps.values():
-            for ticket, _ in swap.waiters.values():
-                effects.append(self._refuse(ticket, rejections.shutting_down(ticket.id)))
+            for item, _ in swap.waiters.values():
+                effects.append(self._refuse(item.ticket, rejections.shutting_down(item.ticket.id)))
         self._swaps.clear()
         for item in self._queue:
             effects.append(self._refuse(item.ticket, rejections.shutting_down(item.ticket.id)))
@@ -224,9 +259,11 @@ class FifoScheduler:
         """llama-swap's decision tree for one request: (whether it left the queue, effects)."""
         ticket = item.ticket
         model = ticket.model
+        if self._fleet.is_retiring(model):
+            return False, []  # a reload replaces its process: wait for the stop, then start anew
         swap = self._swaps.get(model)
         if swap is not None:  # join the start under way
-            swap.waiters[ticket.id] = (ticket, self._decision(item, now, needs_swap=True))
+            swap.waiters[ticket.id] = (item, self._decision(item, now, needs_swap=True))
             return True, []
         state = self._fleet.state(model)
         if state is ModelState.STOPPING:
@@ -241,10 +278,12 @@ class FifoScheduler:
         if state is ModelState.READY:
             # Ready, but sharing the GPU with models its group evicts: stop those, then fast path.
             return False, [self._stop(victim, "evict") for victim in sorted(victims)]
+        if self._fleet.departing():
+            return False, []  # a model removed by a reload still holds the GPU; its stop drains
         for victim in victims:
             self._fleet.mark_stopped(victim)
         self._fleet.mark_starting(model)
-        self._swaps[model] = _Swap(model, victims, {ticket.id: (ticket, self._decision(item, now, needs_swap=True))})
+        self._swaps[model] = _Swap(model, victims, {ticket.id: (item, self._decision(item, now, needs_swap=True))})
         return True, [StartModel(model, tuple(sorted(victims)))]
 
     @staticmethod
@@ -284,6 +323,37 @@ class FifoScheduler:
             needs_swap=needs_swap,
             fifo_priority=item.effective_priority,
         )
+
+    def _remove(self, model: str, dequeued: list[_Queued]) -> list[Effect]:
+        """A model the reload dropped: refuse the requests waiting on its start and those taken
+        out of the queue for it, and stop it once idle. A start under way is cut short, since
+        nobody is left to use it."""
+        swap = self._swaps.pop(model, None)
+        waiting = [item for item, _ in swap.waiters.values()] if swap is not None else []
+        effects: list[Effect] = [
+            self._refuse(item.ticket, rejections.removed(item.ticket.id, model)) for item in waiting + dequeued
+        ]
+        if self._fleet.state(model) is ModelState.STARTING or self._fleet.retire(model):
+            effects.append(self._stop(model, "reload"))
+        return effects
+
+    def _restart(self, model: str) -> list[Effect]:
+        """A model whose process the reload replaces. A start under way still runs on the old
+        config, so the requests waiting on it go back to their places in the queue; the start
+        stays registered so that other starts keep clear of it."""
+        swap = self._swaps.get(model)
+        if swap is not None:
+            for item, _ in swap.waiters.values():
+                self._enqueue(item)
+            swap.waiters.clear()
+        return [self._stop(model, "reload")] if self._fleet.retire(model) else []
+
+    def _stop_if_retired(self, model: str) -> list[Effect]:
+        """Stop a model a reload retired, now that its last request or its start has ended."""
+        return [self._stop(model, "reload")] if self._fleet.due_for_retirement(model) else []
+
+    def _enqueue(self, item: _Queued) -> None:
+        bisect.insort(self._queue, item, key=lambda queued: queued.sort_key)
 
     def _holds(self, ticket_id: int) -> bool:
         return (

@@ -3,6 +3,12 @@ served, and the idle clock that drives TTL unloads.
 
 The runtime reports transitions (ready, failed, stopped); the schedulers record
 their own requests (starting, stopping, serving). Nothing here acts.
+
+A config reload can leave processes behind that no longer match the config: a
+model removed from it, or one whose command changed. Those are *retiring*: they
+finish what they serve (or the start under way), are never handed new work, and
+are stopped once idle. A removed model keeps its state here until it has stopped,
+then is forgotten.
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ class ModelFleet:
         self._state: dict[str, ModelState] = {}  # absent = stopped
         self._serving: dict[str, int] = {}
         self._idle_since: dict[str, float] = {}
+        self._retiring: set[str] = set()
+
+    def reconfigure(self, models: Mapping[str, ModelSpec]) -> tuple[str, ...]:
+        """Adopt a reloaded model table; returns the ids it dropped, sorted. Their processes
+        are still tracked until reported stopped (see `departing`)."""
+        removed = tuple(sorted(self._specs.keys() - models.keys()))
+        self._specs = dict(models)
+        return removed
 
     def __contains__(self, model: object) -> bool:
         return model in self._specs
@@ -45,11 +59,24 @@ class ModelFleet:
         return tuple(sorted(model for model, state in self._state.items() if state in states))
 
     def loaded(self) -> tuple[str, ...]:
+        """Models whose process is up, including retiring ones still serving."""
         return self.in_state(ModelState.READY)
 
+    def ready_for_work(self) -> tuple[str, ...]:
+        """Loaded models that may take new requests (and so earn swap affinity), sorted."""
+        return tuple(model for model in self.loaded() if model not in self._retiring)
+
     def not_stopped(self) -> tuple[str, ...]:
-        """Every model holding (or about to hold, or still releasing) GPU memory."""
-        return tuple(sorted(self._state))
+        """Every configured model holding (or about to hold, or still releasing) GPU memory.
+        Removed models still up are listed by `departing` instead: the swap groups no longer
+        know them."""
+        return tuple(sorted(model for model in self._state if model in self._specs))
+
+    def departing(self) -> tuple[str, ...]:
+        """Models removed from the config whose process has not been reported stopped yet.
+        Nothing new may start beside them: the config no longer says what they can share
+        the GPU with."""
+        return tuple(sorted(model for model in self._state if model not in self._specs))
 
     def serving(self, model: str) -> int:
         """Granted requests on `model` that have not finished."""
@@ -64,10 +91,27 @@ class ModelFleet:
 
     def mark_stopping(self, model: str) -> None:
         self._state[model] = ModelState.STOPPING
+        self._retiring.discard(model)
 
     def mark_stopped(self, model: str) -> None:
         self._state.pop(model, None)
         self._idle_since.pop(model, None)
+        self._retiring.discard(model)
+
+    def retire(self, model: str) -> bool:
+        """Mark a ready or starting model's process to be stopped for a reload. True when it can
+        stop at once; otherwise `due_for_retirement` turns true when its start or its last
+        request ends."""
+        if self.state(model) in (ModelState.READY, ModelState.STARTING):
+            self._retiring.add(model)
+        return self.due_for_retirement(model)
+
+    def is_retiring(self, model: str) -> bool:
+        return model in self._retiring
+
+    def due_for_retirement(self, model: str) -> bool:
+        """A retiring model that is up and idle: stop it now."""
+        return model in self._retiring and self.state(model) is ModelState.READY and not self.serving(model)
 
     def begin_serving(self, model: str) -> None:
         self._serving[model] = self._serving.get(model, 0) + 1
@@ -83,9 +127,12 @@ class ModelFleet:
             self._idle_since[model] = now
 
     def _ttl_deadline(self, model: str) -> float | None:
-        """When an idle, ready model with a TTL should be unloaded; None if it should not."""
+        """When an idle, ready model with a TTL should be unloaded; None if it should not
+        (a retiring model is stopped by the reload instead)."""
+        if model in self._retiring or self.state(model) is not ModelState.READY or self.serving(model):
+            return None
         ttl = self._specs[model].ttl
-        if ttl <= 0 or self.state(model) is not ModelState.READY or self.serving(model):
+        if ttl <= 0:
             return None
         return self._idle_since[model] + ttl
 

@@ -29,5 +29,9 @@ def unloaded(ticket_id: int, model: str) -> Reject:
     )
 
 
+def removed(ticket_id: int, model: str) -> Reject:
+    return Reject(ticket_id, 404, "model_removed", f"model {model!r} was removed from the config by a reload")
+
+
 def shutting_down(ticket_id: int) -> Reject:
     return Reject(ticket_id, 503, "shutting_down", "the server is shutting down; retry once it is back")

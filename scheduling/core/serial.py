@@ -77,9 +77,10 @@ class SerialScheduler:
         """The granted request ended, whatever the outcome. Unknown ids are ignored."""
         if self._running is None or self._running.id != ticket_id:
             return []
-        self._fleet.end_serving(self._running.model, now)
+        model = self._running.model
+        self._fleet.end_serving(model, now)
         self._running = None
-        return self._dispatch(now)
+        return self._stop_if_retired(model) + self._dispatch(now)
 
     def reprioritize(self, ticket_id: int, priority: int, now: float) -> list[Effect]:
         """Re-rank a waiting request; it keeps its arrival time, so its aging carries on."""
@@ -94,8 +95,8 @@ class SerialScheduler:
         self._fleet.mark_ready(model, now)
         launch, self._launch = self._launch, None
         assert launch is not None and launch.model == model, "a model only starts for the pending launch"
-        if launch.ticket is None:  # its client left during the start
-            return self._dispatch(now)
+        if launch.ticket is None:  # its client left during the start, or a reload replaces the model
+            return self._stop_if_retired(model) + self._dispatch(now)
         return [self._grant(launch.ticket, launch.decision)]
 
     def model_failed(self, model: str, reason: str, now: float) -> list[Effect]:
@@ -103,15 +104,17 @@ class SerialScheduler:
         the same failure, so all of them get it now."""
         if self._fleet.state(model) is not ModelState.STARTING:
             return []
+        replaced_config = self._fleet.is_retiring(model)
         self._fleet.mark_stopped(model)
         launch, self._launch = self._launch, None
         assert launch is not None and launch.model == model, "a model only starts for the pending launch"
         effects: list[Effect] = []
         if launch.ticket is not None:
             effects.append(rejections.start_failed(launch.ticket.id, model, reason))
-        for ticket in self._queue.tickets_for(model):
-            self._queue.remove(ticket.id)
-            effects.append(rejections.start_failed(ticket.id, model, reason))
+        if not replaced_config:  # a start with the reloaded config may well succeed: let them try
+            for ticket in self._queue.tickets_for(model):
+                self._queue.remove(ticket.id)
+                effects.append(rejections.start_failed(ticket.id, model, reason))
         return effects + self._dispatch(now)
 
     def model_stopped(self, model: str, now: float) -> list[Effect]:
@@ -156,6 +159,26 @@ class SerialScheduler:
         self._queue.retune(settings.aging_divisor)
         return []
 
+    def reconfigure(
+        self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: Iterable[str], now: float
+    ) -> list[Effect]:
+        """Adopt a reloaded config: new model table and swap groups from now on.
+
+        Requests for removed models are refused; requests for restarted models (whose command
+        changed) keep waiting and start them again once the old process has stopped. Either
+        kind of model stops at once when idle, else when its request or start ends. Ids in
+        `restart` that `models` lacks are ignored. Effects come in model id order.
+        """
+        if self._shut_down:
+            return []
+        removed = self._fleet.reconfigure(models)
+        self._policy = policy
+        replaced = sorted(set(removed) | (set(restart) & models.keys()))
+        effects: list[Effect] = []
+        for model in replaced:
+            effects += self._remove(model) if model in removed else self._restart(model)
+        return effects + self._start_launch() + self._dispatch(now)
+
     def shutdown(self, now: float) -> list[Effect]:
         """Refuse everything still waiting and stop every model; the running request is left
         to the runtime's drain."""
@@ -188,7 +211,7 @@ class SerialScheduler:
 
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Waiting requests best first, with the score each would get right now."""
-        return self._queue.ranked(now, self._fleet.loaded(), self._settings)
+        return self._queue.ranked(now, self._fleet.ready_for_work(), self._settings)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -204,7 +227,7 @@ class SerialScheduler:
         """When the GPU is free, pick the best request and grant it or start its model."""
         if self._shut_down or self._running is not None or self._launch is not None:
             return []
-        loaded = self._fleet.loaded()
+        loaded = self._fleet.ready_for_work()
         pick = self._queue.pick(now, loaded, self._settings)
         if pick is None:
             return []
@@ -233,7 +256,8 @@ class SerialScheduler:
         return self._start_launch()
 
     def _start_launch(self) -> list[Effect]:
-        """Send the pending StartModel once no model it depends on is still stopping."""
+        """Send the pending StartModel once no model it depends on is still stopping, and no
+        model removed by a reload is still up."""
         launch = self._launch
         if launch is None or launch.started:
             return []
@@ -241,6 +265,8 @@ class SerialScheduler:
         stopping = ModelState.STOPPING
         if self._fleet.state(launch.model) is stopping or any(self._fleet.state(v) is stopping for v in victims):
             return []  # model_stopped resumes the launch
+        if self._fleet.departing():
+            return []  # so does the stop of the last removed model
         for victim in victims:
             self._fleet.mark_stopped(victim)
         self._fleet.mark_starting(launch.model)
@@ -251,6 +277,35 @@ class SerialScheduler:
         self._running = ticket
         self._fleet.begin_serving(ticket.model)
         return Grant(ticket.id, ticket.model, decision)
+
+    def _remove(self, model: str) -> list[Effect]:
+        """A model the reload dropped: refuse whoever waits for it, and stop it once idle. A start
+        under way is cut short, since nobody is left to use it."""
+        effects: list[Effect] = []
+        launch = self._launch
+        if launch is not None and launch.model == model:
+            self._launch = None
+            if launch.ticket is not None:
+                effects.append(rejections.removed(launch.ticket.id, model))
+        for ticket in self._queue.tickets_for(model):
+            self._queue.remove(ticket.id)
+            effects.append(rejections.removed(ticket.id, model))
+        if self._fleet.state(model) is ModelState.STARTING or self._fleet.retire(model):
+            effects.append(self._stop(model, "reload"))
+        return effects
+
+    def _restart(self, model: str) -> list[Effect]:
+        """A model whose process the reload replaces. A start under way still runs on the old
+        config, so the request it was for waits again, for a start with the new one."""
+        launch = self._launch
+        if launch is not None and launch.model == model and launch.started and launch.ticket is not None:
+            self._queue.add(launch.ticket)
+            launch.ticket = None
+        return [self._stop(model, "reload")] if self._fleet.retire(model) else []
+
+    def _stop_if_retired(self, model: str) -> list[Effect]:
+        """Stop a model a reload retired, now that its last request or its start has ended."""
+        return [self._stop(model, "reload")] if self._fleet.due_for_retirement(model) else []
 
     def _stop(self, model: str, reason: str) -> StopModel:
         self._fleet.mark_stopping(model)

@@ -1,6 +1,6 @@
 """Small helpers to drive a scheduler the way the runtime does, without a runtime."""
 
-from scheduling.core import Dequeued, Grant, ModelSpec, Reject, StartModel, StopModel, SwapPolicy, Ticket
+from scheduling.core import Dequeued, Grant, ModelSpec, Reject, StartModel, StopModel, SwapGroup, SwapPolicy, Ticket
 
 
 def specs(*ids, **overrides) -> dict[str, ModelSpec]:
@@ -10,6 +10,16 @@ def specs(*ids, **overrides) -> dict[str, ModelSpec]:
 
 def one_at_a_time(*ids) -> SwapPolicy:
     return SwapPolicy([], ids)
+
+
+def policy_within(groups, models) -> SwapPolicy:
+    """`groups` limited to the models a config defines; groups left without members are dropped."""
+    kept = []
+    for group in groups:
+        members = tuple(m for m in group.members if m in models)
+        if members:
+            kept.append(SwapGroup(group.name, members, group.swap, group.exclusive, group.persistent))
+    return SwapPolicy(kept, models)
 
 
 def grants(effects) -> list[int]:

@@ -16,6 +16,9 @@ class RuntimeDouble:
         self.starts: dict[str, frozenset[str]] = {}  # start under way -> the models it evicts
         self.aborted_starts: set[str] = set()  # starts cut short by a stop; they report failure first
         self.stops: set[str] = set()
+        self.up: set[str] = set()  # models whose process is running (started and not yet stopped)
+        self.superseded: set[str] = set()  # models a reload replaced or removed, not started since
+        self.configured: set[str] | None = None  # the latest reload's models; None before any reload
         self.next_id = 1
 
     # -- calls into the scheduler -------------------------------------------------------------
@@ -24,6 +27,8 @@ class RuntimeDouble:
         effects = getattr(self.scheduler, method)(*args, self.now)
         for effect in effects:
             self.apply(effect)
+        idle = (self.superseded & self.up) - set(self.running.values()) - self.stops
+        assert not idle, f"{sorted(idle)}: replaced by a reload and idle, but not being stopped"
         return effects
 
     def new_ticket(self, model: str, priority: int) -> Ticket:
@@ -45,9 +50,17 @@ class RuntimeDouble:
             self.ended[ticket_id] = "finished"
         return self.call("cancel", ticket_id)
 
+    def reconfigure(self, models, policy, restart) -> list[Effect]:
+        """Reload: from now on, no process started before this may serve the changed models."""
+        dropped = set(self.scheduler.snapshot(self.now).loaded) | set(self.starts) | self.stops
+        self.superseded |= (dropped - set(models)) | set(restart)
+        self.configured = set(models)
+        return self.call("reconfigure", models, policy, restart)
+
     def answer_start(self, model: str, ok: bool) -> list[Effect]:
         del self.starts[model]
         if ok:
+            self.up.add(model)
             return self.call("model_ready", model)
         return self.call("model_failed", model, "exited prematurely")
 
@@ -56,6 +69,11 @@ class RuntimeDouble:
             self.aborted_starts.discard(model)
             assert self.call("model_failed", model, "aborted") == []
         self.stops.discard(model)
+        self.up.discard(model)
+        return self.call("model_stopped", model)
+
+    def crash(self, model: str) -> list[Effect]:
+        self.up.discard(model)
         return self.call("model_stopped", model)
 
     def settle(self) -> None:
@@ -100,6 +118,7 @@ class RuntimeDouble:
         assert grant.ticket_id not in self.granted and grant.ticket_id not in self.ended
         assert grant.model == ticket.model and grant.decision.ticket_id == ticket.id
         assert grant.model not in self.stops, "granted a model that is being stopped"
+        assert grant.model not in self.superseded, f"granted {grant.model} on a process its reload replaced"
         for target, evict in self.starts.items():
             assert grant.model not in evict, f"granted {grant.model} while the start of {target} evicts it"
         self.granted.add(grant.ticket_id)
@@ -108,6 +127,11 @@ class RuntimeDouble:
     def _started(self, start: StartModel) -> None:
         assert start.model not in self.starts and start.model not in self.aborted_starts
         assert start.model not in self.stops, "started a model before its stop finished"
+        assert start.model not in self.up, f"started {start.model} while its process is still up"
+        if self.configured is not None:
+            leftovers = (self.up | self.stops | set(self.starts)) - self.configured
+            assert not leftovers, f"started {start.model} while removed {sorted(leftovers)} may hold the GPU"
+        self.superseded.discard(start.model)
         assert any(
             t.model == start.model and t.id not in self.ended and t.id not in self.granted
             for t in self.tickets.values()
@@ -121,6 +145,7 @@ class RuntimeDouble:
                 f"start of {start.model} overlaps the start of {target}"
             )
         self.starts[start.model] = evict
+        self.up -= evict
 
     def _end(self, ticket_id: int, how: str) -> None:
         assert ticket_id in self.tickets, f"#{ticket_id} was never submitted"

@@ -1,16 +1,16 @@
-"""Random interleavings against the fifo scheduler: no request lost or duplicated, concurrency
-limits never exceeded, and no model granted while a start that evicts it runs."""
-
-from collections import Counter
+"""Random interleavings against the fifo scheduler: no request lost or duplicated, a request is
+admitted exactly when its model is under its current concurrency limit, no model granted while a
+start that evicts it runs, and config reloads never let a replaced process serve."""
 
 from hypothesis import settings as hypothesis_settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from scheduling.core import FifoScheduler, ModelSpec, SerialSettings, SwapGroup, SwapPolicy
+from scheduling.core import FifoScheduler, ModelSpec, Reject, SerialSettings, SwapGroup, SwapPolicy
 
+from .harness import policy_within
 from .runtime_double import RuntimeDouble
 
-MODELS = ("a", "b", "c", "d")
+MODELS = ("a", "b", "c", "d", "e")  # "e" is only configured by a reload
 POLICIES = {
     "one at a time": [],
     "a+b share the GPU": [SwapGroup("ab", ("a", "b"), swap=False)],
@@ -18,7 +18,7 @@ POLICIES = {
     "exclusive a, non-exclusive c": [SwapGroup("a", ("a",)), SwapGroup("c", ("c",), exclusive=False)],
     "persistent d": [SwapGroup("d", ("d",), persistent=True)],
 }
-LIMITS = {"a": 2, "b": 3, "c": 1, "d": 10}
+LIMITS = {"a": 2, "b": 3, "c": 1, "d": 10, "e": 2}
 
 
 class FifoMachine(RuleBasedStateMachine):
@@ -26,15 +26,24 @@ class FifoMachine(RuleBasedStateMachine):
     def start(self, policy, ttl):
         models = {
             m: ModelSpec(m, ttl=ttl if m in "ab" else 0, concurrency_limit=LIMITS[m], fifo_priority=i * 5)
-            for i, m in enumerate(MODELS)
+            for i, m in enumerate(MODELS[:4])
         }
-        self.scheduler = FifoScheduler(models, SwapPolicy(POLICIES[policy], MODELS), SerialSettings())
+        self.policy = policy
+        self.models = models
+        self.shut_down = False
+        self.scheduler = FifoScheduler(models, policy_within(POLICIES[policy], models), SerialSettings())
         self.runtime = RuntimeDouble(self.scheduler)
 
     @rule(model=st.sampled_from(MODELS), priority=st.sampled_from([-100, 0, 3, 100]))
     def submit(self, model, priority):
+        admitted = sum(t.model == model and t.id not in self.runtime.ended for t in self.runtime.tickets.values())
         ticket = self.runtime.new_ticket(model, priority)
-        self.runtime.call("submit", ticket)
+        effects = self.runtime.call("submit", ticket)
+        refused = [e.status for e in effects if isinstance(e, Reject) and e.ticket_id == ticket.id]
+        if model in self.models and not self.shut_down:
+            limit = self.models[model].concurrency_limit
+            expected = [429] if admitted >= limit else []
+            assert refused == expected, f"{admitted} admitted for {model}, limit {limit}, refused {refused}"
 
     @rule(data=st.data())
     def cancel(self, data):
@@ -59,7 +68,7 @@ class FifoMachine(RuleBasedStateMachine):
     def crash(self, data):
         loaded = self.scheduler.snapshot(self.runtime.now).loaded
         if loaded:
-            self.runtime.call("model_stopped", data.draw(st.sampled_from(loaded)))
+            self.runtime.crash(data.draw(st.sampled_from(loaded)))
 
     @rule(seconds=st.sampled_from([0.25, 1, 6]))
     def wait(self, seconds):
@@ -80,15 +89,34 @@ class FifoMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.runtime.tickets) > 20)
     @rule()
     def shutdown(self):
+        self.shut_down = True
         self.runtime.call("shutdown")
 
-    @invariant()
-    def concurrency_limits_hold(self):
-        admitted = Counter(
-            t.model for t in self.runtime.tickets.values() if t.id not in self.runtime.ended
-        )
-        for model, count in admitted.items():
-            assert count <= LIMITS[model], f"{count} requests admitted for {model}, limit {LIMITS[model]}"
+    @rule(
+        configured=st.sets(st.sampled_from(MODELS)),
+        restart=st.sets(st.sampled_from(MODELS)),
+        limits=st.lists(st.sampled_from([1, 2, 3]), min_size=len(MODELS), max_size=len(MODELS)),
+        priorities=st.lists(st.sampled_from([-5, 0, 5]), min_size=len(MODELS), max_size=len(MODELS)),
+        ttl=st.sampled_from([0, 5]),
+    )
+    def reconfigure(self, configured, restart, limits, priorities, ttl):
+        models = {
+            m: ModelSpec(m, ttl=ttl, concurrency_limit=limit, fifo_priority=priority)
+            for m, limit, priority in zip(MODELS, limits, priorities)
+            if m in configured
+        }
+        removed = self.models.keys() - models.keys()
+        before = [t.id for t, _ in self.scheduler.ranked(self.runtime.now)]
+        effects = self.runtime.reconfigure(models, policy_within(POLICIES[self.policy], models), restart)
+        if self.shut_down:
+            return
+        self.models = models
+        refused = {e.ticket_id: e for e in effects if isinstance(e, Reject)}
+        assert all((e.status, e.code) == (404, "model_removed") for e in refused.values())
+        assert {self.runtime.tickets[ticket_id].model for ticket_id in refused} <= removed
+        assert not any(t.model in removed for t, _ in self.scheduler.ranked(self.runtime.now))
+        after = [t.id for t, _ in self.scheduler.ranked(self.runtime.now)]
+        assert [t for t in after if t in before] == [t for t in before if t in after], "a reload reordered the queue"
 
     @invariant()
     def snapshot_matches(self):
@@ -99,7 +127,11 @@ class FifoMachine(RuleBasedStateMachine):
     def teardown(self):
         self.runtime.settle()
         assert set(self.runtime.ended) == set(self.runtime.tickets), "some requests never ended"
-        assert self.scheduler.snapshot(self.runtime.now).waiting == 0
+        snapshot = self.scheduler.snapshot(self.runtime.now)
+        assert snapshot.waiting == 0
+        assert set(snapshot.loaded) <= self.models.keys(), "a removed model was never stopped"
+        assert not set(snapshot.loaded) & self.runtime.superseded, "a replaced process was never stopped"
+
 
 
 FifoMachine.TestCase.settings = hypothesis_settings(max_examples=300, stateful_step_count=60, deadline=None)

@@ -1,11 +1,13 @@
 """Random interleavings against the serial scheduler: no request lost or duplicated, one job at a
-time, and every pick is the best-scoring waiting request (checked against a brute-force scorer)."""
+time, every pick is the best-scoring waiting request (checked against a brute-force scorer), and
+config reloads never let a replaced process serve."""
 
 from hypothesis import settings as hypothesis_settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from scheduling.core import (
     Dequeued,
+    Grant,
     ModelSpec,
     Reject,
     SerialScheduler,
@@ -15,10 +17,11 @@ from scheduling.core import (
     SwapPolicy,
 )
 
+from .harness import policy_within
 from .runtime_double import RuntimeDouble
 from .scoring import best_first
 
-MODELS = ("a", "b", "c")
+MODELS = ("a", "b", "c", "d")  # "d" is only configured by a reload
 POLICIES = {
     "one at a time": [],
     "a+b share the GPU": [SwapGroup("ab", ("a", "b"), swap=False)],
@@ -34,7 +37,9 @@ class SerialMachine(RuleBasedStateMachine):
     def start(self, policy, settings, ttl):
         models = {"a": ModelSpec("a", ttl=ttl), "b": ModelSpec("b"), "c": ModelSpec("c", ttl=1)}
         self.settings = settings
-        self.scheduler = SerialScheduler(models, SwapPolicy(POLICIES[policy], MODELS), settings)
+        self.policy = policy
+        self.configured = set(models)
+        self.scheduler = SerialScheduler(models, policy_within(POLICIES[policy], models), settings)
         self.runtime = RuntimeDouble(self.scheduler)
 
     def observe(self, method, *args, submitted=None):
@@ -55,6 +60,7 @@ class SerialMachine(RuleBasedStateMachine):
             waiting = [t for ticket_id, t in before.items() if ticket_id not in removed]
             best = best_first(waiting, now, loaded, self.settings)[0]
             assert picked == {best.id}, f"picked {picked}, but #{best.id} scored best"
+        return effects
 
     @rule(model=st.sampled_from(MODELS), priority=PRIORITIES)
     def submit(self, model, priority):
@@ -89,7 +95,7 @@ class SerialMachine(RuleBasedStateMachine):
     def crash(self, data):
         loaded = self.scheduler.snapshot(self.runtime.now).loaded
         if loaded:
-            self.observe("call", "model_stopped", data.draw(st.sampled_from(loaded)))
+            self.observe("crash", data.draw(st.sampled_from(loaded)))
 
     @rule(seconds=st.sampled_from([0.25, 1, 5, 60, 600, 6000]))
     def wait(self, seconds):
@@ -120,6 +126,27 @@ class SerialMachine(RuleBasedStateMachine):
     def shutdown(self):
         self.observe("call", "shutdown")
 
+    @rule(
+        configured=st.sets(st.sampled_from(MODELS)),
+        restart=st.sets(st.sampled_from(MODELS)),
+        ttls=st.lists(st.sampled_from([0, 1, 5, 60]), min_size=len(MODELS), max_size=len(MODELS)),
+    )
+    def reconfigure(self, configured, restart, ttls):
+        models = {m: ModelSpec(m, ttl=ttl) for m, ttl in zip(MODELS, ttls) if m in configured}
+        removed = self.configured - configured
+        before = {t.id: t for t, _ in self.scheduler.ranked(self.runtime.now)}
+        self.configured = configured
+        effects = self.observe("reconfigure", models, policy_within(POLICIES[self.policy], models), restart)
+        refused = {e.ticket_id: e for e in effects if isinstance(e, Reject)}
+        assert refused.keys() >= {t.id for t in before.values() if t.model in removed}
+        assert all((e.status, e.code) == (404, "model_removed") for e in refused.values())
+        assert {self.runtime.tickets[ticket_id].model for ticket_id in refused} <= removed
+        after = {t.id: t for t, _ in self.scheduler.ranked(self.runtime.now)}
+        answered = self.runtime.granted | self.runtime.ended.keys()
+        kept = {i: t for i, t in before.items() if t.model in configured and i not in answered}
+        assert all(after[i] == t for i, t in kept.items() if i in after), "a reload changed a waiting request"
+        assert len(kept.keys() - after.keys()) <= 1, "only one request may leave the queue, to start its model"
+
     @invariant()
     def one_job_at_a_time(self):
         assert len(self.runtime.running) <= 1
@@ -130,7 +157,11 @@ class SerialMachine(RuleBasedStateMachine):
     def teardown(self):
         self.runtime.settle()
         assert set(self.runtime.ended) == set(self.runtime.tickets), "some requests never ended"
-        assert self.scheduler.snapshot(self.runtime.now).waiting == 0
+        snapshot = self.scheduler.snapshot(self.runtime.now)
+        assert snapshot.waiting == 0
+        assert set(snapshot.loaded) <= self.configured, "a removed model was never stopped"
+        assert not set(snapshot.loaded) & self.runtime.superseded, "a replaced process was never stopped"
+
 
 
 SerialMachine.TestCase.settings = hypothesis_settings(max_examples=300, stateful_step_count=60, deadline=None)
