@@ -28,7 +28,7 @@ class StartModel:
 
 @dataclass(frozen=True)
 class StopModel:
-    """Stop `model` ("ttl", "unload", "evict" or "shutdown"); answer with `model_stopped`.
+    """Stop `model` ("ttl", "unload", "evict", "reload" or "shutdown"); answer with `model_stopped`.
 
     If the stop cuts a start short, report that start's outcome (`model_failed`) before
     `model_stopped`, so it cannot be mistaken for the outcome of a later start.
