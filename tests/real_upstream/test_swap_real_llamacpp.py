@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import db_rows
-from tests.served import Served, free_port, wait_until
+from tests.served import Served, model_ports, wait_until
 
 
 def require_real_upstream() -> None:
@@ -82,7 +82,7 @@ def served(tmp_path):
     )
     config = f"""
         healthCheckTimeout: 30
-        startPort: {free_port()}
+        startPort: {model_ports(2)}
         models:{entries}
         routing:
           router:
