@@ -85,7 +85,7 @@ class Served:
             config_text = f"startPort: {model_ports(8)}\n" + config_text
         self.config_path.write_text(config_text)
         self.data_dir = tmp / "data"
-        self.port = free_port()
+        self.port = model_ports(1)
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / "serve.log"
         self.extra_args = extra_args

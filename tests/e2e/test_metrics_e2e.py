@@ -8,7 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.served import Served, fake_cmd, free_port, wait_until
+from tests.served import Served, fake_cmd, model_ports, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +26,7 @@ def serial_config(*models: str, divisor: float, bonus: int) -> str:
     )
     return f"""
         healthCheckTimeout: 20
-        startPort: {free_port()}
+        startPort: {model_ports(4)}
         models:{entries}
         routing:
           scheduler:

@@ -10,7 +10,7 @@ from urllib.parse import unquote
 
 from channels.testing import ApplicationCommunicator
 
-from tests.served import fake_cmd, free_port
+from tests.served import fake_cmd, model_ports
 
 # Every request waits at most this long for its answer: a hang fails the test instead of stalling it.
 ANSWER_TIMEOUT = 15.0
@@ -114,7 +114,7 @@ def inprocess_config(tmp_path: Path, events: Path):
     from proxy.config import parse_config
 
     text = f"""
-startPort: {free_port()}
+startPort: {model_ports(4)}
 maxRequestBodyBytes: {BODY_LIMIT}
 models:
   m:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import pytest
 
 from proxy.logring import LogRing
 from proxy.processes import ModelProcess, ModelStartError, kill_process_group, process_group_alive
+from tests.served import model_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 15.0
@@ -39,14 +39,8 @@ class ModelConfigDouble:
     unload_timeout: float = 5.0
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def fakemodel_config(*args: str, **overrides: Any) -> ModelConfigDouble:
-    port = free_port()
+    port = model_ports(1)
     cmd = (sys.executable, "-m", "proxy.fakemodel", "--port", str(port), "--model", "m", *args)
     return ModelConfigDouble(id="m", cmd=cmd, proxy=f"http://127.0.0.1:{port}", **overrides)
 
@@ -194,7 +188,7 @@ async def test_crash_after_ready_calls_on_exit_and_marks_stopped(harness):
 
 
 async def test_sigterm_ignored_means_sigkill_after_unload_timeout_for_the_whole_group(harness):
-    port = free_port()
+    port = model_ports(1)
     # sh ignores SIGTERM (inherited by its background `sleep`), then becomes the model server itself.
     script = 'trap "" TERM; sleep 300 & exec "$0" -m proxy.fakemodel --port "$1" --ignore-sigterm'
     config = ModelConfigDouble(
