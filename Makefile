@@ -25,9 +25,10 @@ run: $(STAMP)
 test: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest
 
+# Every benchmark in one run (about 3 minutes), its report written into BENCHMARKS.md;
+# `make bench BENCH_ARGS=--quick` runs each part smaller (about 1.5 minutes).
 bench: $(STAMP)
-	$(VENV)/bin/python bench/scheduler_core.py
-	$(VENV)/bin/python bench/proxy.py
+	$(VENV)/bin/python bench/suite.py --write BENCHMARKS.md $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) data

@@ -14,50 +14,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import cpu_seconds, load_average, machine, peak_rss_mib  # noqa: E402
 from tests.reliability.serial_load import MODELS, load_config, nothing_lost, plan_requests, run_load  # noqa: E402
 from tests.reliability.support import all_rows_terminal  # noqa: E402
 from tests.served import Served  # noqa: E402
 
 
-def peak_rss_mib(pid: int) -> float:
-    """The process's peak resident set size so far (VmHWM), in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"/proc/{pid}/status has no VmHWM line")
+@dataclass(frozen=True)
+class LoadResult:
+    requests: int
+    models: tuple[str, ...]
+    queueing_s: float  # all clients connected and queued behind the held GPU
+    draining_s: float  # from releasing the GPU to the last answer
+    cpu_s: float  # the service process's user + system time over the run
+    peak_rss_mib: float
+    problems: list[str]  # empty when every request was served once, in order
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.draining_s
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time the process has used so far."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": utime and stime are fields 12, 13
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown CPU")
-    return f"{len(os.sched_getaffinity(0))} CPUs usable, {cpu}; Python {platform.python_version()}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=500, help="concurrent clients, one request each")
-    parser.add_argument("--models", type=int, choices=range(1, len(MODELS) + 1), default=3,
-                        help="how many fake models the requests are spread over")
-    args = parser.parse_args(argv)
-    models = MODELS[: args.models]
-    planned = plan_requests(args.clients, models)
-
+def measure(clients: int, model_count: int) -> LoadResult:
+    models = MODELS[:model_count]
+    planned = plan_requests(clients, models)
     with tempfile.TemporaryDirectory(prefix="llamaswap-load-") as tmp:
         tmp_path = Path(tmp)
         events = tmp_path / "events.jsonl"
@@ -69,18 +56,39 @@ def main(argv: list[str] | None = None) -> int:
             peak_mib = peak_rss_mib(served.proc.pid)
             service_log = served.log()
         problems = nothing_lost(planned, run, events, rows, service_log)
+    return LoadResult(len(planned), models, run.queueing_s, run.draining_s, cpu_used, peak_mib, problems)
 
+
+HEADER = ("| clients | models | queueing s | draining s | requests/s (drain) | service CPU ms/request "
+          "| peak RSS MiB | lost or misordered |\n|--:|--:|--:|--:|--:|--:|--:|---|")
+
+
+def row(result: LoadResult) -> str:
+    lost = "none" if not result.problems else "**" + "; ".join(result.problems) + "**"
+    return (f"| {result.requests:,} | {len(result.models)} | {result.queueing_s:.2f} | {result.draining_s:.2f} "
+            f"| {result.requests_per_s:.0f} | {result.cpu_s / result.requests * 1000:.1f} "
+            f"| {result.peak_rss_mib:.0f} | {lost} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=500, help="concurrent clients, one request each")
+    parser.add_argument("--models", type=int, choices=range(1, len(MODELS) + 1), default=3,
+                        help="how many fake models the requests are spread over")
+    args = parser.parse_args(argv)
+
+    load_before = load_average()
+    result = measure(args.clients, args.models)
     print(f"machine: {machine()}")
+    print(f"load average (1/5/15 min) before: {load_before}, after: {load_average()}")
     print(f"command: .venv/bin/python bench/load.py --clients {args.clients} --models {args.models}")
-    print(f"requests: {len(planned)} over {len(models)} models ({', '.join(models)})")
-    print(f"queueing: {run.queueing_s:.2f} s (all clients connected and queued behind the held GPU)")
-    print(f"draining: {run.draining_s:.2f} s, {len(planned) / run.draining_s:.0f} requests/s through the serial queue")
-    print(f"service CPU: {cpu_used:.2f} s for the run, {cpu_used / len(planned) * 1000:.1f} ms per request")
-    print(f"service peak RSS (VmHWM): {peak_mib:.0f} MiB")
-    if problems:
-        print("LOST OR MISORDERED:\n  " + "\n  ".join(problems))
+    print()
+    print(HEADER)
+    print(row(result))
+    if result.problems:
+        print("\nLOST OR MISORDERED:\n  " + "\n  ".join(result.problems))
         return 1
-    print("nothing lost: each request served once, in priority-then-arrival order, one terminal row each")
+    print("\nnothing lost: each request served once, in priority-then-arrival order, one terminal row each")
     return 0
 
 

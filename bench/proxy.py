@@ -6,35 +6,35 @@ Starts its own `llamaswap serve` with one fake model at `--tps 0` (answers take 
 what remains is the proxy. Latency and first chunk compare the same request through llamaswap and
 straight to the model, on one keep-alive client, alternating so drift hits both sides alike. The
 dispatch gap is read from the model's own event log: the end of job n to the start of job n+1,
-while `--jobs` requests wait in the serial queue."""
+while `--jobs` requests wait in the serial queue; the same gap with one client sending straight
+to the model, request after request, is the floor it is compared with."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.e2e.conftest import db_rows  # noqa: E402
+from bench.common import (  # noqa: E402
+    CHAT, MODEL, added, chat_call, direct_base, first_chunk_call, load_average, machine, stats, timed_rounds,
+    until_queued,
+)
 from tests.served import Served, fake_cmd, free_port, read_events  # noqa: E402
 
-MODEL = "bench"
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-CONNECT_WAVE = 25  # new connections opened at once; daphne listens with a backlog of 50
-TARGETS = {  # milliseconds, from the project's goals; reported, not enforced
+CONNECT_WAVE = 25  # new connections opened at once while filling the queue
+TARGETS_MS = {  # from the project's goals; reported, not enforced
     "dispatch gap": (1.0, 5.0),
     "added latency": (2.0, 10.0),
+    "first chunk added": (2.0, None),
 }
 
 
@@ -52,55 +52,36 @@ def config_text(events: Path) -> str:
     """
 
 
-def percentiles(samples_ms: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_ms)
-    return {
-        "p50": statistics.median(ordered),
-        "p99": ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
-        "mean": statistics.fmean(ordered),
-    }
+@contextmanager
+def served_model(tmp: Path) -> Iterator[tuple[Served, Path]]:
+    """llamaswap with the one fake model loaded; yields the service and the model's event log."""
+    events = tmp / "events.jsonl"
+    with Served(tmp, config_text(events)) as served:
+        with httpx.Client(timeout=30) as client:
+            chat_call(client, served.base)()  # loads the model
+        yield served, events
 
 
-def timed_pairs(proxy_call: Callable[[], None], direct_call: Callable[[], None], n: int) -> tuple[list[float], list[float]]:
-    """Run both calls `n` times, alternating, after a short warm-up; return milliseconds per call."""
-    for _ in range(20):
-        proxy_call()
-        direct_call()
-    proxy_ms, direct_ms = [], []
-    for _ in range(n):
-        for call, samples in ((proxy_call, proxy_ms), (direct_call, direct_ms)):
-            started = time.perf_counter()
-            call()
-            samples.append((time.perf_counter() - started) * 1000)
-    return proxy_ms, direct_ms
+@dataclass(frozen=True)
+class Overhead:
+    """Milliseconds per request by target ("direct" is the model itself), one sample per round."""
+
+    chat: dict[str, list[float]]
+    first_chunk: dict[str, list[float]]
 
 
-def chat_call(client: httpx.Client, base: str) -> Callable[[], None]:
-    def call() -> None:
-        response = client.post(base + "/v1/chat/completions", json=CHAT)
-        if response.status_code != 200:
-            raise RuntimeError(f"{base}: HTTP {response.status_code}: {response.text[:300]}")
-    return call
-
-
-def first_chunk_call(client: httpx.Client, base: str) -> Callable[[], None]:
-    """Returns once the first SSE `data:` line has arrived (the rest of the stream is then drained)."""
-    def call() -> None:
-        with client.stream("POST", base + "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
-            if response.status_code != 200:
-                raise RuntimeError(f"{base}: HTTP {response.status_code}")
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    return
-            raise RuntimeError(f"{base}: stream ended without a data: line")
-    return call
+def measure_overhead(client: httpx.Client, targets: dict[str, str], requests: int, streams: int) -> Overhead:
+    """Tiny chat requests and first SSE chunks against every target in turn, round after round."""
+    chat = timed_rounds({name: chat_call(client, base) for name, base in targets.items()}, requests)
+    first = timed_rounds({name: first_chunk_call(client, base) for name, base in targets.items()}, streams)
+    return Overhead(chat, first)
 
 
 async def queue_serial_jobs(served: Served, jobs: int) -> None:
     """Hold the model with a stream, queue `jobs` requests behind it, then let the queue drain.
 
-    The jobs connect in waves of `CONNECT_WAVE`: a larger burst of new connections overflows the
-    listen backlog, and the kernel's SYN retries then delay some of them by seconds.
+    The jobs connect in waves of `CONNECT_WAVE`, each once the previous one is queued, so the
+    service's accept backlog never decides the order or adds SYN-retry delays.
     """
     limits = httpx.Limits(max_connections=jobs + 1, max_keepalive_connections=jobs + 1)
     async with httpx.AsyncClient(base_url=served.base, limits=limits, timeout=120) as client:
@@ -114,7 +95,7 @@ async def queue_serial_jobs(served: Served, jobs: int) -> None:
                     asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "fake": {"id": f"job-{i}"}}))
                     for i in range(first, min(first + CONNECT_WAVE, jobs))
                 ]
-                await wait_queued(served, len(pending))
+                await until_queued(served.data_dir, len(pending))
         # Leaving the stream disconnects the blocker; the queue now runs back to back.
         responses = await asyncio.gather(*pending)
     failed = [r.status_code for r in responses if r.status_code != 200]
@@ -122,17 +103,26 @@ async def queue_serial_jobs(served: Served, jobs: int) -> None:
         raise RuntimeError(f"{len(failed)} queued jobs failed: HTTP {sorted(set(failed))}")
 
 
-async def wait_queued(served: Served, count: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while (queued := len(db_rows(served.data_dir, "state='queued'"))) < count:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {queued} of {count} jobs reached llamaswap's queue within {timeout:g} s")
-        await asyncio.sleep(0.02)
+def dispatch_gaps_ms(served: Served, events_path: Path, jobs: int) -> list[float]:
+    """Queue `jobs` serial jobs and return, in dispatch order, end of job n to start of job n+1 at the model."""
+    asyncio.run(queue_serial_jobs(served, jobs))
+    return gaps_at_model(events_path, "job-", jobs)
 
 
-def dispatch_gaps_ms(events_path: Path, jobs: int) -> list[float]:
-    """End of job n to start of job n+1 at the model, in dispatch order; fails if two jobs overlapped."""
-    events = [e for e in read_events(events_path) if str(e["id"]).startswith("job-")]
+def floor_gaps_ms(model_base: str, events_path: Path, jobs: int) -> list[float]:
+    """The same gap with one client straight to the model, each request sent once the previous answer
+    is read: what the model and a client cost between two jobs, the floor for any proxy."""
+    with httpx.Client(timeout=30) as client:
+        for index in range(jobs):
+            chat_call(client, model_base, {**CHAT, "fake": {"id": f"direct-{index}"}})()
+    return gaps_at_model(events_path, "direct-", jobs)
+
+
+def gaps_at_model(events_path: Path, prefix: str, jobs: int) -> list[float]:
+    """From the model's event log: end of job n to start of job n+1, for the ids starting with `prefix`.
+
+    The model logs "end" before a response's last bytes, so every answered job has both events."""
+    events = [e for e in read_events(events_path) if str(e["id"]).startswith(prefix)]
     starts = {e["id"]: e["t"] for e in events if e["event"] == "start"}
     ends = {e["id"]: e["t"] for e in events if e["event"] == "end"}
     if len(starts) != jobs or len(ends) != jobs:
@@ -140,39 +130,42 @@ def dispatch_gaps_ms(events_path: Path, jobs: int) -> list[float]:
     order = sorted(starts, key=starts.get)
     gaps = [(starts[nxt] - ends[prev]) * 1000 for prev, nxt in zip(order, order[1:])]
     if min(gaps) < 0:
-        raise RuntimeError("two queued jobs ran at the same time: the serial scheduler did not serialise them")
+        raise RuntimeError("two jobs ran at the same time: they were not serialised")
     return gaps
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown CPU")
-    return (f"{len(os.sched_getaffinity(0))} CPUs usable (nproc), {cpu}; "
-            f"Python {platform.python_version()} on {platform.system()} {platform.release()}")
+def verdict(target: str, samples: list[float]) -> str:
+    """"met" or "MISSED" against the p50 (and p99, where there is one) target in milliseconds."""
+    summary = stats(samples)
+    p50, p99 = TARGETS_MS[target]
+    met = summary.p50 <= p50 and (p99 is None or summary.p99 <= p99)
+    limits = f"p50 ≤ {p50:g} ms" + (f", p99 ≤ {p99:g} ms" if p99 is not None else "")
+    return f"{limits}: {'met' if met else 'MISSED'}"
 
 
-def load_average() -> str:
-    """Other work on the machine skews every figure here; the table says how busy it was."""
-    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+def overhead_table(title: str, samples: dict[str, list[float]]) -> list[str]:
+    """One row per target; "added" is the per-round difference to the model itself ("direct")."""
+    lines = [f"| {title} | p50 ms | p99 | mean | added p50 | added p99 |", "|---|--:|--:|--:|--:|--:|"]
+    for name, through in samples.items():
+        summary = stats(through)
+        cells = [f"{summary.p50:.2f}", f"{summary.p99:.2f}", f"{summary.mean:.2f}"]
+        if name == "direct":
+            cells += ["", ""]
+        else:
+            extra = stats(added(through, samples["direct"]))
+            cells += [f"{extra.p50:+.2f}", f"{extra.p99:+.2f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
-def cells(stats: dict[str, float] | None) -> list[str]:
-    return [f"{stats[k]:.2f}" for k in ("p50", "p99", "mean")] if stats else ["", "", ""]
-
-
-def row(name: str, through: list[float], direct: list[float] | None = None, target: str = "") -> str:
-    """One table line; "added" is the per-pair difference, each pair measured back to back."""
-    added = percentiles([t - d for t, d in zip(through, direct)]) if direct else None
-    values = cells(percentiles(through)) + cells(percentiles(direct) if direct else None)
-    values += [f"{added['p50']:+.2f}", f"{added['p99']:+.2f}"] if added else ["", ""]
-    return f"| {name} | " + " | ".join(values) + f" | {target} |"
-
-
-def verdict(name: str, samples: list[float]) -> str:
-    stats = percentiles(samples)
-    p50, p99 = TARGETS[name]
-    met = stats["p50"] <= p50 and stats["p99"] <= p99
-    return f"p50 ≤ {p50:g}, p99 ≤ {p99:g}: {'met' if met else 'MISSED'}"
+def gap_table(gaps: list[float], floor: list[float]) -> list[str]:
+    lines = [f"| gap between serial jobs at the model, {len(gaps) + 1} jobs | p50 ms | p99 | mean | max |",
+             "|---|--:|--:|--:|--:|"]
+    for name, samples in (("queued in llamaswap (dispatch gap)", gaps),
+                          ("one client straight to the model, sequential (floor)", floor)):
+        summary = stats(samples)
+        lines.append(f"| {name} | {summary.p50:.2f} | {summary.p99:.2f} | {summary.mean:.2f} | {summary.max:.2f} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,26 +177,26 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="llamaswap-bench-") as tmp:
-        events = Path(tmp) / "events.jsonl"
-        with Served(Path(tmp), config_text(events)) as served, httpx.Client(timeout=30) as client:
-            chat_call(client, served.base)()  # loads the model
-            direct = httpx.get(served.base + "/running").json()["running"][0]["proxy"]
-            chat = timed_pairs(chat_call(client, served.base), chat_call(client, direct), args.requests)
-            first_chunk = timed_pairs(
-                first_chunk_call(client, served.base), first_chunk_call(client, direct), args.streams)
-            asyncio.run(queue_serial_jobs(served, args.jobs))
-            gaps = dispatch_gaps_ms(events, args.jobs)  # every "end" is logged before its response's last bytes
+        with served_model(Path(tmp)) as (served, events), httpx.Client(timeout=30) as client:
+            targets = {"direct": direct_base(served.base), "llamaswap": served.base}
+            overhead = measure_overhead(client, targets, args.requests, args.streams)
+            gaps = dispatch_gaps_ms(served, events, args.jobs)
+            floor = floor_gaps_ms(targets["direct"], events, args.jobs)
 
-    added_chat = [t - d for t, d in zip(*chat)]
     print(f"machine: {machine()}")
     print(f"load average (1/5/15 min) before: {load_before}, after: {load_average()}")
     print(f"command: .venv/bin/python bench/proxy.py --requests {args.requests} --jobs {args.jobs} --streams {args.streams}")
     print()
-    print("| ms | llamaswap p50 | p99 | mean | direct p50 | p99 | mean | added p50 | added p99 | target |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    print(row(f"chat, non-streaming ({args.requests}×)", *chat, target="added: " + verdict("added latency", added_chat)))
-    print(row(f"first SSE chunk ({args.streams}×)", *first_chunk))
-    print(row(f"dispatch gap ({args.jobs} queued jobs)", gaps, target=verdict("dispatch gap", gaps)))
+    print("\n".join(overhead_table(f"chat, non-streaming, {args.requests} rounds", overhead.chat)))
+    print()
+    print("\n".join(overhead_table(f"first SSE chunk, {args.streams} rounds", overhead.first_chunk)))
+    print()
+    print("\n".join(gap_table(gaps, floor)))
+    print()
+    print("added latency:", verdict("added latency", added(overhead.chat["llamaswap"], overhead.chat["direct"])))
+    print("first chunk added:", verdict("first chunk added",
+                                        added(overhead.first_chunk["llamaswap"], overhead.first_chunk["direct"])))
+    print("dispatch gap:", verdict("dispatch gap", gaps))
     return 0
 
 

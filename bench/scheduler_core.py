@@ -1,10 +1,11 @@
 """Per-operation cost of the serial scheduler core with many requests waiting.
 
 Mixed bands and priorities over four models, two of them loaded: m1 stays
-resident, and one of m2..m4 is loaded at a time. Prints mean microseconds per
+resident, and one of m2..m4 is loaded at a time. Prints microseconds per
 enqueue (submit while the GPU is busy), per dispatch (finished -> pick -> grant,
 including the model start when the pick needs one) and per cancel of a queued
-request. Run from the repository root: `python bench/scheduler_core.py`.
+request, each operation timed on its own. Run from the repository root:
+`python bench/scheduler_core.py`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import Stats, machine, stats  # noqa: E402
 from scheduling.core import (  # noqa: E402
     Grant,
     ModelSpec,
@@ -32,6 +35,7 @@ PRIORITIES = (100, 101, 102, 0, 0, 0, 1, 2, -100, -100, -99, -98)
 SIZES = (10, 1_000, 10_000, 100_000)
 TIMED_OPERATIONS = 2_000
 TARGET_US = 50.0
+TARGET_WAITING = 10_000
 
 
 class Bench:
@@ -92,26 +96,55 @@ class Bench:
         return elapsed
 
 
-def mean_us(samples: list[float]) -> float:
-    return sum(samples) / len(samples) * 1e6
+@dataclass(frozen=True)
+class CoreCost:
+    """Microseconds per operation with `waiting` requests queued."""
+
+    waiting: int
+    enqueue: Stats
+    dispatch: Stats
+    cancel: Stats
 
 
-def measure(size: int) -> tuple[float, float, float]:
+def measure(size: int) -> CoreCost:
     bench = Bench(seed=size)
     enqueue = [bench.enqueue() for _ in range(size)]
     operations = min(size, TIMED_OPERATIONS)
     dispatch = [bench.dispatch() for _ in range(operations)]
     bench.queued = [t.id for t, _ in bench.scheduler.ranked(bench.now)]
     cancel = [bench.cancel() for _ in range(operations)]
-    return mean_us(enqueue), mean_us(dispatch), mean_us(cancel)
+    return CoreCost(size, *(stats([s * 1e6 for s in samples]) for samples in (enqueue, dispatch, cancel)))
+
+
+def verdict(costs: list[CoreCost]) -> str:
+    """The target applies to a dispatch decision's median cost at 10 000 waiting."""
+    at_target = next((c for c in costs if c.waiting == TARGET_WAITING), None)
+    if at_target is None:
+        return f"(not measured at {TARGET_WAITING:,} waiting)"
+    met = at_target.dispatch.p50 <= TARGET_US
+    return f"dispatch p50 ≤ {TARGET_US:g} µs at {TARGET_WAITING:,} waiting: {'met' if met else 'MISSED'}"
+
+
+HEADER = ("| waiting | enqueue µs p50 | p99 | dispatch µs p50 | p99 | mean | cancel µs p50 | p99 |\n"
+          "|--:|--:|--:|--:|--:|--:|--:|--:|")
+
+
+def row(cost: CoreCost) -> str:
+    cells = [f"{cost.waiting:,}", f"{cost.enqueue.p50:.1f}", f"{cost.enqueue.p99:.1f}",
+             f"{cost.dispatch.p50:.1f}", f"{cost.dispatch.p99:.1f}", f"{cost.dispatch.mean:.1f}",
+             f"{cost.cancel.p50:.1f}", f"{cost.cancel.p99:.1f}"]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main() -> None:
-    print(f"serial scheduler core, mean µs per operation (target ≤ {TARGET_US:.0f} µs at 10 000 waiting)")
-    print(f"{'waiting':>9} {'enqueue':>9} {'dispatch':>9} {'cancel':>9}")
-    for size in SIZES:
-        enqueue, dispatch, cancel = measure(size)
-        print(f"{size:>9,} {enqueue:>9.1f} {dispatch:>9.1f} {cancel:>9.1f}".replace(",", " "))
+    costs = [measure(size) for size in SIZES]
+    print(f"machine: {machine()}")
+    print("command: .venv/bin/python bench/scheduler_core.py")
+    print()
+    print(HEADER)
+    print("\n".join(row(cost) for cost in costs))
+    print()
+    print(verdict(costs))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,273 @@
+"""Every benchmark in one run, side by side, written into BENCHMARKS.md.
+
+    .venv/bin/python bench/suite.py [--quick] [--no-peer] [--write BENCHMARKS.md]
+
+Runs, in order: the scheduling core; added latency, first SSE chunk and streaming throughput
+through llamaswap against straight to the model, alternating, and the serial dispatch gap; the
+same requests again with LiteLLM's proxy (the peer, installed into `.bench-venv/` on first use)
+in the rotation, all three in front of one fake model; interactive wait under batch saturation
+(serial, then fifo); swap thrash (swapAffinityBonus 10, then 0); and queue capacity. The targets
+for llamaswap alone are judged on the first data-path run, with no third server on the machine.
+Prints one markdown report and, with `--write`, replaces the text between that file's results
+markers with it. About 3 minutes (plus about one to install LiteLLM the first time).
+
+A part that fails is reported as failed (its traceback on stderr) and the rest still runs; the
+exit status is then 1. `--quick` runs every part at a smaller size, in about 1.5 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import interactive, load, peer, proxy, scheduler_core, streaming, thrash  # noqa: E402
+from bench.common import REPO, added, direct_base, load_average, machine, stats, versions  # noqa: E402
+
+BEGIN = "<!-- bench:results -->"
+END = "<!-- /bench:results -->"
+PEER_RATIO_TARGET = 0.5
+
+
+@dataclass(frozen=True)
+class Sizes:
+    requests: int  # rounds of tiny chat requests
+    streams: int  # rounds of first-chunk streams
+    jobs: int  # queued jobs for the dispatch gap
+    stream_tokens: int
+    stream_rounds: int
+    peer_stream_rounds: int  # a LiteLLM stream of 20 000 chunks takes seconds
+    batch_jobs: int
+    batch_job_seconds: float
+    interactive_every: float
+    thrash_requests: int
+    thrash_load_delay: float
+    capacity_clients: int
+    capacity_models: int
+
+
+FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 2)
+QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 2)
+
+
+@dataclass
+class Report:
+    """Summary rows (what, measured, target, verdict) and the detail sections, in run order."""
+
+    summary: list[tuple[str, str, str, str]] = field(default_factory=list)
+    sections: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    def part(self, name: str, run: Callable[[], None]) -> None:
+        """Run one part; a failure is recorded against its name instead of ending the suite."""
+        print(f"[bench] {name} …", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, with its traceback
+            traceback.print_exc()
+            self.failed.append(name)
+            reason = f"{type(exc).__name__}: {exc}".replace("|", "\\|").replace("\n", " ")[:300]
+            self.summary.append((name, f"**failed**: {reason}", "", "FAILED"))
+        print(f"[bench] {name}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+
+    def add(self, what: str, measured: str, target: str, verdict: str) -> None:
+        self.summary.append((what, measured, target, verdict))
+
+    def section(self, title: str, *blocks: list[str] | str) -> None:
+        body = "\n\n".join(block if isinstance(block, str) else "\n".join(block) for block in blocks)
+        self.sections.append(f"#### {title}\n\n{body}")
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "**MISSED**"
+
+
+# -- the parts ---------------------------------------------------------------------------------
+
+def core_part(report: Report) -> None:
+    costs = [scheduler_core.measure(size) for size in scheduler_core.SIZES]
+    at_target = next(c for c in costs if c.waiting == scheduler_core.TARGET_WAITING)
+    report.add("scheduler decision (core only)",
+               f"dispatch p50 {at_target.dispatch.p50:.1f} µs, p99 {at_target.dispatch.p99:.1f} µs at 10 000 waiting",
+               f"≤ {scheduler_core.TARGET_US:g} µs at 10 000", met(at_target.dispatch.p50 <= scheduler_core.TARGET_US))
+    report.section("Scheduling core (µs per operation)",
+                   [scheduler_core.HEADER, *map(scheduler_core.row, costs)])
+
+
+def data_path_part(report: Report, sizes: Sizes) -> None:
+    """Added latency, first chunk and streaming, llamaswap against the model itself; then the dispatch gap."""
+    with tempfile.TemporaryDirectory(prefix="llamaswap-bench-") as tmp:
+        with proxy.served_model(Path(tmp)) as (served, events), httpx.Client(timeout=300) as client:
+            targets = {"direct": direct_base(served.base), "llamaswap": served.base}
+            overhead = proxy.measure_overhead(client, targets, sizes.requests, sizes.streams)
+            runs = streaming.measure_streams(client, targets, sizes.stream_tokens, sizes.stream_rounds)
+            gaps = proxy.dispatch_gaps_ms(served, events, sizes.jobs)
+            floor = proxy.floor_gaps_ms(targets["direct"], events, sizes.jobs)
+
+    chat_added = stats(added(overhead.chat["llamaswap"], overhead.chat["direct"]))
+    first_added = stats(added(overhead.first_chunk["llamaswap"], overhead.first_chunk["direct"]))
+    gap, floor_gap = stats(gaps), stats(floor)
+    ratio = streaming.ratio_to_direct(runs, "llamaswap")
+    report.add("dispatch gap", f"p50 {gap.p50:.2f} ms, p99 {gap.p99:.2f} ms ({sizes.jobs} serial jobs; "
+               f"a client straight to the model: p50 {floor_gap.p50:.2f}, p99 {floor_gap.p99:.2f})",
+               "p50 ≤ 1 ms, p99 ≤ 5 ms", met(gap.p50 <= 1 and gap.p99 <= 5))
+    report.add("added latency", f"p50 {chat_added.p50:+.2f} ms, p99 {chat_added.p99:+.2f} ms ({sizes.requests} rounds)",
+               "p50 ≤ 2 ms, p99 ≤ 10 ms", met(chat_added.p50 <= 2 and chat_added.p99 <= 10))
+    report.add("time to first token", f"added p50 {first_added.p50:+.2f} ms, p99 {first_added.p99:+.2f} ms "
+               f"({sizes.streams} rounds)", "added p50 ≤ 2 ms", met(first_added.p50 <= 2))
+    report.add("streaming throughput", f"{ratio:.2f} of direct ({sizes.stream_tokens:,} chunks, "
+               f"{sizes.stream_rounds} rounds)", f"≥ {streaming.TARGET_RATIO:g}", met(ratio >= streaming.TARGET_RATIO))
+    report.section(
+        "Data path: llamaswap against the model itself (ms unless stated)",
+        proxy.overhead_table(f"chat, non-streaming, {sizes.requests} rounds", overhead.chat),
+        proxy.overhead_table(f"first SSE chunk, {sizes.streams} rounds", overhead.first_chunk),
+        streaming.stream_table(runs, sizes.stream_tokens),
+        proxy.gap_table(gaps, floor),
+    )
+
+
+def peer_part(report: Report, sizes: Sizes, with_peer: bool) -> None:
+    """The same requests through LiteLLM's proxy, in one rotation with llamaswap and the model itself."""
+    target = f"llamaswap ≤ {PEER_RATIO_TARGET:g}× LiteLLM's added latency"
+    if not with_peer:
+        report.add("peer: LiteLLM", "not measured: `--no-peer`", target, "not measured")
+        return
+    try:
+        peer.ensure_installed(lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True))
+    except peer.PeerUnavailable as exc:
+        report.add("peer: LiteLLM", f"not measured: {exc}", target, "not measured")
+        return
+    with tempfile.TemporaryDirectory(prefix="llamaswap-bench-") as tmp:
+        with proxy.served_model(Path(tmp)) as (served, _), httpx.Client(timeout=300) as client:
+            direct = direct_base(served.base)
+            with peer.litellm_proxy(direct, Path(tmp)) as litellm:
+                targets = {"direct": direct, "llamaswap": served.base, "LiteLLM": litellm}
+                overhead = proxy.measure_overhead(client, targets, sizes.requests, sizes.streams)
+                runs = streaming.measure_streams(client, targets, sizes.stream_tokens, sizes.peer_stream_rounds)
+
+    ours = stats(added(overhead.chat["llamaswap"], overhead.chat["direct"]))
+    theirs = stats(added(overhead.chat["LiteLLM"], overhead.chat["direct"]))
+    share = ours.p50 / theirs.p50
+    report.add("peer: LiteLLM",
+               f"added p50 {theirs.p50:+.2f} ms against llamaswap's {ours.p50:+.2f} ms in the same rotation "
+               f"({share:.2f}×); streaming {streaming.ratio_to_direct(runs, 'LiteLLM'):.2f} of direct "
+               f"(llamaswap {streaming.ratio_to_direct(runs, 'llamaswap'):.2f})", target, met(share <= PEER_RATIO_TARGET))
+    report.section(
+        f"Peer: LiteLLM {peer.VERSION} in front of the same model, measured in one rotation with llamaswap",
+        proxy.overhead_table(f"chat, non-streaming, {sizes.requests} rounds", overhead.chat),
+        proxy.overhead_table(f"first SSE chunk, {sizes.streams} rounds", overhead.first_chunk),
+        streaming.stream_table(runs, sizes.stream_tokens),
+    )
+
+
+def interactive_part(report: Report, sizes: Sizes) -> None:
+    results = [interactive.measure(scheduler, sizes.batch_jobs, sizes.batch_job_seconds, sizes.interactive_every)
+               for scheduler in interactive.SCHEDULERS]
+    serial, fifo = results
+    limit_ms = interactive.target_s(sizes.batch_job_seconds) * 1000
+    report.add("interactive wait under batch saturation",
+               f"serial p99 {serial.wait.p99:,.0f} ms (max {serial.wait.max:,.0f}, {serial.wait.n} requests); "
+               f"fifo p99 {fifo.wait.p99:,.0f} ms",
+               f"serial p99 ≤ {limit_ms:,.0f} ms", met(serial.wait.p99 <= limit_ms))
+    report.section(
+        f"Interactive wait: {sizes.batch_jobs} batch jobs of {sizes.batch_job_seconds:g} s, "
+        f"an interactive request every {sizes.interactive_every:g} s",
+        [interactive.HEADER, *interactive.rows(results, sizes.batch_job_seconds)],
+    )
+
+
+def thrash_part(report: Report, sizes: Sizes) -> None:
+    models = thrash.sequence(sizes.thrash_requests)
+    results = [thrash.measure(bonus, models, sizes.thrash_load_delay) for bonus in thrash.BONUSES]
+    report.add("swap thrash", "; ".join(f"bonus {r.bonus}: {r.swaps} swaps, drained in {r.drain_s:.1f} s"
+                                        for r in results) + f" ({len(models)} requests)", "counted", "—")
+    report.section(
+        f"Swap thrash: {len(models)} equal-priority requests over 3 models in one swap group, "
+        f"load delay {sizes.thrash_load_delay:g} s",
+        f"Arrival order: `{''.join(models)}` ({thrash.changes(models)} model changes).",
+        [thrash.HEADER, *thrash.rows(results)],
+    )
+
+
+def capacity_part(report: Report, sizes: Sizes) -> None:
+    result = load.measure(sizes.capacity_clients, sizes.capacity_models)
+    report.add("queue capacity",
+               f"{result.requests:,} queued connections, {'all served in order' if not result.problems else 'LOST'}; "
+               f"peak RSS {result.peak_rss_mib:.0f} MiB", "all served", met(not result.problems))
+    report.section(f"Queue capacity: {result.requests:,} concurrent queued connections",
+                   [load.HEADER, load.row(result)])
+
+
+# -- the report --------------------------------------------------------------------------------
+
+def render(report: Report, command: str, load_before: str, seconds: float, peer_version: str) -> str:
+    found = versions()
+    found["litellm"] = peer_version
+    lines = [
+        f"Generated by `{command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, in {seconds / 60:.1f} min.",
+        "",
+        f"- machine: {machine()}",
+        f"- load average (1/5/15 min): before {load_before}, after {load_average()}",
+        "- versions: " + ", ".join(f"{name} {version}" for name, version in found.items()),
+        "",
+        "| what | measured | target | verdict |",
+        "|---|---|---|---|",
+        *(f"| {what} | {measured} | {target} | {verdict} |" for what, measured, target, verdict in report.summary),
+        "",
+        *("\n\n".join(report.sections).splitlines()),
+    ]
+    return "\n".join(lines)
+
+
+def write_between_markers(path: Path, text: str) -> None:
+    document = path.read_text()
+    if BEGIN not in document or END not in document:
+        raise SystemExit(f"{path}: no results markers; add a line `{BEGIN}` and a line `{END}` where the results go")
+    head, rest = document.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every part at a smaller size (about 1.5 minutes)")
+    parser.add_argument("--no-peer", action="store_true", help="skip LiteLLM (no install, no start)")
+    parser.add_argument("--write", type=Path, metavar="FILE", help="put the report between FILE's results markers")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    command = " ".join([".venv/bin/python bench/suite.py", *(argv if argv is not None else sys.argv[1:])])
+
+    started = time.monotonic()
+    load_before = load_average()
+    report = Report()
+    report.part("scheduling core", lambda: core_part(report))
+    report.part("data path", lambda: data_path_part(report, sizes))
+    report.part("peer", lambda: peer_part(report, sizes, not args.no_peer))
+    report.part("interactive wait", lambda: interactive_part(report, sizes))
+    report.part("swap thrash", lambda: thrash_part(report, sizes))
+    report.part("queue capacity", lambda: capacity_part(report, sizes))
+    peer_version = (peer.installed_version() or "not installed") + " (peer, in .bench-venv/)"
+    text = render(report, command, load_before, time.monotonic() - started, peer_version)
+    print(text)
+    if args.write:
+        write_between_markers(args.write if args.write.is_absolute() else REPO / args.write, text)
+        print(f"\n[bench] results written into {args.write}", file=sys.stderr)
+    if report.failed:
+        print(f"[bench] failed: {', '.join(report.failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
