@@ -22,7 +22,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import MODEL, REPO  # noqa: E402
-from tests.served import free_port  # noqa: E402
+from tests.served import model_ports  # noqa: E402
 
 VENV = REPO / ".bench-venv"
 # Pinned: the newest release whose `proxy` extra resolves from PyPI (1.109 and later require
@@ -87,7 +87,7 @@ def litellm_proxy(model_base: str, tmp: Path) -> Iterator[str]:
     """Run LiteLLM's proxy in front of `model_base` on a free loopback port; yields its base URL."""
     config = tmp / "litellm.yaml"
     config.write_text(config_text(model_base))
-    port = free_port()
+    port = model_ports(1)  # below the ephemeral range, where outgoing connections cannot take it
     log_path = tmp / "litellm.log"
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # no download of the price list at start
     with open(log_path, "wb") as log:

@@ -28,7 +28,7 @@ from bench.common import (  # noqa: E402
     CHAT, MODEL, added, chat_call, direct_base, first_chunk_call, load_average, machine, stats, timed_rounds,
     until_queued,
 )
-from tests.served import Served, fake_cmd, free_port, read_events  # noqa: E402
+from tests.served import Served, fake_cmd, model_ports, read_events  # noqa: E402
 
 CONNECT_WAVE = 25  # new connections opened at once while filling the queue
 TARGETS_MS = {  # from the project's goals; reported, not enforced
@@ -41,7 +41,7 @@ TARGETS_MS = {  # from the project's goals; reported, not enforced
 def config_text(events: Path) -> str:
     return f"""
         healthCheckTimeout: 15
-        startPort: {free_port()}
+        startPort: {model_ports(1)}
         models:
           {MODEL}:
             cmd: {fake_cmd(MODEL, events, "--tps", "0")}
