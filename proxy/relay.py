@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -69,15 +71,18 @@ async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, ur
     is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
     is_json = "json" in response.headers.get("content-type", "")
     kept: deque[bytes] | list[bytes] = deque(maxlen=_SSE_TAIL_CHUNKS) if is_sse else []
+    keep = is_sse or is_json
     try:
         await consumer.send_headers(status=response.status_code, headers=downstream_headers(response))
-        async for chunk in response.aiter_raw():
-            if result.first_byte is None:
-                result.first_byte = loop.time()
-            result.response_bytes += len(chunk)
-            if is_sse or (is_json and result.response_bytes <= _JSON_KEEP_LIMIT):
-                kept.append(chunk)
-            await consumer.send_body(chunk, more_body=True)
+        async with contextlib.aclosing(_coalesced(response.aiter_raw())) as batches:
+            async for chunks in batches:
+                if result.first_byte is None:
+                    result.first_byte = loop.time()
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                result.response_bytes += len(data)
+                if keep and (is_sse or result.response_bytes <= _JSON_KEEP_LIMIT):
+                    kept.append(data)
+                await consumer.send_body(data, more_body=True)
     except httpx.HTTPError as exc:
         result.state = "failed"
         result.status = 502
@@ -98,6 +103,46 @@ async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, ur
         except (ValueError, UnicodeDecodeError):
             pass
     return result
+
+
+async def _coalesced(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    """Yield what the upstream sent, batching chunks that arrive while the client write is under way.
+
+    A reader task pulls chunks as fast as they come; each yield hands over everything read since the
+    last one. A slow stream (tokens at a human pace) is forwarded chunk by chunk with no added delay;
+    a fast one is written in fewer, larger pieces, so per-write costs stop dominating.
+    """
+    pending: list[bytes] = []
+    arrived = asyncio.Event()
+    finished: list[BaseException | None] = []
+
+    async def read() -> None:
+        try:
+            async for chunk in chunks:
+                pending.append(chunk)
+                arrived.set()
+            finished.append(None)
+        except BaseException as exc:  # handed to the writer side, which re-raises it
+            finished.append(exc)
+        arrived.set()
+
+    reader = asyncio.get_running_loop().create_task(read())
+    try:
+        while True:
+            await arrived.wait()
+            arrived.clear()
+            if pending:
+                batch = pending[:]
+                pending.clear()
+                yield batch
+            if finished and not pending:
+                if finished[0] is not None:
+                    raise finished[0]
+                return
+    finally:
+        if not reader.done():
+            reader.cancel()
+            await asyncio.wait([reader])
 
 
 def _error_message(body: bytes, response: httpx.Response) -> str:
