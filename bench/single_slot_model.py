@@ -58,7 +58,4 @@ class SingleSlotHandler(fakemodel.FakeModelHandler):
 
 if __name__ == "__main__":
     fakemodel.FakeModelHandler = SingleSlotHandler  # the server class builds its handler from this name
-    # fifo forwards a burst of requests as a burst of new connections; with socketserver's default
-    # listen backlog of 5 the kernel resets the excess ones instead of letting them wait their turn.
-    fakemodel.FakeModelServer.request_queue_size = 256
     sys.exit(fakemodel.main())

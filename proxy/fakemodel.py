@@ -100,6 +100,8 @@ class FakeModelServer(ThreadingHTTPServer):
     """Holds the behaviour and the loading state shared by all request threads."""
 
     daemon_threads = True
+    # Like a real model server, accept a burst of connections (the stdlib default is 5).
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], behaviour: Behaviour, events: EventLog):
         super().__init__(address, FakeModelHandler)
