@@ -93,16 +93,19 @@ class ModelConsumer(StreamingHttpConsumer):
         except Rejected as exc:
             retry = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else None
             raise ProxyError(exc.status, exc.message, exc.code, headers=retry) from None
+        def upstream_done(result) -> None:
+            runtime.release(lease.ticket_id, Outcome(
+                state=result.state, status_code=result.status, error=result.error, usage=result.usage,
+                first_byte_monotonic=result.first_byte, response_bytes=result.response_bytes,
+            ))
+
+        # Release is idempotent: whichever of these comes first records how the request ended.
         outcome = Outcome(state="cancelled", error="client disconnected mid-response")
         try:
             drop = CREDENTIAL_HEADERS if service.config.api_keys else frozenset()
-            result = await relay(
+            await relay(
                 self, service.client_for(model_cfg.id), model_cfg.id, method,
-                lease.upstream + upstream_path, as_sent(upstream_headers(headers, drop)), body,
-            )
-            outcome = Outcome(
-                state=result.state, status_code=result.status, error=result.error, usage=result.usage,
-                first_byte_monotonic=result.first_byte, response_bytes=result.response_bytes,
+                lease.upstream + upstream_path, as_sent(upstream_headers(headers, drop)), body, upstream_done,
             )
         except ProxyError as exc:
             outcome = Outcome(state="failed", status_code=exc.status, error=exc.message)

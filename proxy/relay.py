@@ -7,7 +7,7 @@ import contextlib
 import json
 from collections import deque
 from dataclasses import dataclass, field
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -57,8 +57,13 @@ class RelayResult:
 
 
 async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, url: str,
-                headers: list[tuple[bytes, bytes]], body: bytes) -> RelayResult:
-    """Send the request and stream the response to `consumer`. Raises ProxyError only before any byte is sent."""
+                headers: list[tuple[bytes, bytes]], body: bytes,
+                upstream_done: Callable[[RelayResult], None]) -> None:
+    """Send the request and stream the response to `consumer`. Raises ProxyError only before any byte is sent.
+
+    `upstream_done` is called once, as soon as the model has finished answering (or failed) and before
+    the last write to the client, so the GPU passes to the next request without waiting for that write.
+    """
     loop = asyncio.get_running_loop()
     request = client.build_request(method, url, headers=headers, content=body)
     try:
@@ -84,15 +89,25 @@ async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, ur
                     kept.append(data)
                 await consumer.send_body(data, more_body=True)
     except httpx.HTTPError as exc:
+        await response.aclose()
         result.state = "failed"
         result.status = 502
         result.error = f"model '{model}' stopped answering mid-response: {exc or type(exc).__name__}"
+        upstream_done(result)
         await consumer.send_body(error_event(502, result.error, "upstream_failed") if is_sse else b"")
-    else:
-        await consumer.send_body(b"")
-    finally:
+        return
+    except BaseException:
         await response.aclose()
-    if result.state == "completed" and response.status_code >= 400:
+        raise
+    await response.aclose()
+    _read_outcome(result, response, kept, is_sse, is_json)
+    upstream_done(result)
+    await consumer.send_body(b"")
+
+
+def _read_outcome(result: RelayResult, response: httpx.Response, kept, is_sse: bool, is_json: bool) -> None:
+    """Fill in the error of a failed answer and the token counts, from what was kept of the body."""
+    if response.status_code >= 400:
         result.state = "failed"
         result.error = _error_message(b"".join(kept), response)
     if is_sse:
@@ -102,7 +117,6 @@ async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, ur
             result.usage = usage_from_json(json.loads(b"".join(kept)))
         except (ValueError, UnicodeDecodeError):
             pass
-    return result
 
 
 async def _coalesced(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
