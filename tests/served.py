@@ -32,10 +32,18 @@ def model_ports(count: int) -> int:
     """
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(100):
-        first = random.randrange(10_000, ephemeral_low - count)
-        if all(_bindable(port) for port in range(first, first + count)):
+        first = _PORT_RANDOM.randrange(10_000, ephemeral_low - count)
+        ports = range(first, first + count)
+        if _HANDED_OUT.isdisjoint(ports) and all(_bindable(port) for port in ports):
+            _HANDED_OUT.update(ports)
             return first
     raise RuntimeError(f"no {count} consecutive free ports between 10000 and {ephemeral_low}")
+
+
+# Its own generator: hypothesis reseeds the global one, which made two calls pick the same port.
+_PORT_RANDOM = random.Random()
+# Ports this process handed out: one not yet bound by its server must not be handed out twice.
+_HANDED_OUT: set[int] = set()
 
 
 def _bindable(port: int) -> bool:
