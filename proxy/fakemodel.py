@@ -123,10 +123,6 @@ def token_text(index: int) -> str:
     return word if index == 0 else " " + word
 
 
-def completion_text(tokens: int) -> str:
-    return "".join(token_text(i) for i in range(tokens))
-
-
 def count_words(value: Any) -> int:
     """A rough token count of a prompt: the number of whitespace-separated words in its strings."""
     if isinstance(value, str):

@@ -5,7 +5,7 @@ start that evicts it runs, and config reloads never let a replaced process serve
 from hypothesis import settings as hypothesis_settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from scheduling.core import FifoScheduler, ModelSpec, Reject, SerialSettings, SwapGroup, SwapPolicy
+from scheduling.core import FifoScheduler, ModelSpec, Reject, SerialSettings, SwapGroup
 
 from .harness import policy_within
 from .runtime_double import RuntimeDouble

@@ -7,14 +7,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from scheduling.core import (
     Dequeued,
-    Grant,
     ModelSpec,
     Reject,
     SerialScheduler,
     SerialSettings,
     StartModel,
     SwapGroup,
-    SwapPolicy,
 )
 
 from .harness import policy_within

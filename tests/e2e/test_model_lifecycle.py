@@ -161,3 +161,24 @@ def test_upstream_that_hangs_past_its_response_timeout_gets_504_and_frees_the_gp
         assert r.status_code == 504
         assert "slow" in r.json()["error"]["message"] and r.json()["error"]["code"] == "upstream_timeout"
         assert chat(served, "slow").status_code == 200
+
+
+def test_preload_starts_models_through_the_scheduler_at_start_up(tmp_path, rows):
+    text = f"""
+        hooks:
+          on_startup:
+            preload: [warm]
+        models:
+          warm:
+            cmd: {fake_cmd("warm")}
+            proxy: http://127.0.0.1:${{PORT}}
+          cold:
+            cmd: {fake_cmd("cold")}
+            proxy: http://127.0.0.1:${{PORT}}
+            aliases: [c]
+    """
+    with Served(tmp_path, text) as served:
+        running = wait_until(lambda: httpx.get(served.base + "/running").json()["running"], what="the preload")
+        assert [(m["model"], m["state"]) for m in running] == [("warm", "ready")]
+        preload = wait_until(lambda: rows(served.data_dir, "state='completed'"), what="the preload's row")
+        assert [(r["model"], r["path"], r["needed_swap"]) for r in preload] == [("warm", "(preload)", 1)]
