@@ -79,7 +79,10 @@ async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, ur
     keep = is_sse or is_json
     try:
         await consumer.send_headers(status=response.status_code, headers=downstream_headers(response))
-        async with contextlib.aclosing(_coalesced(response.aiter_raw())) as batches:
+        # Streams come as many small chunks worth batching; other bodies arrive in a few large reads,
+        # which go straight through without the batching task's extra hop.
+        chunks = _coalesced(response.aiter_raw()) if is_sse else _single(response.aiter_raw())
+        async with contextlib.aclosing(chunks) as batches:
             async for chunks in batches:
                 if result.first_byte is None:
                     result.first_byte = loop.time()
@@ -117,6 +120,11 @@ def _read_outcome(result: RelayResult, response: httpx.Response, kept, is_sse: b
             result.usage = usage_from_json(json.loads(b"".join(kept)))
         except (ValueError, UnicodeDecodeError):
             pass
+
+
+async def _single(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    async for chunk in chunks:
+        yield [chunk]
 
 
 async def _coalesced(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
