@@ -43,8 +43,8 @@ class QueuedRequest(models.Model):
     id = models.BigIntegerField(primary_key=True)
     model = models.CharField(max_length=255)
     requested_model = models.CharField(max_length=255, blank=True)
-    method = models.CharField(max_length=10, default="POST")
-    path = models.CharField(max_length=500)
+    method = models.CharField(max_length=32, default="POST")
+    path = models.TextField()
     stream = models.BooleanField(default=False)
     client = models.CharField(max_length=100, blank=True)
     priority = models.BigIntegerField(default=0)
@@ -108,6 +108,10 @@ class ModelProcessRecord(models.Model):
     pgid = models.IntegerField()
     cmdline = models.JSONField(default=list)
     started_at = models.DateTimeField(auto_now_add=True)
+    # Identify the process even after a wrapper or interpreter changed its command line: the kernel's
+    # start time of the group leader (clock ticks since boot) and a marker set in its environment.
+    start_ticks = models.BigIntegerField(null=True, blank=True)
+    marker = models.CharField(max_length=64, blank=True)
 
     def __str__(self) -> str:
         return f"{self.model} pid={self.pid}"
