@@ -75,6 +75,9 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: s
         time.sleep(interval)
 
 
+TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "rejected", "interrupted"})
+
+
 def read_events(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -142,6 +145,43 @@ class Served:
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
+
+    def check_settled(self, model: str, timeout: float = 30.0, **fake) -> list[dict]:
+        """The end of every fault test: no row is left unfinished, and the next request works.
+
+        Waits until every request row is in a terminal state, then sends one ordinary chat
+        request for `model` (`fake`: the fake model's per-request overrides) and asserts a 200
+        with the model's answer; returns the rows once that request's row has finished too.
+        """
+        settled = self._rows_terminal(timeout)
+        body = {"model": model, "messages": [{"role": "user", "content": "are you still there?"}]}
+        if fake:
+            body["fake"] = fake
+        reply = httpx.post(self.base + "/v1/chat/completions", json=body, timeout=timeout)
+        assert reply.status_code == 200, f"the request after the fault got {reply.status_code}: {reply.text}"
+        answer = reply.json()
+        assert answer["object"] == "chat.completion" and answer["choices"][0]["message"]["content"], answer
+        return self._rows_terminal(timeout, at_least=len(settled) + 1)
+
+    def _rows_terminal(self, timeout: float, at_least: int = 0) -> list[dict]:
+        """Poll the request table until it holds `at_least` rows and none is queued or dispatched."""
+        from tests.e2e.conftest import db_rows
+
+        assert not self.env.get("DATABASE_URL"), "the rows are read from the SQLite file; this instance has none"
+
+        def settled():
+            rows = db_rows(self.data_dir)
+            done = len(rows) >= at_least and all(r["state"] in TERMINAL_STATES for r in rows)
+            return (rows,) if done else None  # a tuple: no rows at all is settled too
+
+        try:
+            return wait_until(settled, timeout, 0.05, "every request row to reach a terminal state")[0]
+        except AssertionError:
+            rows = db_rows(self.data_dir)
+            stuck = [(r["id"], r["model"], r["state"]) for r in rows if r["state"] not in TERMINAL_STATES]
+            raise AssertionError(
+                f"{len(rows)} rows (expected at least {at_least}); not terminal after {timeout}s: {stuck}"
+            ) from None
 
     def __enter__(self) -> Served:
         return self.start()
