@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import sys
 import threading
 
 import httpx
@@ -44,29 +46,45 @@ def test_model_that_exits_at_start_gets_a_503_naming_model_cause_and_log(tmp_pat
         message = r.json()["error"]["message"]
         assert "broken" in message and "status 3" in message
         assert r.json()["error"]["code"] == "model_start_failed"
-        assert chat(served, "ok").status_code == 200  # the service keeps serving
+        served.check_settled("ok")  # the service keeps serving
 
 
 def test_model_that_never_becomes_healthy_times_out_with_503(tmp_path):
-    text = config(tmp_path, {"stuck": fake_cmd("stuck", None, "--hang-at-start")}, health_timeout=1)
+    text = config(tmp_path, {"stuck": fake_cmd("stuck", None, "--hang-at-start"), "ok": fake_cmd("ok")},
+                  health_timeout=1)
     with Served(tmp_path, text) as served:
         r = chat(served, "stuck")
         assert r.status_code == 503
         assert "timed out" in r.json()["error"]["message"] and "stuck" in r.json()["error"]["message"]
         assert httpx.get(served.base + "/running").json() == {"running": []}
+        served.check_settled("ok")
 
 
-def test_requests_queued_behind_a_failing_start_for_the_same_model_fail_with_the_same_cause(tmp_path):
-    text = config(tmp_path, {"slowfail": fake_cmd("slowfail", None, "--hang-at-start")}, health_timeout=1)
+def gated_start(spawns, gate, *args: str) -> str:
+    """A `cmd:` that notes each spawn in `spawns`, then waits for the file `gate` before the fake
+    model starts: the test decides when the start ends. A JSON string is a YAML scalar."""
+    model = " ".join([sys.executable, "-m", "proxy.fakemodel", "--port", "${PORT}", *args])
+    return json.dumps(f"sh -c 'echo spawn >> {spawns}; until [ -e {gate} ]; do sleep 0.02; done; exec {model}'")
+
+
+def test_requests_queued_behind_a_failing_start_for_the_same_model_fail_with_the_same_cause(tmp_path, rows):
+    spawns, gate = tmp_path / "spawns", tmp_path / "gate"
+    text = config(tmp_path, {"slowfail": gated_start(spawns, gate, "--exit-at-start", "3"), "ok": fake_cmd("ok")})
     with Served(tmp_path, text) as served:
         results = []
         threads = [threading.Thread(target=lambda: results.append(chat(served, "slowfail"))) for _ in range(3)]
         for t in threads:
             t.start()
+        # All three wait while the one start is under way; then it fails.
+        wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 3 and spawns.exists(),
+                   what="three requests queued behind one start")
+        gate.touch()
         for t in threads:
             t.join(30)
         assert [r.status_code for r in results] == [503, 503, 503]
         assert len({r.json()["error"]["message"].split(";")[0] for r in results}) == 1
+        assert spawns.read_text().splitlines() == ["spawn"], "the failed start was tried again"
+        served.check_settled("ok")
 
 
 def test_crash_mid_stream_ends_the_stream_with_an_error_and_the_next_request_restarts_the_model(tmp_path):
@@ -83,6 +101,7 @@ def test_crash_mid_stream_ends_the_stream_with_an_error_and_the_next_request_res
         assert r.status_code == 502 and "crashy" in r.json()["error"]["message"]
         assert chat(served, "crashy").status_code == 200
         assert len([e for e in read_events(events) if e["event"] == "start"]) == 3
+        served.check_settled("crashy")
 
 
 def test_ttl_unloads_an_idle_model(tmp_path):
@@ -124,6 +143,7 @@ def test_restart_after_sigkill_interrupts_unfinished_rows_and_stops_orphaned_mod
         states = {r["state"] for r in rows(served.data_dir)}
         assert states == {"interrupted"}
         assert all("killed or crashed" in r["error"] for r in rows(served.data_dir))
+        served.check_settled("m")
     finally:
         served.stop()
 
@@ -160,7 +180,7 @@ def test_upstream_that_hangs_past_its_response_timeout_gets_504_and_frees_the_gp
         r = chat(served, "slow", delay=30)
         assert r.status_code == 504
         assert "slow" in r.json()["error"]["message"] and r.json()["error"]["code"] == "upstream_timeout"
-        assert chat(served, "slow").status_code == 200
+        served.check_settled("slow")
 
 
 def test_preload_starts_models_through_the_scheduler_at_start_up(tmp_path, rows):
