@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from tests.served import Served, fake_cmd, read_events, wait_until
+from tests.served import Served, fake_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -44,8 +44,8 @@ def test_an_invalid_config_is_refused_and_the_old_one_keeps_serving(served):
     served.config_path.write_text("models:\n  keep:\n    ttl: soon\n")
     wait_until(lambda: "config reload rejected" in served.log(), timeout=15, what="the reload to be refused")
     assert "models.keep" in served.log()
-    assert chat(served, "keep").status_code == 200
     assert chat(served, "gone").status_code == 200
+    served.check_settled("keep")
 
 
 def test_a_valid_config_applies_without_dropping_queued_requests(served, rows):
@@ -58,18 +58,28 @@ def test_a_valid_config_applies_without_dropping_queued_requests(served, rows):
         t.start()
         return t
 
-    threads = [post("long", "keep", delay=2)]
-    wait_until(lambda: read_events(served.events), what="the long job to start")
-    threads.append(post("queued-keep", "keep"))
-    threads.append(post("queued-gone", "gone"))
-    wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 2, what="two queued requests")
-    rewrite(served, models_yaml(served.events, {"keep": "--tps 0", "fresh": "--tps 0"}))
-    wait_until(lambda: "config reloaded" in served.log(), timeout=15, what="the reload")
-    for t in threads:
-        t.join(30)
-    assert results == {"long": 200, "queued-keep": 200, "queued-gone": 404}
-    assert chat(served, "fresh").status_code == 200
+    holder = {"model": "keep", "stream": True, "messages": [], "fake": {"tokens": 1_000_000, "tps": 10}}
+    with httpx.stream("POST", served.base + "/v1/chat/completions", json=holder, timeout=60) as held:
+        assert held.status_code == 200
+        lines = held.iter_lines()  # kept: a dropped iterator's finaliser would close the stream
+        assert next(lines).startswith("data:")  # the stream holds the GPU until it is closed
+        keep, gone = post("queued-keep", "keep"), post("queued-gone", "gone")
+        wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 2, what="two queued requests")
+        rewrite(served, models_yaml(served.events, {"keep": "--tps 0", "fresh": "--tps 0"}))
+        wait_until(lambda: "config reloaded" in served.log(), timeout=15, what="the reload")
+        # The reload met both requests still waiting: the one for the removed model is refused,
+        # the other keeps its place until the GPU frees.
+        gone.join(30)
+        assert results == {"queued-gone": 404}
+        waiting = wait_until(lambda: (r := rows(served.data_dir, "state='queued'")) and len(r) == 1 and r,
+                             what="the removed model's request to leave the queue")
+        assert waiting[0]["requested_model"] == "keep" and "queued-keep" not in results
+    keep.join(30)
+    assert results == {"queued-gone": 404, "queued-keep": 200}
     assert [m["id"] for m in httpx.get(served.base + "/v1/models").json()["data"]] == ["fresh", "keep"]
+    settled = served.check_settled("fresh")
+    assert sorted((r["requested_model"], r["state"]) for r in settled) == [
+        ("fresh", "completed"), ("gone", "rejected"), ("keep", "cancelled"), ("keep", "completed")]
 
 
 def test_sighup_reloads_and_restarts_a_model_whose_command_changed(tmp_path):
@@ -80,3 +90,4 @@ def test_sighup_reloads_and_restarts_a_model_whose_command_changed(tmp_path):
         served.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: "restarting keep" in served.log(), timeout=10, what="the SIGHUP reload")
         assert chat(served, "keep").json()["usage"]["completion_tokens"] == 3
+        served.check_settled("keep")
