@@ -51,15 +51,31 @@ class ConfigError(Exception):
 
 
 class ProblemLog:
-    """Accumulates problems and warnings while a file is checked."""
+    """Accumulates problems and warnings while a file is checked.
+
+    A value whose `${env.NAME}` is not set is unknown: that is reported once, and later checks of the
+    same key (or anything under it) say nothing, since they would only be about the placeholder text.
+    """
 
     def __init__(self, path: str):
         self.path = path
         self.problems: list[Problem] = []
         self.warnings: list[str] = []
+        self._unknown: set[str] = set()
 
     def error(self, key: str, message: str) -> None:
-        self.problems.append(Problem(key, message))
+        if not self.is_unknown(key):
+            self.problems.append(Problem(key, message))
+
+    def unknown_value(self, key: str, message: str | None = None) -> None:
+        """The value at `key` cannot be known: say why (once, where the variable is used) and silence
+        the checks that would follow from it."""
+        if message is not None:
+            self.problems.append(Problem(key, message))
+        self._unknown.add(key)
+
+    def is_unknown(self, key: str) -> bool:
+        return any(key == unknown or key.startswith((unknown + ".", unknown + "[")) for unknown in self._unknown)
 
     def warn(self, key: str, message: str) -> None:
         self.warnings.append(Problem(key, message).render(self.path))

@@ -14,6 +14,7 @@ from typing import Any
 
 from .errors import ProblemLog, kind_of
 from .macros import MacroCycle, MacroScope, leftover_references
+from .yaml_document import ENV_MACRO
 
 MISSING: Any = object()
 
@@ -72,7 +73,11 @@ class Section:
         if isinstance(value, str):
             bad = [ref for ref in leftover_references(value) if ref not in allow_refs]
             for ref in dict.fromkeys(bad):
-                self.log.error(key, self._leftover_message(ref))
+                if ENV_MACRO.fullmatch(ref):
+                    # An unset variable, reported where it is used; it reached here through a macro.
+                    self.log.unknown_value(key)
+                else:
+                    self.log.error(key, self._leftover_message(ref))
             return not bad
         if isinstance(value, dict):
             results = [self._report_leftovers(f"{key}.{k}", v, allow_refs) for k, v in value.items()]

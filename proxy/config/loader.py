@@ -126,7 +126,8 @@ def parse_config(text: str, path: str = "<string>") -> Config:
     """
     log = ProblemLog(path)
     data = read_yaml_document(text, log)
-    log.raise_if_any()
+    if data is None:
+        log.raise_if_any()  # no document to check further; unset ${env.*} values do not stop the checks
     if not isinstance(data, dict):
         log.error("", f"the top level must be a mapping of settings, got {kind_of(data)} — start the file with `models:`")
         log.raise_if_any()

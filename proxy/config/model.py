@@ -162,6 +162,8 @@ def _read_proxy(section: Section, port: int | None) -> str:
         section.raw("proxy")
         if port is not None:
             return f"http://127.0.0.1:{port}"
+        if section.log.is_unknown(section.path("cmd")):
+            return ""  # whether cmd uses ${PORT} depends on a variable that is not set
         section.error(
             "proxy",
             "not set, and cmd does not use ${PORT}, so llamaswap cannot tell where the server listens — "

@@ -32,10 +32,7 @@ def read_yaml_document(text: str, log: ProblemLog, environ: Mapping[str, str] | 
         if node is None:
             log.error("", "the file is empty — it needs at least a `models:` section")
             return None
-        before = len(log.problems)
         _EnvFiller(environ, log, loader).visit(node, "")
-        if len(log.problems) > before:
-            return None
         return loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         log.error("", _describe_syntax_error(exc))
@@ -112,14 +109,14 @@ class _EnvFiller:
             name = match.group(1)
             value = self.environ.get(name)
             if value is None:
-                self.log.error(
+                self.log.unknown_value(
                     key,
                     f"${{env.{name}}} (line {line}) is not set in the environment — "
                     f"export {name} before starting llamaswap, or remove the reference",
                 )
                 return match.group(0)
             if any(char in value for char in "\n\r\0"):
-                self.log.error(
+                self.log.unknown_value(
                     key,
                     f"${{env.{name}}} (line {line}) contains a newline or NUL byte, which a config "
                     f"value cannot hold — put a single-line value in {name}",

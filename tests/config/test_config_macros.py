@@ -261,6 +261,52 @@ class TestEnvironmentMacros:
         assert "${env.HF_TOKEN_FOR_TEST}" in message and "line 4" in message
         assert "export HF_TOKEN_FOR_TEST" in message
 
+    def test_unset_env_variables_do_not_hide_the_other_problems(self, config_error, problem, monkeypatch):
+        for name in ("UNSET_PORT_FOR_TEST", "UNSET_TOKEN_FOR_TEST", "UNSET_FLAG_FOR_TEST"):
+            monkeypatch.delenv(name, raising=False)
+        error = config_error(
+            """
+            startPort: ${env.UNSET_PORT_FOR_TEST}
+            models:
+              m:
+                cmd: run --token ${env.UNSET_TOKEN_FOR_TEST} ${env.UNSET_FLAG_FOR_TEST}
+                proxy: http://h:1
+                ttl: -5
+            routing:
+              scheduler:
+                use: serial
+                settings:
+                  serial: {swapAffinityBonus: 150}
+            """
+        )
+        assert sorted({p.key for p in error.problems}) == [
+            "models.m.cmd", "models.m.ttl", "routing.scheduler.settings.serial.swapAffinityBonus", "startPort",
+        ], str(error)
+        assert "${env.UNSET_PORT_FOR_TEST}" in problem(error, "startPort")
+        cmd_problems = [p.message for p in error.problems if p.key == "models.m.cmd"]
+        assert len(cmd_problems) == 2
+        assert "UNSET_TOKEN_FOR_TEST" in cmd_problems[0] and "UNSET_FLAG_FOR_TEST" in cmd_problems[1]
+
+    def test_an_unset_env_variable_reached_through_a_macro_is_reported_once_where_it_is_used(
+        self, config_error, problem, monkeypatch
+    ):
+        monkeypatch.delenv("UNSET_DIR_FOR_TEST", raising=False)
+        error = config_error(
+            """
+            macros:
+              dir: ${env.UNSET_DIR_FOR_TEST}
+            models:
+              a:
+                cmd: ${dir}/llama-server
+              b:
+                cmd: llama-server --port ${PORT}
+                aliases: [a]
+            """
+        )
+        assert "export UNSET_DIR_FOR_TEST" in problem(error, "macros.dir")
+        # b's alias clashes with a's ID; a's cmd and proxy depend on the unset variable and say nothing.
+        assert sorted(p.key for p in error.problems) == ["macros.dir", "models.b.aliases[0]"], str(error)
+
     def test_env_value_with_a_newline_is_rejected(self, config_error, problem, monkeypatch):
         monkeypatch.setenv("MULTI_LINE", "a\nb")
         error = config_error("models: {m: {cmd: 'run ${env.MULTI_LINE}', proxy: 'http://h:1'}}")
