@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from urllib.parse import quote, unquote
@@ -10,7 +11,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from proxy.auth import CREDENTIAL_HEADERS, is_authorized
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, error_event
 from proxy.http import StreamingHttpConsumer
 from proxy.inbound import MODEL_ROUTES, forwarded_body, read_model_request
 from proxy.relay import relay, upstream_headers
@@ -102,16 +103,28 @@ class ModelConsumer(StreamingHttpConsumer):
         # Release is idempotent: whichever of these comes first records how the request ended.
         outcome = Outcome(state="cancelled", error="client disconnected mid-response")
         try:
+            lease.held_by(asyncio.current_task())
             drop = CREDENTIAL_HEADERS if service.config.api_keys else frozenset()
-            await relay(
-                self, service.client_for(model_cfg.id), model_cfg.id, method,
-                lease.upstream + upstream_path, as_sent(upstream_headers(headers, drop)), body, upstream_done,
-            )
+            async with service.client_for(model_cfg) as client:
+                await relay(
+                    self, client, model_cfg.id, method,
+                    lease.upstream + upstream_path, as_sent(upstream_headers(headers, drop)), body, upstream_done,
+                )
         except ProxyError as exc:
             outcome = Outcome(state="failed", status_code=exc.status, error=exc.message)
             raise
+        except asyncio.CancelledError:
+            if lease.cut is None or asyncio.current_task().uncancel():
+                raise  # the client left
+            await self.end_cut_short(lease.cut, stream)
         finally:
             runtime.release(lease.ticket_id, outcome)
+
+    async def end_cut_short(self, cut: Rejected, stream: bool) -> None:
+        """The runtime took the GPU back mid-request (an operator unloaded the model): tell the client why."""
+        if not self.response_started:
+            raise ProxyError(cut.status, cut.message, cut.code)
+        await self.send_body(error_event(cut.status, cut.message, cut.code) if stream else b"")
 
 
 class OpenAIConsumer(ModelConsumer):

@@ -43,7 +43,9 @@ class ModelFleet:
             )
 
     def apply(self, config, restart: Iterable[str]) -> None:
-        """Take a reloaded config: new models get processes, removed and `restart` ones retire theirs.
+        """Take a reloaded config: new models get processes, removed and `restart` ones retire theirs,
+        and the others keep theirs under the new entry (its `unloadTimeout` and the new
+        `healthCheckTimeout` apply from their next stop and start).
 
         A retiring process keeps running (it may be serving) until the scheduler stops it.
         """
@@ -54,6 +56,9 @@ class ModelFleet:
             if process.state != "stopped":
                 self._retiring[model_id] = process
         self.config = config
+        for model_id, process in self.processes.items():
+            process.config = config.models[model_id]
+            process.health_check_timeout = config.health_check_timeout
         self._add([m for m in config.models if m not in self.processes])
 
     def _current(self, model: str) -> ModelProcess:
@@ -64,6 +69,11 @@ class ModelFleet:
 
     def state(self, model: str) -> str:
         return self._current(model).state
+
+    def entry(self, model: str):
+        """The config entry `model`'s process runs with: a retiring one (removed or replaced by a
+        reload, still stopping) keeps the entry it was started with."""
+        return self._current(model).config
 
     def running(self) -> list[str]:
         models = dict.fromkeys([*self._retiring, *self.processes])

@@ -14,10 +14,9 @@ import concurrent.futures
 import logging
 from dataclasses import dataclass
 
-import httpx
-
 from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
+from proxy.upstreams import ClientUse, UpstreamClients
 from scheduling import metrics
 from scheduling.core import ModelSpec, SerialSettings, SwapPolicy, build_scheduler
 from scheduling.recorder import Recorder
@@ -115,7 +114,7 @@ class ProxyService:
             scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, observer=metrics.record_event
         )
         metrics.export_service(self.runtime, self.fleet, config)
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._clients = UpstreamClients()
 
     def start(self) -> None:
         """Begin background work: load `hooks.on_startup.preload` models, one at a time, through the scheduler."""
@@ -132,16 +131,20 @@ class ProxyService:
             self.runtime.release(lease.ticket_id, Outcome(state="completed", status_code=200))
 
     def apply_config(self, config, restart: list[str], serial_settings: SerialSettings) -> None:
-        """Switch to a reloaded config; `restart` names models whose process must be replaced."""
-        replaced = set(restart) | (set(self.config.models) - set(config.models))
+        """Switch to a reloaded config; `restart` names models whose process must be replaced.
+
+        Requests in flight keep the client they started with: a model whose process or timeouts
+        changed (or that was added or removed) gets a new client for its next request.
+        """
+        old = self.config.models
         self.fleet.apply(config, restart)
         self.config = config
         self.runtime.reconfigure(model_specs(config), swap_policy(config), restart)
         self.runtime.retune(serial_settings)
-        for model in replaced:
-            client = self._clients.pop(model, None)
-            if client is not None:
-                asyncio.get_running_loop().create_task(client.aclose())
+        for model in set(old) | set(config.models):
+            before, after = old.get(model), config.models.get(model)
+            if model in restart or before is None or after is None or before.timeouts != after.timeouts:
+                self._clients.retire(model)
         metrics.export_service(self.runtime, self.fleet, config)
 
     def _model_crashed(self, model: str) -> None:
@@ -167,21 +170,13 @@ class ProxyService:
                 return model, remainder
         raise ProxyError(404, f"no configured model matches /upstream/{rest}", "model_not_found")
 
-    def client_for(self, model: str) -> httpx.AsyncClient:
-        """One keep-alive client per model server."""
-        client = self._clients.get(model)
-        if client is None:
-            timeouts = self.config.models[model].timeouts
-            client = httpx.AsyncClient(
-                timeout=httpx.Timeout(connect=timeouts.connect, read=timeouts.response_header, write=60.0, pool=None),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-            )
-            self._clients[model] = client
-        return client
+    def client_for(self, model) -> ClientUse:
+        """`async with` it for the keep-alive client that reaches `model` (a model config) for one request."""
+        return self._clients.use(model.id, model.timeouts)
 
     async def shutdown(self, drain_seconds: float) -> None:
         """Drain in-flight work within the budget, stop every model, flush the rows."""
         await self.runtime.shutdown(drain_seconds)
         await self.fleet.stop_all()
-        await asyncio.gather(*(c.aclose() for c in self._clients.values()), return_exceptions=True)
+        await self._clients.aclose()
         await asyncio.get_running_loop().run_in_executor(None, self.recorder.close)

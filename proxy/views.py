@@ -68,7 +68,7 @@ async def list_models(request: HttpRequest, service) -> JsonResponse:
 async def running(request: HttpRequest, service) -> JsonResponse:
     items = []
     for model_id in service.fleet.running():
-        model = service.config.models[model_id]
+        model = service.fleet.entry(model_id)  # a model a reload removed is listed until it has stopped
         items.append(
             {
                 "model": model_id,
@@ -84,12 +84,11 @@ async def running(request: HttpRequest, service) -> JsonResponse:
 
 
 async def _unload(service, models: list[str] | None) -> None:
-    """Ask the scheduler to stop the models and wait until their processes are gone."""
-    service.runtime.unload(models)
-    targets = models if models is not None else list(service.config.models)
-    deadline = time.monotonic() + max(service.config.models[m].unload_timeout for m in targets) + 10
-    while any(service.fleet.state(m) != "stopped" for m in targets) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    """Stop the models now (None: all), as llama-swap does: requests they serve are cut with a clear
+    error. Returns once their processes are gone (each stop is bounded by its unloadTimeout)."""
+    stops = service.runtime.unload(models)
+    if stops:
+        await asyncio.wait(stops)
 
 
 @allow_methods("GET")

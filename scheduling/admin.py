@@ -218,7 +218,8 @@ class ConfiguredModelAdmin(LivePageAdmin):
         live.unload_models(service, wanted)
         self.message_user(
             request,
-            f"Unloading {', '.join(wanted)}; a model serving a request stops once that request ends.",
+            f"Unloading {', '.join(wanted)} now; running requests on {'it' if len(wanted) == 1 else 'them'} "
+            "are cut (their clients get a 503 saying an operator unloaded the model).",
             messages.SUCCESS,
         )
         return HttpResponseRedirect(request.path)

@@ -109,7 +109,7 @@ def reprioritize_waiting(service, ticket_ids: list[int], priority: int) -> list[
 
 
 def unload_models(service, models: list[str]) -> None:
-    """Ask the scheduler to stop these models; it does so once they are not serving."""
+    """Stop these models now; requests they are serving are cut with a 503 saying so."""
     service.runtime.from_thread(service.runtime.unload, models)
 
 

@@ -14,7 +14,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Protocol
 
@@ -59,14 +59,31 @@ class TicketRequest:
     client: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Lease:
-    """Permission to send one request upstream; give it back with `release()`."""
+    """Permission to send one request upstream; give it back with `release()`.
+
+    An operator who unloads the model takes the GPU back at once: the lease is then `cut`, with
+    the reason to give the client, and the task that `held_by()` it is cancelled.
+    """
 
     ticket_id: int
     model: str
     upstream: str
     decision: Decision
+    cut: Rejected | None = None
+    _holder: asyncio.Task | None = field(default=None, repr=False)
+
+    def held_by(self, task: asyncio.Task) -> None:
+        """`task` sends the request; a cut cancels it (at once, if the cut came first)."""
+        self._holder = task
+        if self.cut is not None:
+            task.cancel()
+
+    def _revoke(self, reason: Rejected) -> None:
+        self.cut = reason
+        if self._holder is not None:
+            self._holder.cancel()
 
 
 class Rejected(Exception):
@@ -117,11 +134,13 @@ class SchedulerRuntime:
         self._next_id = first_ticket_id
         self._waiting: dict[int, _Waiter] = {}
         self._granted: dict[int, tuple[TicketRequest, Decision, float]] = {}
+        self._leases: dict[int, Lease] = {}
         self._effects: deque = deque()
         self._applying = False
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self._starts: dict[str, asyncio.Task] = {}
+        self._stops: dict[str, asyncio.Task] = {}
         self._closing = False
         self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
 
@@ -209,6 +228,7 @@ class SchedulerRuntime:
         granted = self._granted.pop(ticket_id, None)
         if granted is None:
             return
+        self._leases.pop(ticket_id, None)
         request, decision, granted_at = granted
         now = self.now()
         fields: dict[str, Any] = {
@@ -250,9 +270,12 @@ class SchedulerRuntime:
         now = self.now()
         self._run(lambda: self.scheduler.reconfigure(models, policy, restart, now))
 
-    def unload(self, models: list[str] | None = None) -> None:
+    def unload(self, models: list[str] | None = None) -> list[asyncio.Task]:
+        """Stop these models now (None: every model). Requests they are serving are cut at once (see
+        `Lease`); returns the stops under way for them, which end once their processes are gone."""
         now = self.now()
         self._run(lambda: self.scheduler.unload(models, now))
+        return [task for model, task in self._stops.items() if models is None or model in models]
 
     def model_exited(self, model: str) -> None:
         """A model process died on its own (crash): the core must stop counting it as loaded."""
@@ -318,7 +341,9 @@ class SchedulerRuntime:
         elif isinstance(effect, StartModel):
             self._starts[effect.model] = self._spawn(self._start_model(effect))
         elif isinstance(effect, StopModel):
-            self._spawn(self._stop_model(effect))
+            if effect.reason == "unload":
+                self._cut_requests_on(effect.model)
+            self._stops[effect.model] = self._spawn(self._stop_model(effect))
         elif isinstance(effect, Dequeued):
             pass  # the row was already marked by cancel()/operator_cancel()
         else:
@@ -338,9 +363,9 @@ class SchedulerRuntime:
             return
         decision = effect.decision
         self._granted[effect.ticket_id] = (waiter.request, decision, now)
-        waiter.future.set_result(
-            Lease(effect.ticket_id, effect.model, self.fleet.upstream_url(effect.model), decision)
-        )
+        lease = Lease(effect.ticket_id, effect.model, self.fleet.upstream_url(effect.model), decision)
+        self._leases[effect.ticket_id] = lease
+        waiter.future.set_result(lease)
         self.recorder.update(effect.ticket_id, state="dispatched", dispatched_at=self._wall(now), **decision_fields(decision))
         self._observer("dispatched", {"decision": decision})
 
@@ -396,6 +421,18 @@ class SchedulerRuntime:
             self._observer("model_state", {"model": model, "state": "stopped"})
         self._run(lambda: self.scheduler.model_ready(effect.model, self.now()))
 
+    def _cut_requests_on(self, model: str) -> None:
+        """An operator unloads `model`: what it is serving ends now, each client told why."""
+        reason = Rejected(
+            503, "model_unloaded", f"model '{model}' was unloaded by an operator while this request was running"
+        )
+        for ticket_id, (request, _, _) in list(self._granted.items()):
+            if request.model == model:
+                lease = self._leases.get(ticket_id)
+                self.release(ticket_id, Outcome(state="cancelled", status_code=reason.status, error=reason.message))
+                if lease is not None:
+                    lease._revoke(reason)
+
     async def _stop_model(self, effect: StopModel) -> None:
         self._observer("model_state", {"model": effect.model, "state": "stopping"})
         try:
@@ -406,6 +443,8 @@ class SchedulerRuntime:
                 # or the core could blame that failure on a later start of the same model.
                 await asyncio.wait([start])
         finally:
+            if self._stops.get(effect.model) is asyncio.current_task():
+                del self._stops[effect.model]
             self._observer("model_state", {"model": effect.model, "state": "stopped"})
             self._run(lambda: self.scheduler.model_stopped(effect.model, self.now()))
 

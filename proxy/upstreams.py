@@ -1,0 +1,90 @@
+"""The httpx clients that reach the model servers: one keep-alive client per model at a time.
+
+Closing an httpx client closes every connection in its pool, including those a
+request is still reading from. So a client is never closed under a request: a
+reload that replaces a model's process, or changes its timeouts, *retires* the
+model's client — later requests get a new one built from the new config — and
+the retired client is closed once the last request using it has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+# Writes are small (a request body to a local server); a stuck write still ends.
+WRITE_TIMEOUT_S = 60.0
+MAX_KEEPALIVE = 64
+
+
+def build_client(timeouts) -> httpx.AsyncClient:
+    """A client with the model's `timeouts` (connect, and read = response header and gaps between chunks)."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(connect=timeouts.connect, read=timeouts.response_header, write=WRITE_TIMEOUT_S, pool=None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=MAX_KEEPALIVE),
+    )
+
+
+class _Shared:
+    """One client and how many requests are using it."""
+
+    __slots__ = ("client", "users", "retired")
+
+    def __init__(self, client: httpx.AsyncClient):
+        self.client = client
+        self.users = 0
+        self.retired = False
+
+
+class ClientUse:
+    """`async with` one request's use of a model's client; leaving it may close a retired client."""
+
+    __slots__ = ("_pool", "_shared")
+
+    def __init__(self, pool: UpstreamClients, shared: _Shared):
+        self._pool = pool
+        self._shared = shared
+
+    async def __aenter__(self) -> httpx.AsyncClient:
+        self._shared.users += 1
+        return self._shared.client
+
+    async def __aexit__(self, *exc) -> None:
+        shared = self._shared
+        shared.users -= 1
+        if shared.retired and not shared.users:
+            self._pool._close_later(shared.client)
+
+
+class UpstreamClients:
+    def __init__(self) -> None:
+        self._current: dict[str, _Shared] = {}
+        self._closing: set[asyncio.Task] = set()
+
+    def use(self, model: str, timeouts) -> ClientUse:
+        """The model's current client for one request (built with `timeouts` if it has none yet)."""
+        shared = self._current.get(model)
+        if shared is None:
+            shared = self._current[model] = _Shared(build_client(timeouts))
+        return ClientUse(self, shared)
+
+    def retire(self, model: str) -> None:
+        """The next request for `model` gets a new client; the old one closes when its last user leaves."""
+        shared = self._current.pop(model, None)
+        if shared is None:
+            return
+        shared.retired = True
+        if not shared.users:
+            self._close_later(shared.client)
+
+    def _close_later(self, client: httpx.AsyncClient) -> None:
+        task = asyncio.get_running_loop().create_task(client.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def aclose(self) -> None:
+        """Close every client, current or retired (at shutdown, once requests have drained)."""
+        clients = [shared.client for shared in self._current.values()]
+        self._current.clear()
+        await asyncio.gather(*(c.aclose() for c in clients), *self._closing, return_exceptions=True)
