@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
+import time
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -66,9 +70,9 @@ def test_chat_non_streaming_and_streaming_through_the_openai_client(served, rows
     assert done[0]["output_tokens"] > 0 and done[1]["stream"] == 1
 
 
-def _post_in_thread(served, model, priority, results, key, **fake):
+def _post_in_thread(served, model, priority, results, key):
     def run():
-        body = {"model": model, "messages": [{"role": "user", "content": key}], "fake": fake}
+        body = {"model": model, "messages": [{"role": "user", "content": key}]}
         r = httpx.post(served.base + "/v1/chat/completions", json=body,
                        headers={"X-LlamaSwap-Priority": str(priority)}, timeout=60)
         results[key] = r.status_code
@@ -81,49 +85,66 @@ def _start_events(served, model=None):
     return [e for e in read_events(served.events) if e["event"] == "start" and (model is None or e["model"] == model)]
 
 
+@contextmanager
+def gpu_held(served, model: str = "alpha", priority: str = "0"):
+    """A stream on `model` that holds the GPU for as long as the block runs, so requests sent
+    meanwhile queue behind it; leaving the block closes it mid-stream and the queue goes next."""
+    body = {"model": model, "stream": True, "messages": [], "fake": {"tokens": 1_000_000, "tps": 10, "id": "holder"}}
+    with httpx.stream("POST", served.base + "/v1/chat/completions", json=body,
+                      headers={"X-LlamaSwap-Priority": priority}, timeout=60) as held:
+        assert held.status_code == 200
+        lines = held.iter_lines()  # kept: a dropped iterator's finaliser would close the stream
+        assert next(lines).startswith("data:")
+        yield
+
+
 def test_dispatch_order_follows_priority_bands_behind_a_long_job(served, rows):
     results: dict[str, int] = {}
-    threads = [_post_in_thread(served, "alpha", "batch", results, "long", delay=1.5)]
-    wait_until(lambda: len(_start_events(served)) == 1, what="the long job to reach the model")
-    for key, prio in (("batch", "batch"), ("normal", "0"), ("interactive", "interactive")):
-        threads.append(_post_in_thread(served, "alpha", prio, results, key))
-        wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == len(threads) - 1, what=f"{key} queued")
+    threads = []
+    with gpu_held(served, "alpha", "batch"):
+        for key, prio in (("batch", "batch"), ("normal", "0"), ("interactive", "interactive")):
+            threads.append(_post_in_thread(served, "alpha", prio, results, key))
+            wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == len(threads), what=f"{key} queued")
     for t in threads:
         t.join(30)
-    assert set(results.values()) == {200}
+    assert results == {"batch": 200, "normal": 200, "interactive": 200}
     order = [e["priority"] for e in _start_events(served)]
-    assert order == ["batch", "interactive", "0", "batch"]
+    assert order == ["batch", "interactive", "0", "batch"]  # the holder, then the queue by band
 
 
 def test_swap_affinity_keeps_a_loaded_model_request_ahead_of_an_older_one(served, rows):
     results: dict[str, int] = {}
-    threads = [_post_in_thread(served, "alpha", 0, results, "long", delay=1.0)]
-    wait_until(lambda: len(_start_events(served)) == 1, what="the long job to reach alpha")
-    threads.append(_post_in_thread(served, "beta", 0, results, "older-beta"))
-    wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 1, what="beta queued")
-    threads.append(_post_in_thread(served, "alpha", 0, results, "newer-alpha"))
-    wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 2, what="alpha queued")
+    with gpu_held(served, "alpha"):
+        threads = [_post_in_thread(served, "beta", 0, results, "older-beta")]
+        wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 1, what="beta queued")
+        threads.append(_post_in_thread(served, "alpha", 0, results, "newer-alpha"))
+        wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 2, what="alpha queued")
     for t in threads:
         t.join(30)
+    assert results == {"older-beta": 200, "newer-alpha": 200}
     starts = _start_events(served)
     assert [e["model"] for e in starts] == ["alpha", "alpha", "beta"]
-    done = wait_until(lambda: (r := rows(served.data_dir, "model='alpha' AND state='completed'")) and len(r) == 2 and r,
-                      what="alpha rows")
-    assert done[1]["changed_by_affinity"] == 1
-    assert done[1]["score_affinity"] == 10
+    done = wait_until(lambda: (r := rows(served.data_dir, "model='alpha' AND state='completed'")) and r,
+                      what="the newer alpha request's row")
+    assert done[0]["changed_by_affinity"] == 1
+    assert done[0]["score_affinity"] == 10
 
 
 def test_client_that_leaves_while_queued_never_starts_its_model(served, rows):
-    results: dict[str, int] = {}
-    long = _post_in_thread(served, "alpha", 0, results, "long", delay=1.0)
-    wait_until(lambda: len(_start_events(served)) == 1, what="the long job")
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(served.base + "/v1/chat/completions", json={"model": "beta", "messages": []}, timeout=0.3)
-    long.join(30)
-    cancelled = wait_until(lambda: rows(served.data_dir, "model='beta'") and rows(served.data_dir, "model='beta' AND state='cancelled'"),
-                           what="the beta row to be cancelled")
+    body = json.dumps({"model": "beta", "messages": []}).encode()
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{served.port}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    with gpu_held(served, "alpha"):
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as leaving:
+            leaving.sendall(request)
+            wait_until(lambda: rows(served.data_dir, "model='beta' AND state='queued'"), what="the beta request to queue")
+        # The client has gone; the GPU is still held, so nothing could have dispatched it.
+        cancelled = wait_until(lambda: rows(served.data_dir, "model='beta' AND state='cancelled'"),
+                               what="the beta row to be cancelled")
     assert "disconnected" in cancelled[0]["error"]
-    assert httpx.get(served.base + "/running").json()["running"][0]["model"] == "alpha"
+    assert [m["model"] for m in httpx.get(served.base + "/running").json()["running"]] == ["alpha"]
+    assert not _start_events(served, "beta")
+    served.check_settled("alpha")
     assert not _start_events(served, "beta")
 
 
@@ -136,15 +157,18 @@ def test_client_that_leaves_mid_stream_frees_the_gpu_for_the_next_request(served
         assert next(lines).startswith("data:")
         waiting = _post_in_thread(served, "alpha", 0, results, "next")
         wait_until(lambda: rows(served.data_dir, "state='queued'"), what="the next request to queue")
+        closed_at = time.time()
     waiting.join(30)
     assert results == {"next": 200}
     events = read_events(served.events)
-    first, second = events[0]["id"], [e for e in events if e["event"] == "start"][1]["id"]
+    first, second = events[0]["id"], [e for e in events if e["event"] == "start"][1]
     # The GPU passes on as the upstream connection closes, so the model may log the next start first.
     assert [(e["event"], e["id"]) for e in events if e["id"] == first] == [("start", first), ("disconnect", first)]
-    assert [(e["event"], e["id"]) for e in events if e["id"] == second] == [("start", second), ("end", second)]
+    assert [(e["event"], e["id"]) for e in events if e["id"] == second["id"]] == [("start", second["id"]), ("end", second["id"])]
+    assert second["t"] - closed_at < 1.0, "the next request reached the model more than 1 s after the client left"
     first = wait_until(lambda: (r := rows(served.data_dir, "state='cancelled'")) and r, what="the cancelled row")
     assert "mid-response" in first[0]["error"]
+    served.check_settled("alpha")
 
 
 def test_unknown_model_and_bad_json_get_openai_errors(served):
