@@ -7,6 +7,7 @@ relay does no per-chunk parsing.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -55,7 +56,14 @@ def _get(payload: dict, *keys: str) -> Any:
 
 
 def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A count the upstream reported; None unless it is a finite number (JSON allows 1e400 and NaN)."""
+    return int(value) if _finite(value) else None
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def _from_usage(usage: dict) -> dict[str, Any]:
@@ -83,6 +91,6 @@ def _from_timings(timings: dict) -> dict[str, Any]:
             out[column] = _int(timings[key])
     for column, key in (("prompt_per_second", "prompt_per_second"), ("tokens_per_second", "predicted_per_second")):
         value = timings.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[column] = float(value)
+        if _finite(value):
+            out[column] = value  # the recorder stores one beyond a float's range as unknown
     return out

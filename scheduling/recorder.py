@@ -5,11 +5,18 @@ hands row changes to this recorder; one thread owns a long-lived connection and
 writes them in batches, one transaction per batch. Ordering is kept: changes are
 applied in the order they were recorded, so a row always ends in the last state
 it was given.
+
+No row is lost because of another: every value is made to fit its column before it
+is written (a request controls its path, method and priority; a model server its
+token counts), and a batch the database refuses is written again row by row, so
+only a change that really cannot be stored is lost, and logged.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -121,18 +128,59 @@ class Recorder:
             connection.close()
 
     def _write(self, batch: list) -> None:
-        for attempt in range(_RETRIES):
-            try:
-                _write_batch(batch)
-                return
-            except Exception:  # a write failure must not kill the recorder; retry, then report
-                from django.db import connection
+        error = _attempt(batch)
+        if error is None:
+            return
+        if _transient(error):
+            log.error("could not record %d changes, the database stayed unavailable (%s); they are lost",
+                      len(batch), _reason(error))
+            return
+        # The database refused something in the batch: write each row on its own, so only the
+        # change it cannot take is lost.
+        for label, part in _separately(batch):
+            error = _attempt(part)
+            if error is not None:
+                log.error("could not record %s (%s); that change is lost", label, _reason(error))
 
-                connection.close()  # the next attempt reconnects, in case the connection itself broke
-                if attempt == _RETRIES - 1:
-                    log.exception("could not record %d row changes; they are lost", len(batch))
-                    return
-                time.sleep(0.05 * 2**attempt)
+
+def _attempt(batch: list) -> Exception | None:
+    """Write `batch` in one transaction, retrying while the database is unavailable; the final error, or None."""
+    from django.db import connection
+
+    attempts = 0
+    while True:
+        try:
+            _write_batch(batch)
+            return None
+        except Exception as exc:  # a write failure must not kill the recorder
+            connection.close()  # the next write reconnects, in case the connection itself broke
+            attempts += 1
+            if not _transient(exc) or attempts == _RETRIES:
+                return exc
+            time.sleep(0.05 * 2 ** (attempts - 1))
+
+
+def _transient(error: Exception) -> bool:
+    """Whether a write may succeed when tried again (locked, disconnected), unlike a value the database refuses."""
+    from django.db import InterfaceError, OperationalError
+
+    return isinstance(error, (OperationalError, InterfaceError))
+
+
+def _reason(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _separately(batch: list) -> list[tuple[str, list]]:
+    """The batch as parts that can be written alone, in order: one per request row (its creation and
+    updates together), one per other change."""
+    parts: dict[object, tuple[str, list]] = {}
+    for index, item in enumerate(batch):
+        if isinstance(item, (_Create, _Update)):
+            parts.setdefault(item.ticket_id, (f"request #{item.ticket_id}", []))[1].append(item)
+        elif not isinstance(item, _Barrier) and item is not _STOP:
+            parts[("change", index)] = (repr(item), [item])
+    return list(parts.values())
 
 
 def _write_batch(batch: list) -> None:
@@ -151,7 +199,7 @@ def _write_batch(batch: list) -> None:
     with transaction.atomic():
         if creates:
             QueuedRequest.objects.bulk_create(
-                [QueuedRequest(id=tid, **fields) for tid, fields in creates.items()]
+                [QueuedRequest(id=tid, **storable(QueuedRequest, fields)) for tid, fields in creates.items()]
             )
         _update_rows(QueuedRequest, updates)
         for item in batch:
@@ -174,7 +222,7 @@ def _update_rows(model, updates: dict[int, dict[str, Any]]) -> None:
 
     shapes: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
     for tid, fields in updates.items():
-        shapes.setdefault(tuple(sorted(fields)), []).append((tid, fields))
+        shapes.setdefault(tuple(sorted(fields)), []).append((tid, storable(model, fields)))
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
     pk = quote(model._meta.pk.column)
@@ -187,3 +235,66 @@ def _update_rows(model, updates: dict[int, dict[str, Any]]) -> None:
                 [[column.get_db_prep_save(fields[column.name], connection) for column in columns] + [tid]
                  for tid, fields in rows],
             )
+
+
+def storable(model, fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with each value made to fit its column of `model`.
+
+    Text loses what no database column can hold (NUL, unpaired surrogates) and is cut to the
+    column's max_length; integers are clamped to the column's range; a float that is not finite
+    (or too large to be one) is stored as unknown (null). The scheduler keeps the exact values.
+    """
+    fitters = _fitters(model)
+    return {
+        name: value if value is None or name not in fitters else fitters[name](value)
+        for name, value in fields.items()
+    }
+
+
+@functools.cache
+def _fitters(model) -> dict[str, Any]:
+    """For each column of `model` that can refuse a value, a function that makes a value fit it."""
+    from django.db import connection, models
+
+    fitters: dict[str, Any] = {}
+    for column in model._meta.concrete_fields:
+        if column.primary_key:
+            continue  # a clamped id would write over another row
+        if isinstance(column, (models.CharField, models.TextField)):
+            fitters[column.name] = functools.partial(_fit_text, limit=column.max_length)
+        elif isinstance(column, models.IntegerField):
+            low, high = connection.ops.integer_field_range(column.get_internal_type())
+            fitters[column.name] = functools.partial(_fit_integer, low=low, high=high)
+        elif isinstance(column, models.FloatField):
+            fitters[column.name] = _fit_float
+    return fitters
+
+
+def _fit_text(value: Any, limit: int | None) -> Any:
+    if not isinstance(value, str):
+        return value
+    if not value.isascii():
+        value = value.encode("utf-8", "replace").decode("utf-8")  # an unpaired surrogate has no encoding
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL
+    return value[:limit] if limit is not None and len(value) > limit else value
+
+
+def _fit_integer(value: Any, low: int | None, high: int | None) -> Any:
+    if not isinstance(value, int):
+        return value
+    if low is not None and value < low:
+        return low
+    if high is not None and value > high:
+        return high
+    return value
+
+
+def _fit_float(value: Any) -> Any:
+    if not isinstance(value, (int, float)):
+        return value
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond the largest float
+        return None
+    return value if math.isfinite(value) else None
