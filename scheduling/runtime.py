@@ -208,7 +208,9 @@ class SchedulerRuntime:
         waiter = self._waiting.pop(ticket_id)
         message = "cancelled by an operator while queued"
         waiter.future.set_exception(Rejected(503, "cancelled_by_operator", message))
-        self.recorder.update(ticket_id, state="cancelled", error=message, finished_at=self._wall(self.now()))
+        self.recorder.update(
+            ticket_id, state="cancelled", status_code=503, error=message, finished_at=self._wall(self.now())
+        )
         self._observer("cancelled", {"model": waiter.ticket.model, "path": waiter.request.path, "status": 503})
         now = self.now()
         self._run(lambda: self.scheduler.cancel(ticket_id, now))

@@ -17,12 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from tests.admin.session import AdminSession, create_superuser, queue_rows
+from tests.admin.traffic import Caller, GpuHolder, two_model_config
 from tests.reliability.support import TERMINAL_STATES, all_rows_terminal, chat, serial_config
 from tests.served import Served, fake_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
 
 INT64_MAX = 2**63 - 1
+QUEUE = "/admin/scheduling/waitingrequest/"
 POSTGRES_ADMIN_URL = os.environ.get("LLAMASWAP_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
@@ -223,3 +226,25 @@ def test_usage_beyond_every_column_from_a_hostile_upstream_loses_no_row_on_postg
         check_hostile_rows(postgres_rows_terminal(url, psycopg, 10))
     assert "could not record request" not in served.log()
 
+
+def test_status_code_is_what_the_client_was_answered_and_null_when_it_left_first(tmp_path):
+    events, text = two_model_config(tmp_path)
+    with Served(tmp_path, text) as served:
+        create_superuser(served, "alice", "correct-horse-battery")
+        admin = AdminSession(served, "alice", "correct-horse-battery")
+        holder = GpuHolder(served)  # ticket 1: alpha streams until the holder hangs up
+        try:
+            cancelled_by_operator = Caller(served, "beta", 0, "beta")  # ticket 2
+            wait_until(lambda: len(queue_rows(admin.get(QUEUE))) == 1, what="the request on the queue page")
+            with pytest.raises(httpx.ReadTimeout):  # ticket 3: its client gives up while queued
+                httpx.post(served.base + "/v1/chat/completions", timeout=0.5,
+                           json={"model": "beta", "messages": [], "fake": {"id": "leaver"}})
+            assert admin.post(QUEUE, {"action": "cancel", "ticket": [2]}).status_code == 302
+            status, body = cancelled_by_operator.wait()
+        finally:
+            holder.release()
+            admin.close()
+        rows = all_rows_terminal(served.data_dir, 3)
+    assert status == 503 and body["error"]["code"] == "cancelled_by_operator"
+    assert [(r["id"], r["state"], r["status_code"]) for r in rows] == [
+        (1, "cancelled", None), (2, "cancelled", 503), (3, "cancelled", None)]
