@@ -129,9 +129,10 @@ async def logs_stream(request: HttpRequest, service, model: str | None = None) -
         rings = dict(service.fleet.logs)
     else:
         config = service.config.resolve(model)
-        if config is None:
+        model_id = model if config is None else config.id  # a model a reload removed keeps its log
+        if model_id not in service.fleet.logs:
             return json_error(400, f"no log named '{model}': use a model id", "unknown_log")
-        rings = {config.id: service.fleet.logs[config.id]}
+        rings = {model_id: service.fleet.logs[model_id]}
     history = "no-history" not in request.GET
 
     async def lines():
