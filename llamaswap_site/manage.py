@@ -7,7 +7,14 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = argv if argv is not None else sys.argv
+    if argv[1:2] == ["fakemodel"]:
+        # The stand-in model server needs no Django: loading the settings would create a data dir and a
+        # secret key wherever it is started.
+        from proxy import fakemodel
+
+        raise SystemExit(fakemodel.main(argv[2:]))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llamaswap_site.settings")
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(argv if argv is not None else sys.argv)
+    execute_from_command_line(argv)

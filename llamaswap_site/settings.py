@@ -3,7 +3,8 @@
 LLAMASWAP_DATA_DIR   where the SQLite file and the generated SECRET_KEY live (default ./data)
 DATABASE_URL         optional postgres://user@host:port/name for scale-out; SQLite otherwise
 LLAMASWAP_DEBUG      "1" turns Django's DEBUG on (off by default)
-LLAMASWAP_ALLOWED_HOSTS  comma-separated Host names accepted (default: localhost names only)
+LLAMASWAP_ALLOWED_HOSTS  comma-separated Host names accepted (default: localhost names only; `*`: any);
+                     `llamaswap serve` adds the machine's own names when it listens beyond loopback
 LLAMASWAP_HTTPS      "1" when served behind a TLS proxy: Secure cookies, HSTS, redirect to HTTPS
 LLAMASWAP_CONFIG     path of the llama-swap config.yaml (set by `llamaswap serve --config`)
 """
@@ -45,6 +46,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: /health answers any Host, and unknown Host names get the JSON error naming LLAMASWAP_ALLOWED_HOSTS.
+    "proxy.hosts.host_check_middleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -106,19 +109,21 @@ CSRF_COOKIE_SECURE = LLAMASWAP_HTTPS
 if LLAMASWAP_HTTPS:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = True
-    # Load balancers and Prometheus probe these over plain HTTP inside the network.
-    SECURE_REDIRECT_EXEMPT = [r"^health$", r"^metrics$"]
+    # Prometheus scrapes over plain HTTP inside the network (/health is answered before any redirect).
+    SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
     SECURE_HSTS_SECONDS = 365 * 24 * 3600
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
 
+# llamaswap's own loggers all live under "llamaswap"; the config file's `logLevel` sets their level
+# when `llamaswap serve` starts and on every reload (proxy/log_level.py).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain"}},
     "loggers": {
-        "llamaswap": {"handlers": ["console"], "level": os.environ.get("LLAMASWAP_LOG_LEVEL", "INFO").upper()},
+        "llamaswap": {"handlers": ["console"], "level": "INFO"},
         "django.request": {"handlers": ["console"], "level": "WARNING"},
     },
 }

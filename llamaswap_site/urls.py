@@ -10,7 +10,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # The admin's CSS and scripts: daphne serves no static files, and a local tool needs no separate web server.
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),
-    path("health", views.health),
     path("v1/models", views.list_models),
     path("models", views.list_models),
     path("running", views.running),

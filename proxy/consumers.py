@@ -7,13 +7,11 @@ import logging
 import re
 from urllib.parse import quote, unquote
 
-from django.conf import settings
-from django.http.request import split_domain_port, validate_host
-
 from proxy.auth import CREDENTIAL_HEADERS, is_authorized
 from proxy.errors import ProxyError, error_event
+from proxy.hosts import host_refusal
 from proxy.http import StreamingHttpConsumer
-from proxy.inbound import MODEL_ROUTES, forwarded_body, read_model_request
+from proxy.inbound import MODEL_ROUTES, forwarded_body, off_loop_when_large, read_model_request
 from proxy.relay import relay, upstream_headers
 from proxy.service import get_service
 from scheduling.core import PRIORITY_HEADER, parse_priority
@@ -61,17 +59,13 @@ class ModelConsumer(StreamingHttpConsumer):
         return headers
 
     def check_host(self, headers: dict[str, str]) -> None:
-        """ALLOWED_HOSTS, as Django applies it to the admin: a browser lured by DNS rebinding gets no model."""
+        """The served Host names, as on the Django routes: a browser lured by DNS rebinding gets no model."""
         host = headers.get("host")
         if host is None:
             return  # browsers always send Host; without one there is no name to rebind
-        domain, _ = split_domain_port(host)
-        if not validate_host(domain, settings.ALLOWED_HOSTS):
-            raise ProxyError(
-                400,
-                f"host {host!r} is not served here: add it to LLAMASWAP_ALLOWED_HOSTS to serve it",
-                "host_not_allowed",
-            )
+        refusal = host_refusal(host)
+        if refusal:
+            raise ProxyError(400, refusal, "host_not_allowed")
 
     def client_address(self) -> str:
         client = self.scope.get("client") or ("", 0)
@@ -138,9 +132,9 @@ class OpenAIConsumer(ModelConsumer):
             raise ProxyError(405, f"{path} accepts POST only", "method_not_allowed", headers={"Allow": "POST"})
         if path not in MODEL_ROUTES:
             raise ProxyError(404, f"no route {path}", "route_not_found")
-        parsed = read_model_request(path, headers.get("content-type", ""), body)
+        parsed = await off_loop_when_large(body, read_model_request, path, headers.get("content-type", ""), body)
         model_cfg = service.resolve_model(parsed.requested_model)
-        forwarded = forwarded_body(parsed, model_cfg.use_model_name, model_cfg.filters)
+        forwarded = await off_loop_when_large(body, forwarded_body, parsed, model_cfg.use_model_name, model_cfg.filters)
         query = self.scope.get("query_string", b"").decode("latin-1")
         await self.serve(
             service, model_cfg, requested=parsed.requested_model, stream=parsed.stream, method="POST",

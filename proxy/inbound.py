@@ -2,18 +2,28 @@
 
 Bad input is answered here with a clear OpenAI-shaped error before the request
 ever reaches the scheduler, so it can never hold the GPU or start a model.
+
+Bodies over OFF_LOOP_BODY_BYTES are read on a worker thread (`off_loop_when_large`), and their JSON is
+parsed with a Python-level object hook: the C parser holds the GIL for a whole `json.loads` call, so
+without the hook a thread would stall the event loop just as long; with it the GIL changes hands
+between objects and every other stream keeps flowing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
-import re
 from dataclasses import dataclass
-from email.parser import BytesParser
-from email.policy import HTTP
+from typing import Any, Callable, TypeVar
 from urllib.parse import parse_qs
 
 from proxy.errors import ProxyError
+from proxy.multipart import MultipartError, replace_field, text_fields
+
+# Reading a body this large inline would hold the event loop for about a millisecond.
+OFF_LOOP_BODY_BYTES = 256 * 1024
+_Result = TypeVar("_Result")
 
 # POST routes whose JSON body names the model (llama-swap's list, minus the features we don't ship).
 JSON_ROUTES = frozenset(
@@ -47,6 +57,14 @@ class ModelRequest:
     stream: bool
     body: bytes
     content_type: str
+    payload: dict[str, Any] | None = None  # the parsed JSON body, when it is JSON
+
+
+async def off_loop_when_large(body: bytes, read: Callable[..., _Result], *args: Any) -> _Result:
+    """`read(*args)`, on a worker thread when `body` is large enough to stall every other request."""
+    if len(body) <= OFF_LOOP_BODY_BYTES:
+        return read(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(read, *args))
 
 
 def read_model_request(path: str, content_type: str, body: bytes) -> ModelRequest:
@@ -70,11 +88,12 @@ def read_model_request(path: str, content_type: str, body: bytes) -> ModelReques
             "unsupported_media_type",
         )
     payload = _json_object(body)
-    return ModelRequest(_model_field(payload), payload.get("stream") is True, body, content_type)
+    return ModelRequest(_model_field(payload), payload.get("stream") is True, body, content_type, payload)
 
 
-def parse_json_body(body: bytes) -> dict:
-    return _json_object(body)
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """What json.loads builds for an object anyway; being Python code, it lets other threads run."""
+    return dict(pairs)
 
 
 def _json_object(body: bytes) -> dict:
@@ -85,7 +104,7 @@ def _json_object(body: bytes) -> dict:
     if not text.strip():
         raise ProxyError(400, "the request body is empty; send a JSON object with a 'model' field", "invalid_json")
     try:
-        payload = json.loads(text)
+        payload = json.loads(text, object_pairs_hook=_object_pairs if len(body) > OFF_LOOP_BODY_BYTES else None)
     except json.JSONDecodeError as exc:
         raise ProxyError(
             400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "invalid_json"
@@ -109,43 +128,22 @@ def _model_field(fields: dict) -> str:
 
 
 def _multipart_fields(content_type: str, body: bytes) -> dict[str, str]:
-    """The small text fields of a multipart form (files are skipped)."""
-    message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
-    if not message.is_multipart():
-        raise ProxyError(400, "the multipart body could not be parsed (check the boundary)", "invalid_multipart")
-    fields: dict[str, str] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if name and part.get_filename() is None:
-            fields[name] = part.get_content() if part.get_content_maintype() == "text" else str(part.get_payload())
-    return fields
-
-
-def rewrite_multipart_model(content_type: str, body: bytes, model: str) -> bytes:
-    """Replace the value of the `model` form field, leaving every other byte as it was."""
-    match = re.search(r'boundary="?([^";]+)"?', content_type)
-    if not match:
-        return body
-    boundary = b"--" + match.group(1).encode("latin-1")
-    parts = body.split(boundary)
-    for i, part in enumerate(parts):
-        head, sep, rest = part.partition(b"\r\n\r\n")
-        if sep and re.search(rb'name="model"(?!\S)', head) and b"filename=" not in head:
-            trailer = b"\r\n" if rest.endswith(b"\r\n") else b""
-            parts[i] = head + sep + model.encode() + trailer
-    return boundary.join(parts)
+    try:
+        return text_fields(content_type, body)
+    except MultipartError as exc:
+        raise ProxyError(400, f"the multipart body could not be read: {exc}", "invalid_multipart") from None
 
 
 def forwarded_body(request: ModelRequest, use_model_name: str, filters) -> bytes:
     """Apply useModelName and the filters; the original bytes travel untouched when nothing changes."""
     media_type = request.content_type.split(";", 1)[0].strip().lower()
     if media_type == "multipart/form-data":
-        return rewrite_multipart_model(request.content_type, request.body, use_model_name) if use_model_name else request.body
+        return replace_field(request.content_type, request.body, "model", use_model_name) if use_model_name else request.body
     if media_type != "application/json" and not media_type.endswith("+json"):
         return request.body
     if not use_model_name and filters.is_empty:
         return request.body
-    payload = parse_json_body(request.body)
+    payload = request.payload
     if use_model_name:
         payload["model"] = use_model_name
     payload = filters.apply(payload)

@@ -13,6 +13,7 @@ import os
 
 from proxy.config import ConfigError, load_config
 from proxy.fleet import process_changed
+from proxy.log_level import apply_log_level
 
 log = logging.getLogger("llamaswap.reload")
 
@@ -44,6 +45,7 @@ async def reload_config(service, path: str) -> bool:
     restart = sorted(m for m in new.models if m in old.models and process_changed(old.models[m], new.models[m]))
     settings = await loop.run_in_executor(None, stored_serial_settings, new.scheduler.serial)
     service.apply_config(new, restart, settings)
+    apply_log_level(new.log_level)
     added = sorted(set(new.models) - set(old.models))
     removed = sorted(set(old.models) - set(new.models))
     log.info(

@@ -5,11 +5,19 @@ import pytest
 pytestmark = pytest.mark.django_db
 
 
-def test_a_host_not_allowed_gets_a_json_400(client):
-    r = client.get("/health", HTTP_HOST="evil.example")
+@pytest.mark.parametrize("path", ["/v1/models", "/admin/login/", "/no-such-route"])
+def test_a_host_not_allowed_gets_a_json_400_naming_the_variable(client, path):
+    r = client.get(path, HTTP_HOST="evil.example")
     assert r.status_code == 400
     assert r["content-type"] == "application/json"
-    assert "evil.example" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == "host_not_allowed"
+    message = r.json()["error"]["message"]
+    assert "evil.example" in message and "LLAMASWAP_ALLOWED_HOSTS" in message
+
+
+def test_health_answers_any_host(client):
+    r = client.get("/health", HTTP_HOST="evil.example")
+    assert r.status_code == 200 and r.content == b"OK"
 
 
 @pytest.mark.parametrize("path", ["/metrics", "/api/activity"])

@@ -38,7 +38,7 @@ def served(tmp_path_factory):
             cmd: {fake_cmd("m", None, "--tps", "0", "--tokens", "4")}
             proxy: http://127.0.0.1:${{PORT}}
     """
-    with Served(tmp, text, env={"LLAMASWAP_LOG_LEVEL": "DEBUG"}) as s:
+    with Served(tmp, text) as s:
         s.http = httpx.Client(base_url=s.base, timeout=30, headers={"Authorization": f"Bearer {KEY}"})
         yield s
         s.http.close()
@@ -115,11 +115,11 @@ def test_bad_bodies_over_http_get_openai_shaped_errors(served, content_type, bod
     assert r.json()["error"]["code"] == code and r.json()["error"]["message"]
 
 
-def test_multipart_without_a_boundary_is_refused_by_daphne_before_the_application(served):
-    """Twisted parses form bodies itself and answers an unparseable one with a bare 400: not JSON, but no harm."""
+def test_multipart_without_a_boundary_gets_a_json_400(served):
     r = served.http.post("/v1/audio/transcriptions", content=b"--x\r\n\r\nm\r\n--x--\r\n",
                          headers={"content-type": "multipart/form-data"})
     assert r.status_code == 400
+    assert r.json()["error"]["code"] == "invalid_multipart" and "boundary" in r.json()["error"]["message"]
     assert served.http.post("/v1/chat/completions", json=chat()).status_code == 200
 
 

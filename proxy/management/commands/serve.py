@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import signal
@@ -18,16 +17,11 @@ log = logging.getLogger("llamaswap.serve")
 
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep:
         raise CommandError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise CommandError(f"--listen {value!r}: the port must be a number from 1 to 65535")
     return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 class Command(BaseCommand):
@@ -46,9 +40,15 @@ class Command(BaseCommand):
             "--drain-seconds", type=float, default=30.0,
             help="on SIGTERM/SIGINT, how long running requests may finish before models are stopped (default 30)",
         )
+        parser.add_argument(
+            "--client-timeout", type=float, default=60.0,
+            help="seconds a client may take to send a request's headers, or stay silent while sending a body or "
+            "between requests, before its connection is closed (default 60); queue waits and streams are never cut",
+        )
 
     def handle(self, *args, **options):
         from proxy.config import ConfigError, load_config
+        from proxy.log_level import apply_log_level
 
         path = os.path.abspath(options["config"])
         try:
@@ -67,15 +67,43 @@ class Command(BaseCommand):
         settings.LLAMASWAP_CONFIG = path
         os.environ["LLAMASWAP_CONFIG"] = path
         host, port = parse_listen(options["listen"])
+        # Loading the application runs django.setup() again, which re-applies LOGGING: logLevel goes after it.
+        from llamaswap_site.asgi import application
+
+        apply_log_level(config.log_level)
         if not options["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         from proxy.service import prepare
 
         prepare(config)
         self._suggest_admin_user()
+        self._accept_host_names(host, bool(config.api_keys))
+        self._run_daphne(
+            application, host, port, options["drain_seconds"], options["client_timeout"],
+            path if options["watch_config"] else None,
+        )
+
+    def _accept_host_names(self, host: str, has_api_keys: bool) -> None:
+        """Answer to the names this listener is reached by, and say which they are."""
+        from proxy.hosts import ANY_HOST, ENV, is_loopback, served_hosts
+
+        settings.ALLOWED_HOSTS = served_hosts(host, settings.ALLOWED_HOSTS)
+        if ANY_HOST in settings.ALLOWED_HOSTS:
+            self.stdout.write(f"Host names accepted: any ({ENV}={ANY_HOST})")
+        else:
+            self.stdout.write(f"Host names accepted: {', '.join(settings.ALLOWED_HOSTS)} (add others with {ENV})")
+        if has_api_keys:
+            return
         if not is_loopback(host):
-            self.stderr.write(f"warning: listening on {host}, reachable from other machines; set apiKeys")
-        self._run_daphne(host, port, options["drain_seconds"], path if options["watch_config"] else None)
+            self.stderr.write(
+                f"warning: listening on {host}, reachable from other machines, and no apiKeys are set: "
+                "anyone who reaches it can use the models"
+            )
+        elif ANY_HOST in settings.ALLOWED_HOSTS:
+            self.stderr.write(
+                f"warning: {ENV}={ANY_HOST} turns off the Host check that keeps web pages (DNS rebinding) "
+                "from reaching the service, and no apiKeys are set"
+            )
 
     def _suggest_admin_user(self) -> None:
         from django.contrib.auth import get_user_model
@@ -83,17 +111,19 @@ class Command(BaseCommand):
         if not get_user_model().objects.filter(is_superuser=True).exists():
             self.stdout.write("No admin user yet: create one with `llamaswap createsuperuser`, then open /admin/.")
 
-    def _run_daphne(self, host: str, port: int, drain_seconds: float, watch: str | None) -> None:
-        from daphne.server import Server
+    def _run_daphne(
+        self, application, host: str, port: int, drain_seconds: float, client_timeout: float, watch: str | None
+    ) -> None:
         from twisted.internet import reactor
 
-        from llamaswap_site.asgi import application
+        from proxy.http_server import LlamaswapServer
         from proxy.reload import reload_config, watch_config
         from proxy.service import get_service
 
         interface = host.replace(":", r"\:")
-        server = Server(
+        server = LlamaswapServer(
             application,
+            client_timeout=client_timeout,
             # A deep accept backlog: hundreds of clients may connect at once to wait in the queue.
             endpoints=[f"tcp:port={port}:interface={interface}:backlog=2048"],
             signal_handlers=False,
@@ -101,6 +131,7 @@ class Command(BaseCommand):
         )
         stopping: list[asyncio.Task] = []
         background: list[asyncio.Task] = []
+        start_failure: list[str] = []
 
         async def stop(signame: str) -> None:
             self.stdout.write(f"{signame}: finishing in-flight requests (up to {drain_seconds:g}s), stopping models")
@@ -128,13 +159,18 @@ class Command(BaseCommand):
                 if watch:
                     background.append(asyncio.ensure_future(watch_config(service, watch)))
                 service.start()
-            except Exception:
+            except Exception as exc:
                 log.exception("llamaswap could not start")
+                start_failure.append(f"{type(exc).__name__}: {exc}")
                 reactor.stop()
-                raise
+                return
             self.stdout.write(f"llamaswap serving on http://{host}:{port} (scheduler: {service.config.scheduler.use})")
             self.stdout.flush()
 
         # Twisted runs `callWhenRunning` callbacks before the asyncio loop spins; call_soon waits for it.
         reactor.callWhenRunning(lambda: reactor._asyncioEventloop.call_soon(started))
         server.run()
+        if server.listen_failure:
+            raise CommandError(f"cannot listen on {host}:{port}: {server.listen_failure} (choose another with --listen HOST:PORT)")
+        if start_failure:
+            raise CommandError(f"llamaswap could not start: {start_failure[0]}")

@@ -1,0 +1,99 @@
+"""daphne as `llamaswap serve` runs it: slow clients are timed out, bodies are left to the application, and
+a failure to listen is kept so the command can exit non-zero.
+
+Twisted's idle timeout restarts with every byte received, so a client that sends a header byte every few
+seconds (slowloris), forever, would hold its connection forever. Here a request's head must be complete
+within `client_timeout` seconds of the connection starting to wait for it; the idle timeout (the same
+number of seconds) still guards request bodies and keep-alive gaps. Neither runs while a request is being
+answered, so a client queued for hours and a stream that lasts hours are never cut.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from daphne.http_protocol import HTTPFactory
+from daphne.server import Server
+from twisted.web import http
+
+log = logging.getLogger("llamaswap.http")
+
+
+class DeadlineChannel(http.HTTPChannel):
+    """One client connection, whose request heads must arrive within `head_timeout` seconds."""
+
+    head_timeout: float = 60.0
+    _head_deadline = None
+
+    def connectionMade(self):
+        super().connectionMade()
+        self._await_head()
+
+    def allHeadersReceived(self):
+        self._cancel_head_deadline()
+        super().allHeadersReceived()
+
+    def requestDone(self, request):
+        # Before the base class: it may go straight on to parse a next request the client already sent.
+        self._await_head()
+        super().requestDone(request)
+
+    def connectionLost(self, reason):
+        self._cancel_head_deadline()
+        super().connectionLost(reason)
+
+    def _await_head(self) -> None:
+        self._cancel_head_deadline()
+        self._head_deadline = self.callLater(self.head_timeout, self._head_too_slow)
+
+    def _cancel_head_deadline(self) -> None:
+        if self._head_deadline is not None and self._head_deadline.active():
+            self._head_deadline.cancel()
+        self._head_deadline = None
+
+    def _head_too_slow(self) -> None:
+        self._head_deadline = None
+        log.debug("closing the connection from %s: no complete request within %gs", self.transport.getPeer(), self.head_timeout)
+        self.timeoutConnection()
+
+
+class DeadlineHTTPFactory(HTTPFactory):
+    """daphne's factory, building DeadlineChannels that leave form bodies alone."""
+
+    protocol = DeadlineChannel
+
+    def __init__(self, server: Server, client_timeout: float):
+        super().__init__(server)
+        self.timeOut = client_timeout
+
+    def buildProtocol(self, addr):
+        channel = super().buildProtocol(addr)
+        channel.head_timeout = self.timeOut
+        # The application reads bodies itself; Twisted's own form parsing would run the email parser over
+        # every multipart upload on the event loop (seconds for 30 MB), for a result nobody reads.
+        channel.requestFactory = functools.partial(channel.requestFactory, parsePOSTFormSubmission=False)
+        return channel
+
+
+class LlamaswapServer(Server):
+    """daphne's Server with DeadlineHTTPFactory, remembering why it could not listen."""
+
+    def __init__(self, application, *, client_timeout: float, **kwargs):
+        self.client_timeout = client_timeout
+        self.listen_failure: str | None = None
+        super().__init__(application, **kwargs)
+
+    @property
+    def http_factory(self) -> HTTPFactory:
+        return self._http_factory
+
+    @http_factory.setter
+    def http_factory(self, stock: HTTPFactory) -> None:
+        # Server.run() builds its stock factory here; connections get ours, which is the same plus the deadlines.
+        self._http_factory = DeadlineHTTPFactory(self, self.client_timeout)
+
+    def listen_error(self, failure) -> None:
+        error = getattr(failure.value, "socketError", failure.value)
+        self.listen_failure = getattr(error, "strerror", None) or str(error)
+        self.stop()
