@@ -21,6 +21,17 @@ class RuntimeDouble:
         self.configured: set[str] | None = None  # the latest reload's models; None before any reload
         self.next_id = 1
 
+    # -- what the effects and events say ------------------------------------------------------
+
+    def ready_for_work(self) -> set[str]:
+        """Models that are up by the double's own account (a start reported ready, no stop or
+        crash since), not being stopped and not replaced by a reload: those earn swap affinity."""
+        return self.up - self.stops - self.superseded
+
+    def waiting(self) -> set[int]:
+        """Requests neither granted nor ended: work the GPU owes."""
+        return self.tickets.keys() - self.granted - self.ended.keys()
+
     # -- calls into the scheduler -------------------------------------------------------------
 
     def call(self, method: str, *args) -> list[Effect]:
@@ -106,6 +117,11 @@ class RuntimeDouble:
             self._started(effect)
         elif isinstance(effect, StopModel):
             assert effect.model not in self.stops, f"{effect.model} stopped twice"
+            if effect.reason == "ttl":
+                waiting = [t.id for t in self.tickets.values()
+                           if t.model == effect.model and t.id not in self.granted and t.id not in self.ended]
+                assert not waiting, f"TTL unloaded {effect.model} while {waiting} wait for it"
+                assert effect.model not in self.running.values(), f"TTL unloaded {effect.model} mid-request"
             self.stops.add(effect.model)
             if effect.model in self.starts:
                 del self.starts[effect.model]

@@ -1,6 +1,7 @@
 """Random interleavings against the serial scheduler: no request lost or duplicated, one job at a
-time, every pick is the best-scoring waiting request (checked against a brute-force scorer), and
-config reloads never let a replaced process serve."""
+time, every pick is the best-scoring waiting request (checked against a brute-force scorer, with
+the loaded models taken from what the runtime double was told, not from the scheduler), an idle
+GPU never leaves work waiting, and config reloads never let a replaced process serve."""
 
 from hypothesis import settings as hypothesis_settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -53,8 +54,9 @@ class SerialMachine(RuleBasedStateMachine):
         picked = set(before) - after - removed
         assert len(picked) <= 1, f"picked {picked} in one step"
         if picked:
-            loaded = set(self.scheduler.snapshot(now).loaded)
-            loaded |= {model for e in effects if isinstance(e, StartModel) for model in e.evict}
+            # The pick came before any StartModel of this step, while the models it evicts were up.
+            evicted = {model for e in effects if isinstance(e, StartModel) for model in e.evict}
+            loaded = self.runtime.ready_for_work() | (evicted - self.runtime.stops - self.runtime.superseded)
             waiting = [t for ticket_id, t in before.items() if ticket_id not in removed]
             best = best_first(waiting, now, loaded, self.settings)[0]
             assert picked == {best.id}, f"picked {picked}, but #{best.id} scored best"
@@ -89,11 +91,10 @@ class SerialMachine(RuleBasedStateMachine):
     def stop_done(self, data):
         self.observe("answer_stop", data.draw(st.sampled_from(sorted(self.runtime.stops))))
 
+    @precondition(lambda self: self.runtime.up - self.runtime.stops)
     @rule(data=st.data())
     def crash(self, data):
-        loaded = self.scheduler.snapshot(self.runtime.now).loaded
-        if loaded:
-            self.observe("crash", data.draw(st.sampled_from(loaded)))
+        self.observe("crash", data.draw(st.sampled_from(sorted(self.runtime.up - self.runtime.stops))))
 
     @rule(seconds=st.sampled_from([0.25, 1, 5, 60, 600, 6000]))
     def wait(self, seconds):
@@ -151,6 +152,29 @@ class SerialMachine(RuleBasedStateMachine):
         snapshot = self.scheduler.snapshot(self.runtime.now)
         assert set(snapshot.running_tickets) == set(self.runtime.running)
         assert snapshot.waiting == sum(snapshot.depth_by_band.values()) == len(self.scheduler.ranked(self.runtime.now))
+
+    @invariant()
+    def the_scheduler_knows_what_is_loaded(self):
+        snapshot = self.scheduler.snapshot(self.runtime.now)
+        assert set(snapshot.loaded) == self.runtime.up - self.runtime.stops, (
+            f"scheduler says {sorted(snapshot.loaded)} are loaded; the starts, stops and crashes "
+            f"it was told of say {sorted(self.runtime.up - self.runtime.stops)}"
+        )
+
+    @invariant()
+    def an_idle_gpu_with_waiting_work_has_a_dispatch_or_start_under_way(self):
+        runtime = self.runtime
+        waiting = runtime.waiting()
+        if runtime.running or not waiting or runtime.starts:
+            return
+        # Nothing runs and nothing starts: the next request must already be picked, waiting only
+        # for a stop to finish before its model can start.
+        queued = {t.id for t, _ in self.scheduler.ranked(runtime.now)}
+        picked = waiting - queued
+        assert runtime.stops and len(picked) == 1, (
+            f"the GPU is idle with {sorted(waiting)} waiting, {sorted(picked)} picked, "
+            f"and stops under way for {sorted(runtime.stops)}"
+        )
 
     def teardown(self):
         self.runtime.settle()
