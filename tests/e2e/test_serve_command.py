@@ -32,12 +32,13 @@ def config(log_level: str) -> str:
     """
 
 
-def serve_and_exit(tmp_path, listen: str) -> subprocess.CompletedProcess:
+def serve_and_exit(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """`llamaswap serve` expected to give up at start."""
     config_path = tmp_path / "config.yaml"
     config_path.write_text(textwrap.dedent(config("info")))
     env = {**os.environ, "LLAMASWAP_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, str(REPO / "manage.py"), "serve", "--config", str(config_path), "--listen", listen],
+        [sys.executable, str(REPO / "manage.py"), "serve", "--config", str(config_path), *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )
 
@@ -57,7 +58,7 @@ def test_a_port_in_use_makes_serve_exit_non_zero_saying_why(tmp_path):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port))
         holder.listen()
-        result = serve_and_exit(tmp_path, f"127.0.0.1:{port}")
+        result = serve_and_exit(tmp_path, "--listen", f"127.0.0.1:{port}")
     assert result.returncode != 0, result.stdout + result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"CommandError: cannot listen on 127.0.0.1:{port}: Address already in use "
@@ -67,11 +68,17 @@ def test_a_port_in_use_makes_serve_exit_non_zero_saying_why(tmp_path):
 
 @pytest.mark.parametrize("listen", ["127.0.0.1:70000", "127.0.0.1:-1", "127.0.0.1:0", "127.0.0.1:http"])
 def test_an_invalid_port_makes_serve_exit_non_zero_saying_why(tmp_path, listen):
-    result = serve_and_exit(tmp_path, listen)
+    result = serve_and_exit(tmp_path, "--listen", listen)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
         f"CommandError: --listen '{listen}': the port must be a number from 1 to 65535"
     )
+
+
+def test_a_client_timeout_of_zero_is_refused(tmp_path):
+    result = serve_and_exit(tmp_path, "--client-timeout", "0")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == "CommandError: --client-timeout 0: it must be above 0 seconds"
 
 
 def test_log_level_debug_shows_info_lines_with_time_and_level(tmp_path):

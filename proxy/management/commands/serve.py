@@ -67,6 +67,8 @@ class Command(BaseCommand):
         settings.LLAMASWAP_CONFIG = path
         os.environ["LLAMASWAP_CONFIG"] = path
         host, port = parse_listen(options["listen"])
+        if options["client_timeout"] <= 0:
+            raise CommandError(f"--client-timeout {options['client_timeout']:g}: it must be above 0 seconds")
         # Loading the application runs django.setup() again, which re-applies LOGGING: logLevel goes after it.
         from llamaswap_site.asgi import application
 
