@@ -49,7 +49,12 @@ def load_configured():
 
 
 def prepare(config=None) -> Prepared:
-    """Load the config and recover from a previous run. Synchronous: call it before serving."""
+    """Load the config and recover from a previous run. Synchronous: call it before serving.
+
+    Recovery treats what is unfinished as left behind and takes the next ticket id from the table,
+    which is right only while no other service uses the data: call it holding the instance lock
+    (`llamaswap serve` takes it before migrating; `get_service()` before preparing).
+    """
     from scheduling.recovery import recover_previous_run
     from scheduling.settings_store import stored_serial_settings
 
@@ -67,9 +72,16 @@ def get_service() -> ProxyService:
         prepared = _prepared
         if prepared is None:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:  # DB work must not run on the loop thread
-                prepared = pool.submit(prepare).result()
+                prepared = pool.submit(_prepare_locked).result()
         _service = ProxyService(prepared.config, prepared.first_ticket_id, prepared.serial_settings)
     return _service
+
+
+def _prepare_locked() -> Prepared:
+    from proxy.instance_lock import hold_instance_lock
+
+    hold_instance_lock()
+    return prepare()
 
 
 def current_service() -> ProxyService | None:

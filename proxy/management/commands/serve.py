@@ -73,6 +73,7 @@ class Command(BaseCommand):
         from llamaswap_site.asgi import application
 
         apply_log_level(config.log_level)
+        self._hold_instance_lock()
         if not options["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         from proxy.service import prepare
@@ -84,6 +85,15 @@ class Command(BaseCommand):
             application, host, port, options["drain_seconds"], options["client_timeout"],
             path if options["watch_config"] else None,
         )
+
+    def _hold_instance_lock(self) -> None:
+        """Before migrating or recovering: a second service on this data dir or database would undo this one's work."""
+        from proxy.instance_lock import InstanceLockError, hold_instance_lock
+
+        try:
+            hold_instance_lock()
+        except InstanceLockError as exc:
+            raise CommandError(str(exc)) from None
 
     def _accept_host_names(self, host: str, has_api_keys: bool) -> None:
         """Answer to the names this listener is reached by, and say which they are."""

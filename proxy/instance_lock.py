@@ -1,0 +1,109 @@
+"""One serving llamaswap per data dir and per database.
+
+Start-up recovery treats every unfinished row and every recorded model process as left behind by
+a run that died. A second service on the same data would stop the first's models, mark its rows
+interrupted and hand out the ticket ids the first is using. So the serving process takes this lock
+before it migrates or recovers anything and holds it for its whole life: an flock on
+`llamaswap.lock` in the data dir and, when the rows live in PostgreSQL (which several data dirs may
+share), a session advisory lock on a connection kept open. The kernel and the database server drop
+both when the process ends, SIGKILL included, so there is nothing to clean up after a crash.
+
+Only serving takes it: `migrate`, `createsuperuser`, `serve --check` and `fakemodel` never do.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from pathlib import Path
+
+LOCK_FILE = "llamaswap.lock"
+# pg_try_advisory_lock(int4, int4) key: "llam", "swap". Advisory locks are per database.
+_ADVISORY_KEY = (0x6C6C616D, 0x73776170)
+
+_held: list = []  # the open lock file and PostgreSQL connection; closing either would free the lock
+
+
+class InstanceLockError(Exception):
+    """Another live service holds the data dir or the database (or the database cannot be reached)."""
+
+
+def hold_instance_lock() -> None:
+    """Lock this process's data dir and database for the rest of its life. Idempotent.
+
+    Raises InstanceLockError, naming what is held and by which process, when another service holds it.
+    """
+    if _held:
+        return
+    from django.conf import settings
+
+    lock_file = _lock_data_dir(Path(settings.DATA_DIR))
+    try:
+        connection = _lock_database(settings.DATABASES["default"])
+    except BaseException:
+        os.close(lock_file)
+        raise
+    _held.extend([lock_file, connection])
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """flock the data dir's lock file and write our pid into it (for the message a second service prints)."""
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by model processes
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        by = f" (pid {holder})" if holder.isdigit() else ""
+        raise InstanceLockError(
+            f"another llamaswap{by} is already serving the data dir {data_dir}: stop it first, or give this one "
+            "its own LLAMASWAP_DATA_DIR"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _lock_database(database: dict):
+    """With PostgreSQL, a session advisory lock on a connection of our own; None for SQLite (the file lock covers it)."""
+    if database["ENGINE"] != "django.db.backends.postgresql":
+        return None
+    import psycopg
+
+    params = {key: database[name] for key, name in
+              (("dbname", "NAME"), ("user", "USER"), ("password", "PASSWORD"), ("host", "HOST"), ("port", "PORT"))
+              if database.get(name)}
+    where = f"the PostgreSQL database {database['NAME']!r} at {database.get('HOST') or 'localhost'}:{database.get('PORT') or 5432}"
+    try:
+        connection = psycopg.connect(
+            **params, autocommit=True, connect_timeout=10,
+            application_name=f"llamaswap serve pid {os.getpid()} on {socket.gethostname()}"[:63],
+        )
+    except psycopg.Error as exc:
+        raise InstanceLockError(f"cannot connect to {where} (DATABASE_URL): {exc}") from None
+    try:
+        locked = connection.execute("SELECT pg_try_advisory_lock(%s::int4, %s::int4)", _ADVISORY_KEY).fetchone()[0]
+        holder = None if locked else _advisory_holder(connection)
+    except BaseException:
+        connection.close()
+        raise
+    if not locked:
+        connection.close()
+        by = f" ({holder})" if holder else ""
+        raise InstanceLockError(
+            f"another llamaswap{by} is already serving {where}: stop it first, or give this one its own "
+            "DATABASE_URL"
+        )
+    return connection
+
+
+def _advisory_holder(connection) -> str | None:
+    """The application name of the session holding our advisory lock, e.g. "llamaswap serve pid 12 on host"."""
+    row = connection.execute(
+        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::int8::oid AND l.objid = %s::int8::oid"
+        " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        _ADVISORY_KEY,
+    ).fetchone()
+    return row[0] if row and row[0] else None

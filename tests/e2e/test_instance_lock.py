@@ -1,0 +1,187 @@
+"""One serving llamaswap per data dir and per database: a second one refuses to start and touches nothing.
+
+Start-up recovery would otherwise stop the first service's models, mark its rows interrupted and
+reuse its ticket ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import db_rows
+from tests.served import REPO, Served, fake_cmd, model_ports, wait_until
+
+pytestmark = pytest.mark.e2e
+
+POSTGRES_ADMIN_URL = os.environ.get("LLAMASWAP_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/postgres")
+
+
+def config() -> str:
+    return f"""
+        models:
+          m:
+            cmd: {fake_cmd("m")}
+            proxy: http://127.0.0.1:${{PORT}}
+        routing:
+          scheduler:
+            use: serial
+    """
+
+
+def second_serve(first: Served, env: dict) -> tuple[int, str]:
+    """`llamaswap serve` of the same config on another port, expected to refuse: (exit status, stderr)."""
+    second = subprocess.Popen(
+        [sys.executable, str(REPO / "manage.py"), "serve", "--config", str(first.config_path),
+         "--listen", f"127.0.0.1:{model_ports(1)}"],
+        cwd=REPO, env={**first.env, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        _, stderr = second.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        second.terminate()
+        second.communicate(timeout=30)
+        raise AssertionError("a second service started on data another one is serving") from None
+    return second.returncode, stderr
+
+
+class Stream:
+    """A streaming chat request that has received its first event and is still going."""
+
+    def __init__(self, served: Served):
+        self._context = httpx.stream(
+            "POST", served.base + "/v1/chat/completions", timeout=60,
+            json={"model": "m", "stream": True, "messages": [], "fake": {"tokens": 60, "tps": 20}},
+        )
+        response = self._context.__enter__()
+        assert response.status_code == 200
+        self._lines = response.iter_lines()
+        self.events = [self._next_event()]
+
+    def _next_event(self) -> str:
+        for line in self._lines:
+            if line.startswith("data:"):
+                return line[5:].strip()
+        raise AssertionError("the stream ended without [DONE]")
+
+    def finish(self) -> list[str]:
+        """Read to the end; every event the stream carried."""
+        try:
+            while self.events[-1] != "[DONE]":
+                self.events.append(self._next_event())
+        finally:
+            self._context.__exit__(None, None, None)
+        return self.events
+
+
+def assert_uninterrupted(stream: Stream) -> None:
+    chunks = [json.loads(e) for e in stream.finish()[:-1]]
+    assert not [c for c in chunks if "error" in c], "the running stream was cut"
+    words = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    assert len([w for w in words if w]) == 60 and chunks[-1]["usage"]["completion_tokens"] == 60
+
+
+def test_a_second_service_on_the_same_data_dir_refuses_to_start_and_leaves_the_first_alone(tmp_path):
+    (tmp_path / "first").mkdir()
+    first = Served(tmp_path / "first", config()).start()
+    try:
+        stream = Stream(first)
+        status, stderr = second_serve(first, {})
+        assert status != 0
+        assert stderr.strip().splitlines()[-1] == (
+            f"CommandError: another llamaswap (pid {first.proc.pid}) is already serving the data dir "
+            f"{first.data_dir}: stop it first, or give this one its own LLAMASWAP_DATA_DIR"
+        ), stderr
+        assert_uninterrupted(stream)
+        # Only serving takes the lock: checking the config and the management commands work meanwhile.
+        for command in (("serve", "--config", str(first.config_path), "--check"), ("migrate",),
+                        ("createsuperuser", "--noinput", "--username", "ops", "--email", "ops@example.com")):
+            done = subprocess.run([sys.executable, str(REPO / "manage.py"), *command], cwd=REPO, timeout=60,
+                                  env={**first.env, "DJANGO_SUPERUSER_PASSWORD": "correct-horse-battery"},
+                                  capture_output=True, text=True)
+            assert done.returncode == 0, (command, done.stderr)
+        answer = httpx.post(first.base + "/v1/chat/completions", timeout=30,
+                            json={"model": "m", "messages": [{"role": "user", "content": "still there?"}]})
+        assert answer.status_code == 200
+        rows = first.check_settled("m")
+        assert [(r["id"], r["state"]) for r in rows] == [(1, "completed"), (2, "completed"), (3, "completed")]
+    finally:
+        first.kill()
+
+    # The lock dies with its holder: after SIGKILL a new service starts on the data dir at once.
+    (tmp_path / "next").mkdir()
+    following = Served(tmp_path / "next", config(), env={"LLAMASWAP_DATA_DIR": str(first.data_dir)}).start()
+    try:
+        answer = httpx.post(following.base + "/v1/chat/completions", timeout=30,
+                            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 200
+        wait_until(lambda: [r["state"] for r in db_rows(first.data_dir)] == ["completed"] * 4,
+                   what="the new service's row after the three of the first")
+    finally:
+        following.stop()
+
+
+@pytest.fixture
+def postgres():
+    """A fresh database on the local PostgreSQL server, dropped afterwards: (url, psycopg)."""
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"no PostgreSQL at {POSTGRES_ADMIN_URL}: {exc}")
+    name = f"llamaswap_test_{uuid.uuid4().hex[:12]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + name, psycopg
+    finally:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def test_two_data_dirs_on_one_postgresql_database_get_one_service(tmp_path, postgres):
+    url, psycopg = postgres
+    name = url.rsplit("/", 1)[1]
+    (tmp_path / "first").mkdir()
+    first = Served(tmp_path / "first", config(), env={"DATABASE_URL": url}).start()
+    try:
+        stream = Stream(first)
+        status, stderr = second_serve(first, {"LLAMASWAP_DATA_DIR": str(tmp_path / "other-data")})
+        assert status != 0
+        assert (f"another llamaswap (llamaswap serve pid {first.proc.pid} on " in stderr
+                and f"is already serving the PostgreSQL database '{name}' at 127.0.0.1:5432" in stderr), stderr
+        assert_uninterrupted(stream)
+
+        def rows():
+            with psycopg.connect(url) as con:
+                return con.execute("SELECT id, state FROM scheduling_queuedrequest ORDER BY id").fetchall()
+
+        wait_until(lambda: rows() == [(1, "completed")], what="the stream's row, completed")
+    finally:
+        first.kill()
+
+    def advisory_locks() -> int:
+        with psycopg.connect(url) as con:
+            return con.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()[0]
+
+    # The server drops the lock with the killed service's connection; then a service of another data dir starts.
+    wait_until(lambda: advisory_locks() == 0, what="PostgreSQL to drop the killed service's lock")
+    (tmp_path / "next").mkdir()
+    following = Served(tmp_path / "next", config(), env={"DATABASE_URL": url}).start()
+    try:
+        answer = httpx.post(following.base + "/v1/chat/completions", timeout=30,
+                            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 200
+        wait_until(lambda: rows() == [(1, "completed"), (2, "completed")], what="the new service's row")
+    finally:
+        following.stop()
