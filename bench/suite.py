@@ -210,11 +210,14 @@ def interactive_part(report: Report, sizes: Sizes) -> None:
                for scheduler in interactive.SCHEDULERS]
     serial, fifo = results
     limit_ms = interactive.target_s(sizes.batch_job_seconds) * 1000
-    report.judge(f"interactive wait behind {sizes.batch_job_seconds:g} s batch jobs, serial, "
-                 f"{serial.wait.n} interactive requests", "p99 wait at the client",
+    def what(result: interactive.Saturation) -> str:
+        return (f"interactive wait behind {sizes.batch_job_seconds:g} s batch jobs, {result.scheduler}, "
+                f"{result.wait.n} interactive requests")
+
+    report.judge(what(serial), "p99 wait at the client",
                  f"≤ {limit_ms:,.0f} ms (one job + {interactive.SLACK_S * 1000:g} ms)",
                  f"{serial.wait.p99:,.0f} ms", serial.wait.p99 <= limit_ms)
-    report.figure(f"the same under fifo, {fifo.wait.n} interactive requests", f"p99 wait {fifo.wait.p99:,.0f} ms")
+    report.figure(what(fifo), f"p99 wait at the client {fifo.wait.p99:,.0f} ms")
     report.section(
         f"Interactive wait: {sizes.batch_jobs} batch jobs of {sizes.batch_job_seconds:g} s, "
         f"an interactive request every {sizes.interactive_every:g} s",

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from proxy.logring import LogRing
-from proxy.processes import ModelProcess
+from proxy.processes import ModelProcess, SpawnedProcess
 
 log = logging.getLogger("llamaswap.fleet")
 
@@ -19,7 +19,11 @@ def process_changed(old, new) -> bool:
 
 
 class ModelFleet:
-    """Carries out the scheduler's start/stop decisions and remembers pids for crash recovery."""
+    """Carries out the scheduler's start/stop decisions and records each process group for crash recovery.
+
+    A group is recorded the moment it is spawned, before its health checks, and forgotten once it
+    is gone: a restart after a SIGKILL finds every group that may still run (`proxy.orphans`).
+    """
 
     def __init__(self, config, recorder, on_crash: Callable[[str], None]):
         self.config = config
@@ -29,7 +33,6 @@ class ModelFleet:
         self.processes: dict[str, ModelProcess] = {}
         # Processes of models a reload removed or changed, kept until the scheduler stops them.
         self._retiring: dict[str, ModelProcess] = {}
-        self._recorded_pids: dict[str, int] = {}
         self._add(config.models)
 
     def _add(self, models) -> None:
@@ -40,6 +43,8 @@ class ModelFleet:
                 health_check_timeout=self.config.health_check_timeout,
                 log=self.logs[model_id],
                 on_exit=self._exited,
+                on_spawn=self._spawned,
+                on_gone=self._gone,
             )
 
     def apply(self, config, restart: Iterable[str]) -> None:
@@ -84,18 +89,13 @@ class ModelFleet:
         if evict:
             log.info("swapping to %s: stopping %s", model, ", ".join(evict))
             await asyncio.gather(*(self.stop(m) for m in evict))
-        process = self.processes[model]
-        await process.start()
-        if process.pid is not None:
-            self._recorded_pids[model] = process.pid
-            self.recorder.process_started(model, process.pid, process.pgid or process.pid, list(process.config.cmd))
+        await self.processes[model].start()
 
     async def stop(self, model: str) -> None:
         retiring = self._retiring.get(model)
         await (retiring or self.processes[model]).stop()
         if retiring is not None and self._retiring.get(model) is retiring:
             del self._retiring[model]
-        self._forget_pid(model)
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(self.stop(m) for m in self.running()), return_exceptions=True)
@@ -105,10 +105,13 @@ class ModelFleet:
         log.warning("model %s exited unexpectedly (status %s)", model, returncode)
         if self._retiring.get(model) is process:
             del self._retiring[model]
-        self._forget_pid(model)
         self.on_crash(model)
 
-    def _forget_pid(self, model: str) -> None:
-        pid = self._recorded_pids.pop(model, None)
-        if pid is not None:
-            self.recorder.process_stopped(pid)
+    def _spawned(self, spawned: SpawnedProcess) -> None:
+        self.recorder.process_started(
+            spawned.model, spawned.pid, spawned.pid, list(spawned.cmdline),
+            start_ticks=spawned.start_ticks, marker=spawned.marker,
+        )
+
+    def _gone(self, spawned: SpawnedProcess) -> None:
+        self.recorder.process_stopped(spawned.marker)

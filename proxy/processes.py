@@ -3,32 +3,51 @@
 A model server owns GPU memory, so a stray process after a stop or a failed start blocks the next
 model from loading. Each model therefore runs in its own process group and every stop ends with
 the whole group gone (SIGTERM or the configured stop command first, SIGKILL after the timeout).
+The group is announced (`on_spawn`) the moment it exists, with what identifies it after this
+service is gone, so a restart after a crash can find it even when it never became ready.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
+import sys
 import time
-from typing import Any, Callable, Coroutine, Protocol, Sequence, TypeVar
+import urllib.parse
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Coroutine, Protocol, TypeVar
 
 import httpx
 
+from proxy import proctable
 from proxy.logring import LogRing
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("llamaswap.processes")
 T = TypeVar("T")
 
 PID_PLACEHOLDER = "${PID}"
 LOG_TAIL_LINES = 20
+ATTEMPT_LOG_CHARS = 16_000
+# Set in each model process's environment (inherited by everything it forks): finds the group's
+# survivors after a restart even when the group leader is gone.
+PROCESS_MARKER_VARIABLE = "LLAMASWAP_PROCESS_MARKER"
+CONSOLE_SCRIPT = "llamaswap"
+STOPPED_WHILE_STARTING = "it was stopped before it became ready (unloaded, swapped out or shutting down)"
 
 # Readiness is polled quickly at first so swaps of fast-loading models are fast, then backs off.
 HEALTH_POLL_FIRST_S = 0.05
 HEALTH_POLL_MAX_S = 0.5
 HEALTH_POLL_BACKOFF = 1.25
 HEALTH_TRY_TIMEOUT_S = 2.0
+# A health answer not provably from the model's own process (a container's port forward, a remote
+# host, no /proc) counts once the process has stayed alive this long after it: a server that
+# could not bind its port exits at once, while someone else's server answers in its place.
+HEALTH_SETTLE_S = 0.5
 
 GROUP_POLL_INTERVAL_S = 0.02
 # SIGKILL cannot be ignored, but a process in uninterruptible sleep (e.g. a GPU driver call) takes a moment.
@@ -48,20 +67,41 @@ class ModelConfig(Protocol):
     unload_timeout: float
 
 
-class ModelStartError(Exception):
-    """A model server could not be brought to the ready state."""
+@dataclass(frozen=True)
+class SpawnedProcess:
+    """What identifies a model's process group after this service is gone (see `proxy.orphans`).
 
-    def __init__(self, model: str, reason: str, log_tail: str = ""):
+    The group leader's pid is also the group id. `start_ticks` (None without /proc) tells the
+    leader from a later process that reused its pid; `marker` is in the environment of every
+    process of the group.
+    """
+
+    model: str
+    pid: int
+    start_ticks: int | None
+    marker: str
+    cmdline: tuple[str, ...]
+
+
+class ModelStartError(Exception):
+    """A model server could not be brought to the ready state.
+
+    Its text is the reason and this attempt's output; whoever reports it names the model.
+    `log_tail` is None when no process was started.
+    """
+
+    def __init__(self, model: str, reason: str, log_tail: str | None = None):
         self.model = model
         self.reason = reason
         self.log_tail = log_tail
         super().__init__(model, reason, log_tail)
 
     def __str__(self) -> str:
-        message = f"model {self.model!r} could not start: {self.reason}"
+        if self.log_tail is None:
+            return self.reason
         if self.log_tail:
-            return f"{message}; last log lines:\n{self.log_tail}"
-        return f"{message}; it printed nothing"
+            return f"{self.reason}; last log lines:\n{self.log_tail}"
+        return f"{self.reason}; it printed nothing"
 
 
 class _StartFailure(Exception):
@@ -86,16 +126,26 @@ class ModelProcess:
         health_check_timeout: float,
         log: LogRing,
         on_exit: Callable[[ModelProcess, int | None], None] | None = None,
+        on_spawn: Callable[[SpawnedProcess], None] | None = None,
+        on_gone: Callable[[SpawnedProcess], None] | None = None,
     ):
+        """`on_spawn` hears of each process group as soon as it exists, `on_gone` once it is stopped."""
         self.config = config
         self.health_check_timeout = health_check_timeout
         self.log = log
         self.on_exit = on_exit
+        self.on_spawn = on_spawn
+        self.on_gone = on_gone
         self.state = "stopped"
         self.pid: int | None = None
         self.pgid: int | None = None
         self.started_at: float | None = None
         self._process: asyncio.subprocess.Process | None = None
+        self._spawned: SpawnedProcess | None = None
+        # This start attempt's output alone, for the failure message (the model's log keeps them all).
+        self._attempt_log = LogRing(ATTEMPT_LOG_CHARS)
+        # The proxy's port when it is on this machine: the health check verifies who holds it.
+        self._local_port: int | None = None
         self._output_copier: asyncio.Task[None] | None = None
         self._start_task: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Task[None] | None = None
@@ -135,15 +185,14 @@ class ModelProcess:
             await self._spawn()
             await self._wait_until_healthy()
             if self._abort.is_set():
-                raise _StartFailure("aborted")
+                raise _StartFailure(STOPPED_WHILE_STARTING)
         except _StartFailure as failure:
             spawned = self._process is not None
             if not self._abort.is_set():  # an aborting stop cleans up after itself
                 await self._kill_group()
                 self._forget_process()
                 self.state = "stopped"
-            logger.warning("model %r could not start: %s", self.config.id, failure.reason)
-            tail = "\n".join(self.log.tail(LOG_TAIL_LINES)) if spawned else ""
+            tail = "\n".join(self._attempt_log.tail(LOG_TAIL_LINES)) if spawned else None
             raise ModelStartError(self.config.id, failure.reason, tail) from None
         except asyncio.CancelledError:
             self._signal_group(signal.SIGKILL)
@@ -159,11 +208,12 @@ class ModelProcess:
         cmd = self.config.cmd
         if not cmd:
             raise _StartFailure("no command configured")
-        env = {**os.environ, **dict(self.config.env)}
+        await self._check_port_is_free()
+        marker = uuid.uuid4().hex
         try:
             process = await asyncio.create_subprocess_exec(
-                *cmd,
-                env=env,
+                *_resolve_console_script(cmd),
+                env=_child_environment(self.config.env, marker),
                 start_new_session=True,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -179,16 +229,37 @@ class ModelProcess:
         self.pid = process.pid
         self.pgid = process.pid  # start_new_session makes the child the leader of its own group
         self.started_at = time.time()
-        self._output_copier = _background(self._copy_output(process))
+        # Not reaped yet, so the pid cannot have been reused: these are the child's own start ticks.
+        self._spawned = SpawnedProcess(self.config.id, process.pid, proctable.start_ticks(process.pid), marker, cmd)
+        self._notify(self.on_spawn, "spawn")
+        self._attempt_log = LogRing(ATTEMPT_LOG_CHARS)
+        self._output_copier = _background(self._copy_output(process, self._attempt_log))
         _background(self._watch_exit(process))
         logger.info("model %r starting (pid %d): %s", self.config.id, process.pid, " ".join(cmd))
+
+    async def _check_port_is_free(self) -> None:
+        """Refuse to start when something on this machine already listens on the model's port.
+
+        The model server would fail to bind, and its health check would pass against the other
+        server, whose answers would then be served as the model's.
+        """
+        address = _host_and_port(self.config.proxy)
+        self._local_port = None
+        if address is None:
+            return
+        host, port = address
+        verdict = await _probe_port(host, port)
+        if verdict == "in use":
+            raise _StartFailure(f"port {port} (from its proxy {self.config.proxy}) is in use by another process")
+        if verdict == "free":
+            self._local_port = port
 
     async def _wait_until_healthy(self) -> None:
         process = self._process
         assert process is not None
         if self.config.check_endpoint is None:
             return
-        exited = asyncio.create_task(process.wait())
+        exited = asyncio.create_task(_exit_of(process))
         aborted = asyncio.create_task(self._abort.wait())
         healthy = asyncio.create_task(self._poll_health())
         waiters = {exited, aborted, healthy}
@@ -200,12 +271,34 @@ class ModelProcess:
             for waiter in waiters:
                 waiter.cancel()
         if aborted in done:
-            raise _StartFailure("aborted")
-        if healthy in done:
-            return
+            raise _StartFailure(STOPPED_WHILE_STARTING)
         if exited in done:
             raise _StartFailure(f"{describe_exit(exited.result())} before becoming healthy")
+        if healthy in done:
+            if (error := healthy.exception()) is not None:
+                raise _StartFailure(f"its health check could not run: {describe_error(error)}")
+            await self._confirm_the_answer_is_ours(process)
+            return
         raise _StartFailure(f"health check timed out after {self.health_check_timeout:g}s")
+
+    async def _confirm_the_answer_is_ours(self, process: asyncio.subprocess.Process) -> None:
+        """A 200 makes the model ready only if its own process gave it.
+
+        When the port is on this machine and a process of the model's group listens on it, it
+        did. Otherwise (a container's port forward, a remote host, no /proc) the process must
+        still run `HEALTH_SETTLE_S` later: one that lost its port to another server exits.
+        """
+        if process.returncode is not None:
+            raise _StartFailure(f"{describe_exit(process.returncode)} before becoming healthy")
+        if self._local_port is not None and proctable.group_listens_on(process.pid, self._local_port):
+            return
+        try:
+            returncode = await asyncio.wait_for(_exit_of(process), HEALTH_SETTLE_S)
+        except TimeoutError:
+            return
+        raise _StartFailure(
+            f"{describe_exit(returncode)} before becoming healthy, while another process answered its health check"
+        )
 
     async def _poll_health(self) -> None:
         """Return once the health endpoint answers 200; anything else (refused, 503…) means not yet."""
@@ -224,10 +317,12 @@ class ModelProcess:
 
     # -- running ----------------------------------------------------------------------------
 
-    async def _copy_output(self, process: asyncio.subprocess.Process) -> None:
+    async def _copy_output(self, process: asyncio.subprocess.Process, attempt_log: LogRing | None = None) -> None:
         assert process.stdout is not None
         while chunk := await process.stdout.read(65536):
             self.log.append(chunk)
+            if attempt_log is not None:
+                attempt_log.append(chunk)
 
     async def _watch_exit(self, process: asyncio.subprocess.Process) -> None:
         """Turn an exit of a ready model into `stopped` plus `on_exit`; other exits are expected."""
@@ -282,7 +377,7 @@ class ModelProcess:
             try:
                 command = await asyncio.create_subprocess_exec(
                     *cmd,
-                    env={**os.environ, **dict(self.config.env)},
+                    env=_child_environment(self.config.env),
                     start_new_session=True,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
@@ -330,11 +425,32 @@ class ModelProcess:
             _signal_group(self.pgid, sig)
 
     def _forget_process(self) -> None:
+        if self._spawned is not None:
+            self._notify(self.on_gone, "stop")
         self._process = None
+        self._spawned = None
         self._output_copier = None
         self.pid = None
         self.pgid = None
         self.started_at = None
+
+    def _notify(self, hook: Callable[[SpawnedProcess], None] | None, what: str) -> None:
+        if hook is not None and self._spawned is not None:
+            try:
+                hook(self._spawned)
+            except Exception:
+                logger.exception("%s handler of model %r failed", what, self.config.id)
+
+
+async def _exit_of(process: asyncio.subprocess.Process) -> int:
+    """The process's exit status, as soon as it exits.
+
+    Not `process.wait()`: that also waits for its output pipe to close, which a child it left
+    behind (or another server it started) can keep open long after.
+    """
+    while process.returncode is None:
+        await asyncio.sleep(GROUP_POLL_INTERVAL_S)
+    return process.returncode
 
 
 def describe_exit(returncode: int) -> str:
@@ -348,6 +464,11 @@ def describe_exit(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+def describe_error(error: BaseException) -> str:
+    """An exception as words, never empty: some (timeouts, bare errors) have no message of their own."""
+    return str(error) or type(error).__name__
+
+
 def process_group_alive(pgid: int) -> bool:
     """Whether any process of the group still runs (zombies waiting to be reaped do not count)."""
     try:
@@ -356,21 +477,16 @@ def process_group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    members = _running_group_members(pgid)
+    members = proctable.group_members(pgid)
     return True if members is None else bool(members)
 
 
-def kill_process_group(pgid: int, *, expect_cmdline: Sequence[str] | None = None, timeout: float = 5.0) -> bool:
-    """SIGTERM a process group, SIGKILL it after `timeout`; used to clean up after a proxy crash.
+def kill_process_group(pgid: int, *, timeout: float = 5.0) -> bool:
+    """SIGTERM a process group, SIGKILL it after `timeout`; returns whether it signalled anything.
 
-    With `expect_cmdline`, the group is only killed while its leader still runs that exact command:
-    a recorded pgid may have been reused by an unrelated process since. Returns whether it killed.
+    Blocking: for start-up recovery, before the event loop runs. The caller has made sure the
+    group is the one it means (see `proxy.orphans`).
     """
-    if not process_group_alive(pgid):
-        return False
-    if expect_cmdline is not None and _cmdline(pgid) != list(expect_cmdline):
-        logger.info("not killing process group %d: its leader no longer runs the recorded command", pgid)
-        return False
     if not _signal_group(pgid, signal.SIGTERM):
         return False
     if not _wait_group_gone_blocking(pgid, timeout):
@@ -400,35 +516,72 @@ def _wait_group_gone_blocking(pgid: int, timeout: float) -> bool:
     return True
 
 
-def _running_group_members(pgid: int) -> list[int] | None:
-    """Pids of the group's non-zombie processes, read from /proc; None where there is no /proc."""
+def _own_scripts_dir() -> str | None:
+    """The directory of the `llamaswap` console script that runs this service, if it has one."""
+    scripts = os.path.dirname(sys.executable)
+    return scripts if os.access(os.path.join(scripts, CONSOLE_SCRIPT), os.X_OK) else None
+
+
+def _resolve_console_script(cmd: tuple[str, ...]) -> tuple[str, ...]:
+    """`llamaswap …` runs the llamaswap serving this model, whatever else PATH holds."""
+    scripts = _own_scripts_dir()
+    if cmd[0] == CONSOLE_SCRIPT and scripts is not None:
+        return (os.path.join(scripts, CONSOLE_SCRIPT), *cmd[1:])
+    return cmd
+
+
+def _child_environment(configured: tuple[tuple[str, str], ...], marker: str | None = None) -> dict[str, str]:
+    """The service's environment, the model's `env`, the group's marker, and a PATH that finds `llamaswap`.
+
+    The console script's directory goes at the end of PATH, not the front: it also holds the
+    service's `python3` and `pip`, which must not replace the ones a model command means.
+    """
+    env = {**os.environ, **dict(configured)}
+    if marker is not None:
+        env[PROCESS_MARKER_VARIABLE] = marker
+    scripts = _own_scripts_dir()
+    path = env.get("PATH", os.defpath).split(os.pathsep)
+    if scripts is not None and scripts not in path:
+        env["PATH"] = os.pathsep.join([*filter(None, path), scripts])
+    return env
+
+
+def _host_and_port(url: str) -> tuple[str, int] | None:
+    parts = urllib.parse.urlsplit(url)
     try:
-        entries = os.listdir("/proc")
-    except OSError:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
         return None
-    members = []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    if not parts.hostname or port is None:
+        return None
+    return parts.hostname, port
+
+
+async def _probe_port(host: str, port: int) -> str:
+    """'in use' when a listener on this machine holds host:port, 'free', or 'not local'/'unknown'.
+
+    Binding tells all three: the address is not ours (EADDRNOTAVAIL), someone listens there
+    (EADDRINUSE), or it is free. SO_REUSEADDR, as servers set it, lets connections our previous
+    server left in TIME_WAIT not count as a listener.
+    """
+    try:
+        addresses = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:  # the name does not resolve: the health check will say what is wrong
+        return "unknown"
+    verdict = "not local"
+    for family, kind, protocol, _, address in addresses:
         try:
-            with open(f"/proc/{entry}/stat", "rb") as stat_file:
-                stat = stat_file.read()
-        except OSError:
-            continue  # exited while we looked
-        # Format: pid (comm) state ppid pgrp ...; comm may itself contain spaces and parentheses.
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            members.append(int(entry))
-    return members
-
-
-def _cmdline(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline_file:
-            raw = cmdline_file.read()
-    except OSError:
-        return None
-    return [os.fsdecode(arg) for arg in raw.split(b"\0")[:-1]]
+            with socket.socket(family, kind, protocol) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "in use"
+            if exc.errno != errno.EADDRNOTAVAIL and verdict == "not local":
+                verdict = "unknown"  # e.g. a port below 1024 without the right to bind it
+            continue
+        verdict = "free"
+    return verdict
 
 
 async def _finish_stop_command(command: asyncio.subprocess.Process, timeout: float) -> None:

@@ -55,11 +55,13 @@ def prepare(config=None) -> Prepared:
     which is right only while no other service uses the data: call it holding the instance lock
     (`llamaswap serve` takes it before migrating; `get_service()` before preparing).
     """
+    from proxy.orphans import stop_orphaned_model_processes
     from scheduling.recovery import recover_previous_run
     from scheduling.settings_store import stored_serial_settings
 
     global _prepared
     config = config or load_configured()
+    stop_orphaned_model_processes()
     next_id = recover_previous_run()
     _prepared = Prepared(config, next_id, stored_serial_settings(config.scheduler.serial))
     return _prepared

@@ -48,11 +48,13 @@ class _ProcessStarted:
     pid: int
     pgid: int
     cmdline: list[str]
+    start_ticks: int | None
+    marker: str
 
 
 @dataclass
 class _ProcessStopped:
-    pid: int
+    marker: str
 
 
 @dataclass
@@ -70,6 +72,7 @@ class Recorder:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="llamaswap-recorder", daemon=True)
         self._started = False
+        self._urgent = threading.Event()  # set when a change must not wait for the linger
 
     def start(self) -> None:
         if not self._started:
@@ -83,11 +86,19 @@ class Recorder:
     def update(self, ticket_id: int, **fields: Any) -> None:
         self._queue.put(_Update(ticket_id, fields))
 
-    def process_started(self, model: str, pid: int, pgid: int, cmdline: list[str]) -> None:
-        self._queue.put(_ProcessStarted(model, pid, pgid, list(cmdline)))
+    def process_started(
+        self, model: str, pid: int, pgid: int, cmdline: list[str], *, start_ticks: int | None, marker: str
+    ) -> None:
+        """A model process group now exists; `marker` names it until `process_stopped(marker)`.
 
-    def process_stopped(self, pid: int) -> None:
-        self._queue.put(_ProcessStopped(pid))
+        Written ahead of row changes and without the batching linger: the service may be
+        killed right after the spawn, and only the record lets the next run stop the group.
+        """
+        self._queue.put(_ProcessStarted(model, pid, pgid, list(cmdline), start_ticks, marker))
+        self._urgent.set()
+
+    def process_stopped(self, marker: str) -> None:
+        self._queue.put(_ProcessStopped(marker))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Block until everything recorded before this call is written (tests, shutdown)."""
@@ -110,8 +121,10 @@ class Recorder:
             while True:
                 batch = [self._queue.get()]
                 # Linger briefly so a burst becomes one transaction: fewer commits, and less time
-                # holding the GIL against the event loop that streams tokens.
-                time.sleep(_LINGER_S)
+                # holding the GIL against the event loop that streams tokens. A process record
+                # cuts it short.
+                self._urgent.wait(_LINGER_S)
+                self._urgent.clear()
                 while len(batch) < _BATCH_LIMIT:
                     try:
                         batch.append(self._queue.get_nowait())
@@ -186,7 +199,7 @@ def _separately(batch: list) -> list[tuple[str, list]]:
 def _write_batch(batch: list) -> None:
     from django.db import transaction
 
-    from scheduling.models import ModelProcessRecord, QueuedRequest
+    from scheduling.models import QueuedRequest
 
     creates: dict[int, dict[str, Any]] = {}
     updates: dict[int, dict[str, Any]] = {}
@@ -196,19 +209,31 @@ def _write_batch(batch: list) -> None:
         elif isinstance(item, _Update):
             target = creates if item.ticket_id in creates else updates
             target.setdefault(item.ticket_id, {}).update(item.fields)
+    if any(isinstance(item, (_ProcessStarted, _ProcessStopped)) for item in batch):
+        with transaction.atomic():  # committed first: a row the database refuses cannot take them along
+            _write_process_records(batch)
+    if not (creates or updates):
+        return
     with transaction.atomic():
         if creates:
             QueuedRequest.objects.bulk_create(
                 [QueuedRequest(id=tid, **storable(QueuedRequest, fields)) for tid, fields in creates.items()]
             )
         _update_rows(QueuedRequest, updates)
-        for item in batch:
-            if isinstance(item, _ProcessStarted):
-                ModelProcessRecord.objects.create(
-                    model=item.model, pid=item.pid, pgid=item.pgid, cmdline=item.cmdline
-                )
-            elif isinstance(item, _ProcessStopped):
-                ModelProcessRecord.objects.filter(pid=item.pid).delete()
+
+
+def _write_process_records(batch: list) -> None:
+    """The batch's process records, in order. Idempotent (keyed by marker), as a retry may write them again."""
+    from scheduling.models import ModelProcessRecord
+
+    for item in batch:
+        if isinstance(item, _ProcessStarted):
+            ModelProcessRecord.objects.update_or_create(marker=item.marker, defaults={
+                "model": item.model, "pid": item.pid, "pgid": item.pgid, "cmdline": item.cmdline,
+                "start_ticks": item.start_ticks,
+            })
+        elif isinstance(item, _ProcessStopped):
+            ModelProcessRecord.objects.filter(marker=item.marker).delete()
 
 
 def _update_rows(model, updates: dict[int, dict[str, Any]]) -> None:

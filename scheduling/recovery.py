@@ -1,4 +1,7 @@
-"""Start-up recovery: a run that ended abruptly (SIGKILL, power loss) leaves rows and processes behind."""
+"""Start-up recovery: a run that ended abruptly (SIGKILL, power loss) leaves unfinished rows behind.
+
+The model processes it left are stopped by `proxy.orphans` first (the proxy layer owns processes).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +11,13 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from scheduling.models import TERMINAL_STATES, ModelProcessRecord, QueuedRequest, RequestState
+from scheduling.models import TERMINAL_STATES, QueuedRequest, RequestState
 
 log = logging.getLogger("llamaswap.recovery")
 
 
 def recover_previous_run() -> int:
-    """Stop orphaned model processes, close unfinished rows as `interrupted`; return the next ticket id."""
-    from proxy.processes import kill_process_group
-
-    for record in ModelProcessRecord.objects.all():
-        if kill_process_group(record.pgid, expect_cmdline=record.cmdline):
-            log.warning("stopped model %s (pid %d) left running by a previous run", record.model, record.pid)
-    ModelProcessRecord.objects.all().delete()
+    """Close unfinished rows as `interrupted`; return the next ticket id."""
     now = timezone.now()
     with transaction.atomic():
         unfinished = QueuedRequest.objects.exclude(state__in=TERMINAL_STATES)

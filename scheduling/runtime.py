@@ -412,7 +412,7 @@ class SchedulerRuntime:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any start failure is reported to the waiting requests, never raised
-            reason = str(exc)
+            reason = str(exc) or type(exc).__name__  # the text names the cause; the model is named here
             log.warning("model %s failed to start: %s", effect.model, reason)
             self._observer("model_state", {"model": effect.model, "state": "stopped"})
             self._run(lambda: self.scheduler.model_failed(effect.model, reason, self.now()))

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,7 +23,15 @@ import httpx
 import pytest
 
 from proxy.logring import LogRing
-from proxy.processes import ModelProcess, ModelStartError, kill_process_group, process_group_alive
+from proxy import proctable
+from proxy.processes import (
+    PROCESS_MARKER_VARIABLE,
+    STOPPED_WHILE_STARTING,
+    ModelProcess,
+    ModelStartError,
+    SpawnedProcess,
+    process_group_alive,
+)
 from tests.served import model_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -71,13 +81,19 @@ class Harness:
     made: list[ModelProcess] = field(default_factory=list)
     exits: list[tuple[ModelProcess, int | None]] = field(default_factory=list)
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    # What the model reported through on_spawn / on_gone, with its state at that moment.
+    spawned: list[tuple[SpawnedProcess, str]] = field(default_factory=list)
+    gone: list[SpawnedProcess] = field(default_factory=list)
 
     def process(self, config: ModelConfigDouble, health_check_timeout: float = DEADLINE_S) -> ModelProcess:
         def on_exit(process: ModelProcess, returncode: int | None) -> None:
             self.exits.append((process, returncode))
             self.exited.set()
 
-        model = ModelProcess(config, health_check_timeout=health_check_timeout, log=LogRing(), on_exit=on_exit)
+        model = ModelProcess(
+            config, health_check_timeout=health_check_timeout, log=LogRing(), on_exit=on_exit,
+            on_spawn=lambda spawned: self.spawned.append((spawned, model.state)), on_gone=self.gone.append,
+        )
         self.made.append(model)
         return model
 
@@ -149,9 +165,24 @@ async def test_exit_at_start_names_the_status_and_shows_the_last_log_lines(harne
     assert error.model == "m"
     assert error.reason == "exited with status 7 before becoming healthy"
     assert "exiting at start with status 7" in error.log_tail
-    assert str(error).startswith("model 'm' could not start: exited with status 7")
-    assert "last log lines:\n" in str(error) and error.log_tail in str(error)
+    # The text is the cause and the output; whoever reports it adds the model's name, once.
+    assert str(error) == f"exited with status 7 before becoming healthy; last log lines:\n{error.log_tail}"
     assert model.state == "stopped" and model.pid is None
+
+
+async def test_a_failed_start_shows_only_its_own_output(harness):
+    port = model_ports(1)
+    config = ModelConfigDouble(id="flaky", cmd=("sh", "-c", "echo attempt by pid $$; exit 3"),
+                               proxy=f"http://127.0.0.1:{port}")
+    model = harness.process(config)
+    failures = []
+    for _ in range(2):
+        with pytest.raises(ModelStartError) as raised:
+            await model.start()
+        failures.append(raised.value)
+    pids = [spawned.pid for spawned, _ in harness.spawned]
+    assert [failure.log_tail for failure in failures] == [f"attempt by pid {pid}" for pid in pids]
+    assert model.log.text().count("attempt by pid") == 2, "the model's log keeps every attempt"
 
 
 async def test_hang_at_start_times_out_and_kills_the_group(harness):
@@ -171,8 +202,9 @@ async def test_missing_command_is_reported_clearly(harness):
     with pytest.raises(ModelStartError) as raised:
         await model.start()
     assert raised.value.reason == "command not found: /nonexistent/llama-server"
-    assert "model 'ghost' could not start: command not found" in str(raised.value)
+    assert str(raised.value) == "command not found: /nonexistent/llama-server", "nothing ran, so no output to speak of"
     assert model.state == "stopped"
+    assert harness.spawned == [] and harness.gone == []
 
 
 async def test_crash_after_ready_calls_on_exit_and_marks_stopped(harness):
@@ -235,7 +267,7 @@ async def test_stop_during_start_aborts_the_start(harness):
     await model.stop()
     with pytest.raises(ModelStartError) as raised:
         await starting
-    assert raised.value.reason == "aborted"
+    assert raised.value.reason == STOPPED_WHILE_STARTING
     assert model.state == "stopped"
     assert group_members(pgid) == []
 
@@ -249,7 +281,7 @@ async def test_stop_right_after_start_was_requested_still_aborts_it(harness):
     await model.stop()
     with pytest.raises(ModelStartError) as raised:
         await starting
-    assert raised.value.reason == "aborted"
+    assert raised.value.reason == STOPPED_WHILE_STARTING
     assert model.state == "stopped"
 
 
@@ -269,27 +301,127 @@ async def test_environment_reaches_the_child(harness):
     await model.start()
     environ = Path(f"/proc/{model.pid}/environ").read_bytes().split(b"\0")
     assert b"LLAMASWAP_TEST_MARKER=gpu-0" in environ
-    assert f"PATH={os.environ['PATH']}".encode() in environ, "the inherited environment is kept"
+    [path] = [entry.decode() for entry in environ if entry.startswith(b"PATH=")]
+    assert path.startswith(f"PATH={os.environ['PATH']}"), "the inherited environment is kept, PATH first"
+    assert os.path.dirname(sys.executable) in path.split(":"), "the llamaswap console script can be found"
 
 
-# -- crash recovery helpers ---------------------------------------------------------------------
+# -- what identifies a process group after a crash ------------------------------------------------
 
 
-def test_kill_process_group_checks_the_command_line_before_killing():
-    leader = subprocess.Popen(["sleep", "300"], start_new_session=True)
+async def test_the_process_group_is_reported_when_spawned_before_it_is_healthy_and_gone_after_the_stop(harness):
+    model = harness.process(fakemodel_config("--load-delay", "30"))
+    starting = asyncio.create_task(model.start())
+    [(spawned, state)] = await wait_until(lambda: harness.spawned, "the process group was reported")
+    assert state == "starting"
+    assert spawned.model == "m" and spawned.pid == model.pgid
+    assert spawned.start_ticks == proctable.start_ticks(spawned.pid) is not None
+    assert proctable.has_environment_entry(spawned.pid, f"{PROCESS_MARKER_VARIABLE}={spawned.marker}")
+    assert harness.gone == []
+
+    await model.stop()
+    with pytest.raises(ModelStartError):
+        await starting
+    assert harness.gone == [spawned]
+
+
+async def test_every_start_gets_its_own_marker_and_a_failed_one_is_reported_gone(harness):
+    model = harness.process(fakemodel_config("--exit-at-start", "3"))
+    for _ in range(2):
+        with pytest.raises(ModelStartError):
+            await model.start()
+    spawned = [spawned for spawned, _ in harness.spawned]
+    assert harness.gone == spawned
+    assert len({s.marker for s in spawned}) == 2
+
+
+# -- whose server answers on the model's port -----------------------------------------------------
+
+
+async def test_a_port_held_by_another_process_fails_the_start_without_running_the_model(harness):
+    config = fakemodel_config()
+    port = int(config.proxy.rsplit(":", 1)[1])
+    with socket.socket() as foreign:
+        foreign.bind(("127.0.0.1", port))
+        foreign.listen()
+        model = harness.process(config)
+        with pytest.raises(ModelStartError) as raised:
+            await model.start()
+    assert raised.value.reason == f"port {port} (from its proxy {config.proxy}) is in use by another process"
+    assert raised.value.log_tail is None and harness.spawned == []
+    assert model.state == "stopped"
+    await model.start()  # once the port is free again, the model starts
+    assert model.state == "ready"
+
+
+async def test_a_health_check_answered_by_another_process_while_the_model_fails_is_not_ready(harness, tmp_path):
+    """Another server takes the port between the check and the model's own bind: the model exits,
+    and the other server's 200 must not make it ready."""
+    port = model_ports(1)
+    foreign_log, foreign_pid = tmp_path / "foreign.log", tmp_path / "foreign.pid"
+    script = tmp_path / "loses_its_port.py"
+    script.write_text(textwrap.dedent(f"""
+        import subprocess, sys, time
+        with open({str(foreign_log)!r}, "w") as log:
+            foreign = subprocess.Popen([sys.executable, "-m", "proxy.fakemodel", "--port", "{port}"],
+                                       start_new_session=True, stdout=log, stderr=log)
+        open({str(foreign_pid)!r}, "w").write(str(foreign.pid))
+        while "GET /health" not in open({str(foreign_log)!r}).read():  # the service asked, and got 200
+            time.sleep(0.005)
+        sys.exit(1)  # as a server does when its port is taken
+    """))
+    config = ModelConfigDouble(id="m", cmd=(sys.executable, str(script)), proxy=f"http://127.0.0.1:{port}")
+    model = harness.process(config)
     try:
-        assert process_group_alive(leader.pid)
-        assert kill_process_group(leader.pid, expect_cmdline=["sleep", "301"]) is False
-        assert process_group_alive(leader.pid)
-
-        assert kill_process_group(leader.pid, expect_cmdline=["sleep", "300"]) is True
-        assert not process_group_alive(leader.pid)
-        assert leader.wait(timeout=DEADLINE_S) == -signal.SIGTERM
-        assert kill_process_group(leader.pid) is False
+        with pytest.raises(ModelStartError) as raised:
+            await model.start()
     finally:
-        if leader.poll() is None:
-            leader.kill()
-            leader.wait()
+        os.kill(int(foreign_pid.read_text()), signal.SIGKILL)
+    assert raised.value.reason == (
+        "exited with status 1 before becoming healthy, while another process answered its health check"
+    )
+    assert model.state == "stopped"
+
+
+async def test_a_model_served_from_outside_its_group_becomes_ready_once_it_stays_up(harness, tmp_path):
+    """Like a container whose port is forwarded by another process: the answer is not provably the
+    model's own, so it counts once the model's process has stayed up after it."""
+    port = model_ports(1)
+    server_pid = tmp_path / "server.pid"
+    script = tmp_path / "forwarded.py"
+    script.write_text(textwrap.dedent(f"""
+        import subprocess, sys
+        server = subprocess.Popen([sys.executable, "-m", "proxy.fakemodel", "--port", "{port}"],
+                                  start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        open({str(server_pid)!r}, "w").write(str(server.pid))
+        server.wait()
+    """))
+    config = ModelConfigDouble(id="m", cmd=(sys.executable, str(script)), proxy=f"http://127.0.0.1:{port}")
+    model = harness.process(config)
+    try:
+        await model.start()
+        assert model.state == "ready"
+        assert proctable.group_listens_on(model.pgid, port) is False
+    finally:
+        if server_pid.exists():
+            os.kill(int(server_pid.read_text()), signal.SIGKILL)
+
+
+async def test_a_model_on_another_host_without_a_health_check_starts(harness):
+    # 192.0.2.0/24 is reserved for documentation: never an address of this machine.
+    config = ModelConfigDouble(id="remote", cmd=("sleep", "300"), proxy="http://192.0.2.1:8080", check_endpoint=None)
+    model = harness.process(config)
+    await model.start()
+    assert model.state == "ready"
+
+
+async def test_a_health_check_that_cannot_run_fails_the_start_with_its_reason(harness):
+    config = fakemodel_config(check_endpoint="/health\n")
+    model = harness.process(config)
+    with pytest.raises(ModelStartError) as raised:
+        await model.start()
+    assert raised.value.reason.startswith("its health check could not run: Invalid non-printable ASCII character")
+    assert model.state == "stopped"
 
 
 # -- the per-model output log -------------------------------------------------------------------
