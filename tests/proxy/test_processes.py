@@ -30,7 +30,6 @@ from proxy.processes import (
     ModelProcess,
     ModelStartError,
     SpawnedProcess,
-    process_group_alive,
 )
 from tests.served import model_ports
 
