@@ -30,6 +30,9 @@ class StartModel:
 class StopModel:
     """Stop `model` ("ttl", "unload", "evict", "reload" or "shutdown"); answer with `model_stopped`.
 
+    Only "unload" and "shutdown" stop a model that is serving: an unload is immediate, so the
+    runtime cuts those requests and reports each `finished`.
+
     If the stop cuts a start short, report that start's outcome (`model_failed`) before
     `model_stopped`, so it cannot be mistaken for the outcome of a later start.
     """

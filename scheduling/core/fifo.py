@@ -88,6 +88,7 @@ class FifoScheduler:
         for index, item in enumerate(self._queue):
             if item.ticket.id == ticket_id:
                 del self._queue[index]
+                self._fleet.end_waiting(item.ticket.model, now)
                 self._release(item.ticket.model)
                 return [Dequeued(ticket_id, "cancelled")]
         for swap in self._swaps.values():
@@ -112,7 +113,7 @@ class FifoScheduler:
             if item.ticket.id == ticket_id:
                 del self._queue[index]
                 spec = self._fleet.spec(item.ticket.model)
-                self._enqueue(
+                self._insert(
                     _Queued(replace(item.ticket, priority=priority), spec.fifo_priority + priority, item.order)
                 )
                 break
@@ -152,7 +153,7 @@ class FifoScheduler:
     def unload(self, models: Iterable[str] | None, now: float) -> list[Effect]:
         """Stop the given models (None: all). Requests waiting for them, queued or on a start,
         get "model unloaded"; requests for other models stay queued. Running requests are cut
-        by the stop itself."""
+        by the runtime when it carries out the stop."""
         if models is None:
             names = {*self._fleet.ids(), *self._fleet.departing()}
         else:
@@ -165,6 +166,7 @@ class FifoScheduler:
         staying = []
         for item in self._queue:
             if item.ticket.model in names:
+                self._fleet.end_waiting(item.ticket.model, now)
                 effects.append(self._refuse(item.ticket, rejections.unloaded(item.ticket.id, item.ticket.model)))
             else:
                 staying.append(item)
@@ -208,7 +210,11 @@ class FifoScheduler:
         orphaned: dict[str, list[_Queued]] = {model: [] for model in removed}
         staying = []
         for item in self._queue:
-            (orphaned[item.ticket.model] if item.ticket.model in removed else staying).append(item)
+            if item.ticket.model in removed:
+                self._fleet.end_waiting(item.ticket.model, now)
+                orphaned[item.ticket.model].append(item)
+            else:
+                staying.append(item)
         self._queue = staying
         effects: list[Effect] = []
         for model in sorted(removed | restarted):
@@ -225,6 +231,7 @@ class FifoScheduler:
                 effects.append(self._refuse(item.ticket, rejections.shutting_down(item.ticket.id)))
         self._swaps.clear()
         for item in self._queue:
+            self._fleet.end_waiting(item.ticket.model, now)
             effects.append(self._refuse(item.ticket, rejections.shutting_down(item.ticket.id)))
         self._queue.clear()
         effects += [
@@ -298,7 +305,9 @@ class FifoScheduler:
         for item in self._queue:
             proceeded, routed = self._route(item, now)
             effects += routed
-            if not proceeded:
+            if proceeded:
+                self._fleet.end_waiting(item.ticket.model, now)
+            else:
                 staying.append(item)
         self._queue = staying
         return effects
@@ -353,6 +362,10 @@ class FifoScheduler:
         return [self._stop(model, "reload")] if self._fleet.due_for_retirement(model) else []
 
     def _enqueue(self, item: _Queued) -> None:
+        self._insert(item)
+        self._fleet.begin_waiting(item.ticket.model)
+
+    def _insert(self, item: _Queued) -> None:
         bisect.insort(self._queue, item, key=lambda queued: queued.sort_key)
 
     def _holds(self, ticket_id: int) -> bool:

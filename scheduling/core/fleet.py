@@ -1,5 +1,10 @@
 """What the scheduler believes about each model process: lifecycle state, requests being
-served, and the idle clock that drives TTL unloads.
+served or waiting, and the idle clock that drives TTL unloads.
+
+A model is idle only when it serves nothing and no request waits for it: a model
+that requests are queued for (behind another model's job, say) is about to be
+used, and unloading it would only make them wait for it to load again. Its TTL
+counts from the moment it last became idle.
 
 The runtime reports transitions (ready, failed, stopped); the schedulers record
 their own requests (starting, stopping, serving). Nothing here acts.
@@ -31,6 +36,7 @@ class ModelFleet:
         self._specs = dict(models)
         self._state: dict[str, ModelState] = {}  # absent = stopped
         self._serving: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}
         self._idle_since: dict[str, float] = {}
         self._retiring: set[str] = set()
 
@@ -113,23 +119,37 @@ class ModelFleet:
         """A retiring model that is up and idle: stop it now."""
         return model in self._retiring and self.state(model) is ModelState.READY and not self.serving(model)
 
+    def waiting(self, model: str) -> int:
+        """Queued requests for `model` (not those waiting on its start, nor those it serves)."""
+        return self._waiting.get(model, 0)
+
     def begin_serving(self, model: str) -> None:
         self._serving[model] = self._serving.get(model, 0) + 1
 
     def end_serving(self, model: str, now: float) -> None:
-        """One request on `model` ended; the idle clock restarts when the last one does."""
-        remaining = self._serving.get(model, 0) - 1
-        if remaining > 0:
-            self._serving[model] = remaining
-            return
-        self._serving.pop(model, None)
-        if model in self._idle_since:
+        """One request on `model` ended; the idle clock restarts if that left the model idle."""
+        _decrement(self._serving, model)
+        self._restart_idle_clock(model, now)
+
+    def begin_waiting(self, model: str) -> None:
+        """A request for `model` joined the queue."""
+        self._waiting[model] = self._waiting.get(model, 0) + 1
+
+    def end_waiting(self, model: str, now: float) -> None:
+        """A request for `model` left the queue (dispatched, cancelled or refused)."""
+        _decrement(self._waiting, model)
+        self._restart_idle_clock(model, now)
+
+    def _restart_idle_clock(self, model: str, now: float) -> None:
+        if model in self._idle_since and not self.serving(model) and not self.waiting(model):
             self._idle_since[model] = now
 
     def _ttl_deadline(self, model: str) -> float | None:
         """When an idle, ready model with a TTL should be unloaded; None if it should not
         (a retiring model is stopped by the reload instead)."""
-        if model in self._retiring or self.state(model) is not ModelState.READY or self.serving(model):
+        if model in self._retiring or self.state(model) is not ModelState.READY:
+            return None
+        if self.serving(model) or self.waiting(model):
             return None
         ttl = self._specs[model].ttl
         if ttl <= 0:
@@ -147,3 +167,11 @@ class ModelFleet:
     def next_ttl_deadline(self) -> float | None:
         deadlines = [d for model in self.loaded() if (d := self._ttl_deadline(model)) is not None]
         return min(deadlines, default=None)
+
+
+def _decrement(counts: dict[str, int], model: str) -> None:
+    remaining = counts.get(model, 0) - 1
+    if remaining > 0:
+        counts[model] = remaining
+    else:
+        counts.pop(model, None)

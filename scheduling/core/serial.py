@@ -56,12 +56,12 @@ class SerialScheduler:
             return [rejections.unknown_model(ticket.id, ticket.model)]
         if self._holds(ticket.id):
             raise ValueError(f"ticket #{ticket.id} was already submitted; ticket ids must be unique")
-        self._queue.add(ticket)
+        self._enqueue(ticket)
         return self._dispatch(now)
 
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
         """The client left (or an operator cancelled): drop it wherever it is. Idempotent."""
-        if self._queue.remove(ticket_id) is not None:
+        if self._dequeue(ticket_id, now) is not None:
             return [Dequeued(ticket_id, "cancelled")]
         launch = self._launch
         if launch is not None and launch.ticket is not None and launch.ticket.id == ticket_id:
@@ -113,7 +113,7 @@ class SerialScheduler:
             effects.append(rejections.start_failed(launch.ticket.id, model, reason))
         if not replaced_config:  # a start with the reloaded config may well succeed: let them try
             for ticket in self._queue.tickets_for(model):
-                self._queue.remove(ticket.id)
+                self._dequeue(ticket.id, now)
                 effects.append(rejections.start_failed(ticket.id, model, reason))
         return effects + self._dispatch(now)
 
@@ -127,7 +127,8 @@ class SerialScheduler:
 
     def unload(self, models: Iterable[str] | None, now: float) -> list[Effect]:
         """Stop the given models (None: every running or starting one). A request whose model
-        was starting is told so; waiting requests stay queued and will start it again."""
+        was starting is told so; one it was serving is cut by the runtime when it carries out the
+        stop (and reported `finished`); waiting requests stay queued and will start it again."""
         active = (ModelState.READY, ModelState.STARTING)
         targets = (
             self._fleet.in_state(*active)
@@ -176,7 +177,7 @@ class SerialScheduler:
         replaced = sorted(set(removed) | (set(restart) & models.keys()))
         effects: list[Effect] = []
         for model in replaced:
-            effects += self._remove(model) if model in removed else self._restart(model)
+            effects += self._remove(model, now) if model in removed else self._restart(model)
         return effects + self._start_launch() + self._dispatch(now)
 
     def shutdown(self, now: float) -> list[Effect]:
@@ -189,7 +190,9 @@ class SerialScheduler:
         if self._launch is not None and self._launch.ticket is not None:
             effects.append(rejections.shutting_down(self._launch.ticket.id))
         self._launch = None
-        effects += [rejections.shutting_down(ticket.id) for ticket in self._queue.remove_all()]
+        for ticket in self._queue.remove_all():
+            self._fleet.end_waiting(ticket.model, now)
+            effects.append(rejections.shutting_down(ticket.id))
         effects += [
             self._stop(model, "shutdown") for model in self._fleet.in_state(ModelState.READY, ModelState.STARTING)
         ]
@@ -232,7 +235,7 @@ class SerialScheduler:
         if pick is None:
             return []
         ticket = pick.ticket
-        self._queue.remove(ticket.id)
+        self._dequeue(ticket.id, now)
         ready = ticket.model in loaded
         decision = Decision(
             ticket_id=ticket.id,
@@ -273,12 +276,22 @@ class SerialScheduler:
         launch.started = True
         return [StartModel(launch.model, tuple(sorted(victims)))]
 
+    def _enqueue(self, ticket: Ticket) -> None:
+        self._queue.add(ticket)
+        self._fleet.begin_waiting(ticket.model)
+
+    def _dequeue(self, ticket_id: int, now: float) -> Ticket | None:
+        ticket = self._queue.remove(ticket_id)
+        if ticket is not None:
+            self._fleet.end_waiting(ticket.model, now)
+        return ticket
+
     def _grant(self, ticket: Ticket, decision: Decision) -> Grant:
         self._running = ticket
         self._fleet.begin_serving(ticket.model)
         return Grant(ticket.id, ticket.model, decision)
 
-    def _remove(self, model: str) -> list[Effect]:
+    def _remove(self, model: str, now: float) -> list[Effect]:
         """A model the reload dropped: refuse whoever waits for it, and stop it once idle. A start
         under way is cut short, since nobody is left to use it."""
         effects: list[Effect] = []
@@ -288,7 +301,7 @@ class SerialScheduler:
             if launch.ticket is not None:
                 effects.append(rejections.removed(launch.ticket.id, model))
         for ticket in self._queue.tickets_for(model):
-            self._queue.remove(ticket.id)
+            self._dequeue(ticket.id, now)
             effects.append(rejections.removed(ticket.id, model))
         if self._fleet.state(model) is ModelState.STARTING or self._fleet.retire(model):
             effects.append(self._stop(model, "reload"))
@@ -299,7 +312,7 @@ class SerialScheduler:
         config, so the request it was for waits again, for a start with the new one."""
         launch = self._launch
         if launch is not None and launch.model == model and launch.started and launch.ticket is not None:
-            self._queue.add(launch.ticket)
+            self._enqueue(launch.ticket)
             launch.ticket = None
         return [self._stop(model, "reload")] if self._fleet.retire(model) else []
 
