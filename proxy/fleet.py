@@ -93,7 +93,10 @@ class ModelFleet:
 
     async def stop(self, model: str) -> None:
         retiring = self._retiring.get(model)
-        await (retiring or self.processes[model]).stop()
+        process = retiring or self.processes.get(model)
+        if process is None:
+            return  # a removed model whose process already exited on its own: nothing left to stop
+        await process.stop()
         if retiring is not None and self._retiring.get(model) is retiring:
             del self._retiring[model]
 

@@ -19,8 +19,13 @@ MAX_KEEPALIVE = 64
 
 
 def build_client(timeouts) -> httpx.AsyncClient:
-    """A client with the model's `timeouts` (connect, and read = response header and gaps between chunks)."""
+    """A client with the model's `timeouts` (connect, and read = response header and gaps between chunks).
+
+    It ignores HTTP_PROXY and friends: model servers are the machine's own (or the LAN's), and an
+    environment set up for reaching the internet must not send their traffic through a proxy.
+    """
     return httpx.AsyncClient(
+        trust_env=False,
         timeout=httpx.Timeout(connect=timeouts.connect, read=timeouts.response_header, write=WRITE_TIMEOUT_S, pool=None),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=MAX_KEEPALIVE),
     )
