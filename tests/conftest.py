@@ -9,6 +9,7 @@ covers every test, including skips declared by markers or raised at import time.
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
@@ -43,3 +44,23 @@ def pytest_make_collect_report(collector):
     if skips_fail() and report.skipped:
         fail_the_skip(report)
     return report
+
+
+POSTGRES_ADMIN_URL = os.environ.get("LLAMASWAP_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+def postgres():
+    """A fresh database on the local PostgreSQL server, dropped afterwards: (url, psycopg)."""
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL at {POSTGRES_ADMIN_URL}: {exc}")
+    name = f"llamaswap_test_{uuid.uuid4().hex[:12]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + name, psycopg
+    finally:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()

@@ -7,10 +7,8 @@ reuse its ticket ids.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import uuid
 
 import httpx
 import pytest
@@ -20,7 +18,6 @@ from tests.served import REPO, Served, fake_cmd, model_ports, wait_until
 
 pytestmark = pytest.mark.e2e
 
-POSTGRES_ADMIN_URL = os.environ.get("LLAMASWAP_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
 def config() -> str:
@@ -127,23 +124,6 @@ def test_a_second_service_on_the_same_data_dir_refuses_to_start_and_leaves_the_f
         following.stop()
 
 
-@pytest.fixture
-def postgres():
-    """A fresh database on the local PostgreSQL server, dropped afterwards: (url, psycopg)."""
-    psycopg = pytest.importorskip("psycopg")
-    try:
-        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"no PostgreSQL at {POSTGRES_ADMIN_URL}: {exc}")
-    name = f"llamaswap_test_{uuid.uuid4().hex[:12]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + name, psycopg
-    finally:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
 
 
 def test_two_data_dirs_on_one_postgresql_database_get_one_service(tmp_path, postgres):

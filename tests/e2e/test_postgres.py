@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 
 import httpx
 import pytest
@@ -12,28 +10,12 @@ from tests.served import Served, fake_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
 
-ADMIN_URL = os.environ.get("LLAMASWAP_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
-@pytest.fixture
-def database():
-    """A fresh database on the local server, dropped afterwards."""
-    psycopg = pytest.importorskip("psycopg")
-    try:
-        admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {ADMIN_URL}: {exc}")
-    name = f"llamaswap_test_{uuid.uuid4().hex[:12]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield ADMIN_URL.rsplit("/", 1)[0] + "/" + name, psycopg
-    finally:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
 
 
-def test_requests_are_recorded_in_postgresql(tmp_path, database):
-    url, psycopg = database
+def test_requests_are_recorded_in_postgresql(tmp_path, postgres):
+    url, psycopg = postgres
     text = f"""
         models:
           m:

@@ -7,11 +7,9 @@ neither fail the batch it travels in nor lose its own row.
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import textwrap
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -26,26 +24,8 @@ pytestmark = pytest.mark.e2e
 
 INT64_MAX = 2**63 - 1
 QUEUE = "/admin/scheduling/waitingrequest/"
-POSTGRES_ADMIN_URL = os.environ.get("LLAMASWAP_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
-@pytest.fixture
-def postgres():
-    """A fresh database on the local PostgreSQL server, dropped afterwards: (url, psycopg)."""
-    psycopg = pytest.importorskip("psycopg")
-    try:
-        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"no PostgreSQL at {POSTGRES_ADMIN_URL}: {exc}")
-    name = f"llamaswap_test_{uuid.uuid4().hex[:12]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + name, psycopg
-    finally:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
 
 
 def postgres_rows(url: str, psycopg) -> list[dict]:
