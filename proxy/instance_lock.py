@@ -8,20 +8,32 @@ before it migrates or recovers anything and holds it for its whole life: an floc
 share), a session advisory lock on a connection kept open. The kernel and the database server drop
 both when the process ends, SIGKILL included, so there is nothing to clean up after a crash.
 
+The database server also drops the advisory lock when only the connection ends (a server restart, a
+failover, a terminated backend). A watchdog thread therefore checks the lock connection every few
+seconds and takes the lock again on a new connection; if another service took it meanwhile, this one
+shuts down rather than share the database.
+
 Only serving takes it: `migrate`, `createsuperuser`, `serve --check` and `fakemodel` never do.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
+import signal
 import socket
+import threading
 from pathlib import Path
 
 LOCK_FILE = "llamaswap.lock"
 # pg_try_advisory_lock(int4, int4) key: "llam", "swap". Advisory locks are per database.
-_ADVISORY_KEY = (0x6C6C616D, 0x73776170)
+ADVISORY_KEY = (0x6C6C616D, 0x73776170)
 
+# How often the watchdog checks that the PostgreSQL lock connection is still there.
+WATCH_INTERVAL_S = float(os.environ.get("LLAMASWAP_LOCK_CHECK_SECONDS", "2"))
+
+log = logging.getLogger("llamaswap.lock")
 _held: list = []  # the open lock file and PostgreSQL connection; closing either would free the lock
 
 
@@ -45,6 +57,38 @@ def hold_instance_lock() -> None:
         os.close(lock_file)
         raise
     _held.extend([lock_file, connection])
+    if connection is not None:
+        threading.Thread(
+            target=_watch_database_lock, args=(settings.DATABASES["default"],), name="llamaswap-lock-watchdog",
+            daemon=True,
+        ).start()
+
+
+def _watch_database_lock(database: dict) -> None:
+    """Keep the advisory lock for the process's life, even when its connection is dropped under it."""
+    import psycopg
+
+    stop = threading.Event()
+    while not stop.wait(WATCH_INTERVAL_S):
+        try:
+            _held[1].execute("SELECT 1")
+            continue
+        except psycopg.Error as exc:
+            log.warning("the connection holding the database lock was lost (%s); taking the lock again", exc)
+        try:
+            _held[1].close()
+        except psycopg.Error:
+            pass
+        try:
+            _held[1] = _lock_database(database)
+        except InstanceLockError as exc:
+            if "cannot connect" in str(exc):
+                log.error("%s; trying again in %gs", exc, WATCH_INTERVAL_S)
+                continue  # the server is down: nobody else can take the lock while it is
+            log.critical("lost the database lock: %s; shutting down", exc)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        log.warning("took the database lock again")
 
 
 def _lock_data_dir(data_dir: Path) -> int:
@@ -83,7 +127,7 @@ def _lock_database(database: dict):
     except psycopg.Error as exc:
         raise InstanceLockError(f"cannot connect to {where} (DATABASE_URL): {exc}") from None
     try:
-        locked = connection.execute("SELECT pg_try_advisory_lock(%s::int4, %s::int4)", _ADVISORY_KEY).fetchone()[0]
+        locked = connection.execute("SELECT pg_try_advisory_lock(%s::int4, %s::int4)", ADVISORY_KEY).fetchone()[0]
         holder = None if locked else _advisory_holder(connection)
     except BaseException:
         connection.close()
@@ -104,6 +148,6 @@ def _advisory_holder(connection) -> str | None:
         "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
         " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::int8::oid AND l.objid = %s::int8::oid"
         " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        _ADVISORY_KEY,
+        ADVISORY_KEY,
     ).fetchone()
     return row[0] if row and row[0] else None

@@ -228,10 +228,11 @@ def _write_process_records(batch: list) -> None:
 
     for item in batch:
         if isinstance(item, _ProcessStarted):
-            ModelProcessRecord.objects.update_or_create(marker=item.marker, defaults={
+            # Fitted like request rows: a record refused for a 300-character model id would leave an orphan.
+            ModelProcessRecord.objects.update_or_create(marker=item.marker, defaults=storable(ModelProcessRecord, {
                 "model": item.model, "pid": item.pid, "pgid": item.pgid, "cmdline": item.cmdline,
                 "start_ticks": item.start_ticks,
-            })
+            }))
         elif isinstance(item, _ProcessStopped):
             ModelProcessRecord.objects.filter(marker=item.marker).delete()
 

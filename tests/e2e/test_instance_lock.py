@@ -13,6 +13,7 @@ import sys
 import httpx
 import pytest
 
+from proxy.instance_lock import ADVISORY_KEY
 from tests.e2e.conftest import db_rows
 from tests.served import REPO, Served, fake_cmd, model_ports, wait_until
 
@@ -165,3 +166,66 @@ def test_two_data_dirs_on_one_postgresql_database_get_one_service(tmp_path, post
         wait_until(lambda: rows() == [(1, "completed"), (2, "completed")], what="the new service's row")
     finally:
         following.stop()
+
+
+def terminate_lock_session(url: str, psycopg, pid: int) -> None:
+    """Drop the service's lock connection at the server, as a PostgreSQL restart or failover would."""
+    with psycopg.connect(url, autocommit=True) as con:
+        ended = con.execute(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name LIKE %s) AS ended", (f"llamaswap serve pid {pid} on %",),
+        ).fetchone()[0]
+    assert ended == 1
+
+
+def test_a_dropped_lock_connection_is_taken_again_before_another_service_can_start(tmp_path, postgres):
+    url, psycopg = postgres
+    lock_check = {"DATABASE_URL": url, "LLAMASWAP_LOCK_CHECK_SECONDS": "0.2"}
+    first = Served(tmp_path, config(), env=lock_check).start()
+    try:
+        terminate_lock_session(url, psycopg, first.proc.pid)
+        wait_until(lambda: "took the database lock again" in first.log(), what="the service to take its lock again")
+        status, stderr = second_serve(first, {"LLAMASWAP_DATA_DIR": str(tmp_path / "other-data")})
+        assert status != 0 and "is already serving the PostgreSQL database" in stderr, stderr
+        answer = httpx.post(first.base + "/v1/chat/completions", timeout=30,
+                            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 200
+    finally:
+        first.stop()
+
+
+def test_a_service_whose_lock_another_took_meanwhile_shuts_down(tmp_path, postgres):
+    url, psycopg = postgres
+    first = Served(tmp_path, config(), env={"DATABASE_URL": url, "LLAMASWAP_LOCK_CHECK_SECONDS": "1"}).start()
+    try:
+        with psycopg.connect(url, autocommit=True) as thief:
+            terminate_lock_session(url, psycopg, first.proc.pid)
+            assert thief.execute("SELECT pg_try_advisory_lock(%s::int4, %s::int4)", ADVISORY_KEY).fetchone()[0]
+            assert first.proc.wait(30) is not None
+        assert "lost the database lock" in first.log()
+    finally:
+        first.kill()
+
+
+def test_a_model_id_beyond_its_column_still_gets_its_process_recorded(tmp_path, postgres):
+    """Without its record, a restart after SIGKILL could not find and stop the model's process."""
+    url, psycopg = postgres
+    long_id = "L" * 300
+    text = f"""
+        models:
+          {long_id}:
+            cmd: {fake_cmd("m")}
+            proxy: http://127.0.0.1:${{PORT}}
+    """
+    with Served(tmp_path, text, env={"DATABASE_URL": url}) as served:
+        answer = httpx.post(served.base + "/v1/chat/completions", timeout=30,
+                            json={"model": long_id, "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 200
+
+        def records():
+            with psycopg.connect(url) as con:
+                return con.execute("SELECT model, pgid FROM scheduling_modelprocessrecord").fetchall()
+
+        recorded = wait_until(records, what="the model's process record")
+        assert recorded[0][0] == long_id[:255]
+        assert "could not record" not in served.log()

@@ -176,7 +176,8 @@ class Command(BaseCommand):
                 start_failure.append(f"{type(exc).__name__}: {exc}")
                 reactor.stop()
                 return
-            self.stdout.write(f"llamaswap serving on http://{host}:{port} (scheduler: {service.config.scheduler.use})")
+            shown = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
+            self.stdout.write(f"llamaswap serving on http://{shown}:{port} (scheduler: {service.config.scheduler.use})")
             self.stdout.flush()
 
         # Twisted runs `callWhenRunning` callbacks before the asyncio loop spins; call_soon waits for it.
