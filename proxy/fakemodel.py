@@ -15,7 +15,13 @@ Per-request behaviour can be changed with the JSON body key ``"fake"``:
 
 ``--events FILE`` gets one JSON line per request "start", "end" or "disconnect" (not for
 ``GET /health``); "end" is written just before the response's last bytes, so a client that has
-read a whole response always finds it.
+read a whole response always finds it. "start" carries ``in_flight``, the number of requests
+being served at that moment, itself included.
+
+``--parallel N`` serves at most N requests at once, as llama-server does with ``-np N``: the
+others wait in arrival order for a free slot (a "queued" event records each one that has to),
+and one whose client leaves while it waits is dropped. GET requests never take a slot. Without
+it every request is served at once.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections import deque
+from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs
 
@@ -96,6 +104,49 @@ class EventLog:
             self._file.flush()
 
 
+class Slots:
+    """At most `limit` holders at a time (0: no limit), granted in arrival order like llama-server's task queue.
+
+    A plain semaphore does not promise first-come first-served among waiting threads; this does."""
+
+    # How often a waiting request checks whether its client is still there.
+    POLL_S = 0.05
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._changed = threading.Condition()
+        self._waiting: deque[object] = deque()
+        self.in_flight = 0
+
+    def _free_for(self, ticket: object) -> bool:
+        return (self.limit == 0 or self.in_flight < self.limit) and self._waiting[0] is ticket
+
+    @contextmanager
+    def held(self, on_wait: Callable[[int], None], client_gone: Callable[[], bool]) -> Iterator[int]:
+        """Hold a slot for the block, yielding the number in flight; ClientGone if the client leaves first."""
+        ticket = object()
+        with self._changed:
+            self._waiting.append(ticket)
+            if not self._free_for(ticket):
+                on_wait(self.in_flight)
+            while not self._free_for(ticket):
+                self._changed.wait(self.POLL_S)
+                if client_gone():
+                    self._waiting.remove(ticket)
+                    self._changed.notify_all()
+                    raise ClientGone
+            self._waiting.popleft()
+            self.in_flight += 1
+            in_flight = self.in_flight
+            self._changed.notify_all()
+        try:
+            yield in_flight
+        finally:
+            with self._changed:
+                self.in_flight -= 1
+                self._changed.notify_all()
+
+
 class FakeModelServer(ThreadingHTTPServer):
     """Holds the behaviour and the loading state shared by all request threads."""
 
@@ -103,10 +154,11 @@ class FakeModelServer(ThreadingHTTPServer):
     # Like a real model server, accept a burst of connections (the stdlib default is 5).
     request_queue_size = 1024
 
-    def __init__(self, address: tuple[str, int], behaviour: Behaviour, events: EventLog):
+    def __init__(self, address: tuple[str, int], behaviour: Behaviour, events: EventLog, parallel: int = 0):
         super().__init__(address, FakeModelHandler)
         self.behaviour = behaviour
         self.events = events
+        self.slots = Slots(parallel)
         self.loaded = threading.Event()
         self._sequence = 0
         self._sequence_lock = threading.Lock()
@@ -340,27 +392,39 @@ class FakeModelHandler(BaseHTTPRequestHandler):
             "priority": self.headers.get("X-LlamaSwap-Priority"),
             "headers": {name.lower(): value for name, value in self.headers.items()},
         }
-        self.server.events.record("start", **event)
-        self._pending_end = event
-        self.server.loaded.wait()
         try:
-            try:
-                delay = float(fake.get("delay") or 0)
-                status = int(fake.get("status") or 0)
-                generation = self._generation(body, fake)
-            except (TypeError, ValueError) as exc:
-                self._respond_error(400, f"invalid request parameter: {exc}")
+            if self.command == "GET":
+                self._serve(body, fake, event, in_flight=None)
                 return
-            if delay and self._client_gone(delay):
-                raise ClientGone
-            if status:
-                self._respond_error(status, f"fake error {status} requested by the client")
-            else:
-                self._route(body, generation)
+
+            def queued(in_flight: int) -> None:
+                self.server.events.record("queued", in_flight=in_flight, **event)
+
+            with self.server.slots.held(queued, lambda: self._client_gone(0)) as in_flight:
+                self._serve(body, fake, event, in_flight)
         except (ClientGone, BrokenPipeError, ConnectionResetError):
             self.close_connection = True
             self._pending_end = None
             self.server.events.record("disconnect", **event)
+
+    def _serve(self, body: dict[str, Any], fake: dict[str, Any], event: dict[str, Any], in_flight: int | None) -> None:
+        """Answer the request, which holds a slot if it needs one (`in_flight` counts it)."""
+        self.server.events.record("start", in_flight=in_flight, **event)
+        self._pending_end = event
+        self.server.loaded.wait()
+        try:
+            delay = float(fake.get("delay") or 0)
+            status = int(fake.get("status") or 0)
+            generation = self._generation(body, fake)
+        except (TypeError, ValueError) as exc:
+            self._respond_error(400, f"invalid request parameter: {exc}")
+            return
+        if delay and self._client_gone(delay):
+            raise ClientGone
+        if status:
+            self._respond_error(status, f"fake error {status} requested by the client")
+        else:
+            self._route(body, generation)
 
     def _route(self, body: dict[str, Any], generation: Generation) -> None:
         path, _, query = self.path.partition("?")
@@ -551,6 +615,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hang-at-start", action="store_true", help="open the port but never become healthy")
     parser.add_argument("--crash-after-tokens", type=int, metavar="N", help="exit abruptly after N tokens of a request")
     parser.add_argument("--ignore-sigterm", action="store_true", help="survive SIGTERM (only SIGKILL stops it)")
+    parser.add_argument(
+        "--parallel", type=int, default=0, metavar="N", help="serve at most N requests at once (0: no limit)"
+    )
     parser.add_argument("--events", metavar="FILE", help="append one JSON line per request start/end/disconnect")
     return parser.parse_args(argv)
 
@@ -568,6 +635,9 @@ def install_sigterm_handler(ignore: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.parallel < 0:
+        sys.stderr.write(f"fakemodel: --parallel must be 0 (no limit) or more, not {args.parallel}\n")
+        return 2
     if args.exit_at_start is not None:
         sys.stderr.write(f"fakemodel: exiting at start with status {args.exit_at_start} as requested\n")
         sys.stderr.flush()
@@ -577,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model, tps=args.tps, tokens=args.tokens, crash_after_tokens=args.crash_after_tokens
     )
     try:
-        server = FakeModelServer((args.host, args.port), behaviour, EventLog(args.events))
+        server = FakeModelServer((args.host, args.port), behaviour, EventLog(args.events), args.parallel)
     except OSError as exc:
         sys.stderr.write(f"fakemodel: cannot listen on {args.host}:{args.port}: {exc.strerror}\n")
         return 1

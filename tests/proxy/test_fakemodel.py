@@ -320,3 +320,74 @@ def test_ignore_sigterm_survives_until_sigkill(launch):
         assert client.get("/health").status_code == 200
     model.process.kill()
     assert model.process.wait(timeout=DEADLINE_S) == -signal.SIGKILL
+
+
+def open_stream(model: FakeModel, request_id: str) -> socket.socket:
+    """Send a long streamed chat request on a raw connection and leave it open."""
+    host, port = model.url.removeprefix("http://").split(":")
+    body = json.dumps(chat(stream=True, fake={"id": request_id})).encode()
+    connection = socket.create_connection((host, int(port)), timeout=DEADLINE_S)
+    connection.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    return connection
+
+
+def events_of(model: FakeModel, kind: str, request_id: str) -> list[dict[str, Any]]:
+    return [e for e in model.events() if e["event"] == kind and e["id"] == request_id]
+
+
+def test_parallel_serves_n_at_once_and_queues_the_next_in_arrival_order(launch):
+    model = launch("--parallel", "2", "--tps", "20", "--tokens", "100000")
+    first, second = open_stream(model, "a"), open_stream(model, "b")
+    wait_until(lambda: events_of(model, "start", "a") and events_of(model, "start", "b"), "two requests started")
+    third = open_stream(model, "c")
+    wait_until(lambda: events_of(model, "queued", "c"), "the third request queued")
+    fourth = open_stream(model, "d")
+    wait_until(lambda: events_of(model, "queued", "d"), "the fourth request queued")
+    with model.client() as client:
+        assert client.get("/v1/models").status_code == 200  # a GET takes no slot
+    assert not events_of(model, "start", "c") and not events_of(model, "start", "d")
+
+    first.close()
+    wait_until(lambda: events_of(model, "start", "c"), "the third request took the freed slot")
+    assert not events_of(model, "start", "d")
+    for connection in (second, third, fourth):
+        connection.close()
+    starts = [e for e in model.events() if e["event"] == "start" and e["path"] != "/v1/models"]
+    assert [e["in_flight"] for e in starts[:2]] == [1, 2]
+    assert events_of(model, "queued", "c")[0]["in_flight"] == 2
+    assert events_of(model, "start", "c")[0]["in_flight"] == 2
+
+
+def test_parallel_drops_a_queued_request_whose_client_left(launch):
+    model = launch("--parallel", "1", "--tps", "20", "--tokens", "100000")
+    holder = open_stream(model, "holder")
+    wait_until(lambda: events_of(model, "start", "holder"), "the slot is taken")
+    leaver = open_stream(model, "leaver")
+    wait_until(lambda: events_of(model, "queued", "leaver"), "the second request queued")
+    leaver.close()
+    wait_until(lambda: events_of(model, "disconnect", "leaver"), "the queued request was dropped")
+    holder.close()
+    with model.client() as client:
+        answered = client.post("/v1/chat/completions", json=chat(fake={"id": "next", "tokens": 1}))
+    assert answered.status_code == 200
+    assert not events_of(model, "start", "leaver")
+    assert events_of(model, "start", "next")[0]["in_flight"] == 1
+
+
+def test_without_parallel_every_request_is_served_at_once(launch):
+    model = launch("--tps", "20", "--tokens", "100000")
+    streams = [open_stream(model, str(n)) for n in range(3)]
+    wait_until(lambda: all(events_of(model, "start", str(n)) for n in range(3)), "all three started")
+    assert sorted(events_of(model, "start", str(n))[0]["in_flight"] for n in range(3)) == [1, 2, 3]
+    assert not [e for e in model.events() if e["event"] == "queued"]
+    for connection in streams:
+        connection.close()
+
+
+def test_negative_parallel_is_refused(launch):
+    model = launch("--parallel", "-1", expect_listening=False)
+    assert model.process.wait(timeout=DEADLINE_S) == 2
+    assert "--parallel" in model.stderr()
