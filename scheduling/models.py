@@ -75,6 +75,10 @@ class QueuedRequest(models.Model):
     changed_by_affinity = models.BooleanField(null=True, blank=True)
     needed_swap = models.BooleanField(null=True, blank=True)
     explanation = models.TextField(blank=True)
+    # Which of the model's job slots (1-based) the request ran on, and why it waited although
+    # part of the hardware was idle ("" when it did not).
+    slot = models.PositiveIntegerField(null=True, blank=True)
+    waited_because = models.TextField(blank=True)
 
     # Token counts and speeds, parsed from the upstream's usage/timings like llama-swap's activity log.
     input_tokens = models.IntegerField(null=True, blank=True)
@@ -163,6 +167,13 @@ class SchedulerSettings(models.Model):
         help_text="Bonus for a request needing no model swap, 0 to 99; 0 disables it. Blank: the config file value.",
     )
 
+    slots = models.JSONField(
+        "slots",
+        null=True,
+        blank=True,
+        help_text="Concurrent jobs per model ({model: N}; a model not listed has 1). Blank: the config file value.",
+    )
+
     class Meta:
         verbose_name = "scheduler settings"
         verbose_name_plural = "scheduler settings"
@@ -210,8 +221,9 @@ class SettingsChange(models.Model):
     changed_at = models.DateTimeField(db_index=True)
     changed_by = models.CharField(max_length=150)
     setting = models.CharField(max_length=40)
-    old_value = models.CharField(max_length=40, null=True, blank=True)
-    new_value = models.CharField(max_length=40, null=True, blank=True)
+    # Text, not a short string: a `slots` value names every model it sets.
+    old_value = models.TextField(null=True, blank=True)
+    new_value = models.TextField(null=True, blank=True)
 
     class Meta:
         ordering = ("-changed_at", "-id")
