@@ -7,11 +7,12 @@ from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, Reject, StartModel, StopModel
 from .fifo import FifoScheduler
 from .fleet import ModelState
+from .matrix import MatrixChoice, MatrixPolicy, MatrixSet, MatrixSyntaxError, compile_sets, parse_expression
 from .priority import BAND_SPACING, PRIORITY_ALIASES, PRIORITY_HEADER, Band, band_of, parse_priority
 from .queue import Pick, WaitQueue
 from .scheduler import SCHEDULERS, Scheduler, build_scheduler
 from .serial import SerialScheduler
-from .settings import MAX_SWAP_AFFINITY_BONUS, SerialSettings, serial_settings_problems
+from .settings import MAX_SWAP_AFFINITY_BONUS, SerialSettings, SlotTable, serial_settings_problems
 from .snapshot import SchedulerSnapshot
 from .swap import DEFAULT_GROUP, SwapGroup, SwapPolicy
 from .ticket import ModelSpec, Ticket
@@ -29,6 +30,10 @@ __all__ = [
     "Effect",
     "FifoScheduler",
     "Grant",
+    "MatrixChoice",
+    "MatrixPolicy",
+    "MatrixSet",
+    "MatrixSyntaxError",
     "ModelSpec",
     "ModelState",
     "Pick",
@@ -38,6 +43,7 @@ __all__ = [
     "SchedulerSnapshot",
     "SerialScheduler",
     "SerialSettings",
+    "SlotTable",
     "StartModel",
     "StopModel",
     "SwapGroup",
@@ -46,6 +52,8 @@ __all__ = [
     "WaitQueue",
     "band_of",
     "build_scheduler",
+    "compile_sets",
+    "parse_expression",
     "parse_priority",
     "serial_settings_problems",
 ]

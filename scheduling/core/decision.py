@@ -34,6 +34,9 @@ class Decision:
     `changed_by_aging` / `changed_by_affinity`: the pick with that term removed
     would have been a different request. `fifo_priority` is the effective
     priority (model priority + header) under the fifo scheduler, else None.
+    `slot` is the 1-based job slot of its model the request took (serial), and
+    `waited_because` says why it waited although the GPU was partly idle ("" if
+    it never did, or waited only for a fully busy GPU).
     """
 
     ticket_id: int
@@ -50,6 +53,8 @@ class Decision:
     changed_by_affinity: bool
     needs_swap: bool
     fifo_priority: int | None
+    slot: int | None = None
+    waited_because: str = ""
 
     def explain(self) -> str:
         """The sentence shown to operators next to the dispatch."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from .priority import Band
 from .settings import SerialSettings
@@ -15,7 +16,9 @@ class SchedulerSnapshot:
 
     `depth_by_band` and `oldest_wait_by_band` have all three bands (0 / 0.0 when
     empty) and count requests not yet dispatched. `running_tickets` are the
-    granted, unfinished requests (at most one under the serial scheduler).
+    granted, unfinished requests. `running` groups them by model, with the
+    request whose model is starting counted on it; `slots` is the job slots of
+    every configured model (serial; empty under fifo, which has no slots).
     """
 
     depth_by_band: Mapping[Band, int]
@@ -25,6 +28,8 @@ class SchedulerSnapshot:
     starting: tuple[str, ...]
     waiting: int
     settings: SerialSettings
+    running: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    slots: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def running_ticket(self) -> int | None:
