@@ -488,6 +488,8 @@ def decision_fields(decision: Decision) -> dict[str, Any]:
         "changed_by_affinity": decision.changed_by_affinity,
         "needed_swap": decision.needs_swap,
         "explanation": decision.explain(),
+        "slot": decision.slot,
+        "waited_because": decision.waited_because,
     }
     if decision.scheduler == "serial":
         fields.update(

@@ -122,7 +122,7 @@ def read_scheduler(routing: Section | None, index: ModelIndex) -> SchedulerConfi
         scheduler.error("use", f'unknown scheduler "{use}" — valid schedulers are: {", ".join(SCHEDULERS)}')
         use = DEFAULT_SCHEDULER
     settings = scheduler.section("settings")
-    serial = _read_serial(settings.section("serial") if settings else None)
+    serial = _read_serial(settings.section("serial") if settings else None, index)
     priority = _read_fifo_priority(settings.section("fifo") if settings else None, index)
     if settings is not None:
         settings.warn_unread()
@@ -130,10 +130,11 @@ def read_scheduler(routing: Section | None, index: ModelIndex) -> SchedulerConfi
     return SchedulerConfig(use=use, serial=serial, fifo_priority=MappingProxyType(priority))
 
 
-def _read_serial(serial: Section | None) -> SerialSettings:
+def _read_serial(serial: Section | None, index: ModelIndex) -> SerialSettings:
     defaults = SerialSettings()
     if serial is None:
         return defaults
+    slots = _read_slots(serial, index)
     aging = serial.expanded("agingDivisor")
     bonus = serial.expanded("swapAffinityBonus")
     aging = aging if _given(aging) else defaults.aging_divisor
@@ -144,7 +145,35 @@ def _read_serial(serial: Section | None) -> SerialSettings:
     serial.warn_unread()
     if problems:
         return defaults
-    return SerialSettings(aging_divisor=float(aging), swap_affinity_bonus=int(bonus))
+    return SerialSettings(aging_divisor=float(aging), swap_affinity_bonus=int(bonus), slots=slots)
+
+
+def _read_slots(serial: Section, index: ModelIndex) -> dict[str, int]:
+    """`slots: {<model id or alias>: N}`: how many requests each model's server takes at once."""
+    table = serial.section("slots")
+    if table is None:
+        return {}
+    slots: dict[str, int] = {}
+    set_by: dict[str, str] = {}
+    for raw_name in list(table.data):
+        name = str(raw_name)
+        key = table.path(name)
+        value = table.expanded(raw_name)
+        if value is MISSING:
+            continue
+        example = f"{name}: 4 (and start its server with as many slots, e.g. llama-server -np 4)"
+        value = table.check_integer(key, value, 0, minimum=1, example=example)
+        real = index.resolve(name)
+        if real is None:
+            table.log.error(key, index.unknown(name))
+        elif real in set_by:
+            table.log.error(
+                key, f'"{name}" is model {real}, whose slots are already set by "{set_by[real]}" — keep one entry'
+            )
+        elif value >= 1:
+            slots[real] = value
+            set_by[real] = name
+    return slots
 
 
 def _read_fifo_priority(fifo: Section | None, index: ModelIndex) -> dict[str, int]:

@@ -121,6 +121,31 @@ def test_serial_settings_problems(config_error, settings, key, expected):
     assert any(text.startswith(line) and expected in text for text in str(error).splitlines()), str(error)
 
 
+def test_serial_slots_resolve_aliases_to_model_ids(load):
+    config = load(MODELS + "routing: {scheduler: {use: serial, settings: {serial: {slots: {gpt-4o: 4, embed: 2}}}}}\n")
+    serial = config.scheduler.serial
+    assert dict(serial.slots) == {"llama": 4, "embed": 2}
+    assert (serial.slots_for("llama"), serial.slots_for("qwen")) == (4, 1)
+    assert serial.aging_divisor == SerialSettings().aging_divisor
+
+
+@pytest.mark.parametrize(
+    "slots, key, expected",
+    [
+        ("{llama: 0}", "slots.llama", "0 is below the minimum of 1"),
+        ("{llama: two}", "slots.llama", "expected a whole number"),
+        ("{llama: 1.5}", "slots.llama", "expected a whole number"),
+        ("{mystery: 2}", "slots.mystery", "mystery"),
+        ("{llama: 2, gpt-4o: 3}", "slots.gpt-4o", 'whose slots are already set by "llama"'),
+        ("[llama]", "slots", "expected a mapping"),
+    ],
+)
+def test_serial_slots_problems_name_the_key_path(config_error, slots, key, expected):
+    error = config_error(MODELS + f"routing: {{scheduler: {{use: serial, settings: {{serial: {{slots: {slots}}}}}}}}}\n")
+    line = f"config.yaml: routing.scheduler.settings.serial.{key}: "
+    assert any(text.startswith(line) and expected in text for text in str(error).splitlines()), str(error)
+
+
 def test_fifo_priority_resolves_aliases_to_model_ids(load):
     config = load(MODELS + "routing: {scheduler: {settings: {fifo: {priority: {gpt-4o: 10, qwen: 5}}}}}\n")
     assert config.scheduler.use == "fifo"
