@@ -165,6 +165,8 @@ def activity_row(row: QueuedRequest) -> dict[str, Any]:
             if flag
         ],
         needed_swap=row.needed_swap,
+        slot=row.slot,
+        waited_because=row.waited_because or None,
         explanation=row.explanation,
         arrived_at=_iso(row.arrived_at),
         dispatched_at=_iso(row.dispatched_at),

@@ -370,7 +370,8 @@ class QueuedRequestAdmin(admin.ModelAdmin):
             "Decision",
             {"fields": ("scheduler", "serial_priority", "serial_band", "serial_score", "serial_queue_wait_ms",
                         "fifo_priority", "score_priority", "score_affinity", "score_aging", "runner_up",
-                        "changed_by_aging", "changed_by_affinity", "needed_swap", "explanation")},
+                        "changed_by_aging", "changed_by_affinity", "needed_swap", "slot", "waited_because",
+                        "explanation")},
         ),
         ("Times", {"fields": ("arrived_at", "dispatched_at", "first_byte_at", "finished_at", "duration_ms")}),
         (
@@ -426,6 +427,10 @@ class QueuedRequestAdmin(admin.ModelAdmin):
         parts = []
         if obj.dispatched_at is not None:
             parts.append(f"waited {(obj.dispatched_at - obj.arrived_at).total_seconds():.1f} s in the queue")
+            if obj.waited_because:
+                parts[-1] += f" ({obj.waited_because})"
+            if obj.slot is not None:
+                parts.append(f"ran on slot {obj.slot} of {obj.model}")
         elif obj.finished_at is not None:
             parts.append(f"left the queue after {(obj.finished_at - obj.arrived_at).total_seconds():.1f} s")
         if obj.needed_swap:

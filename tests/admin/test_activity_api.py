@@ -27,7 +27,8 @@ def api_keys(monkeypatch):
 def history(make_request, api_keys):
     make_request(id=1, model="alpha", **dispatched(T0, score=(0, 10, 0.5), changed_by_affinity=True,
                                                     runner_up_id=2, runner_up_score=0.7,
-                                                    explanation="dispatched at score 10.5", output_tokens=7))
+                                                    explanation="dispatched at score 10.5", output_tokens=7,
+                                                    slot=2, waited_because="model alpha was busy (2/2 slots)"))
     make_request(id=2, model="beta", arrived_at=T0 + timedelta(seconds=1), priority=-100, band="batch",
                  state="cancelled", error="cancelled by an operator while queued")
     make_request(id=3, model="gamma", scheduler="fifo", fifo_priority=-90, priority=-100, band="batch",
@@ -51,6 +52,8 @@ def test_rows_come_newest_first_with_the_decision_keys_of_the_spec(client, histo
     assert first["runner_up"] == {"id": 2, "score": 0.7}
     assert first["changed_pick"] == ["swap_affinity"]
     assert first["explanation"] == "dispatched at score 10.5"
+    assert first["slot"] == 2 and first["waited_because"] == "model alpha was busy (2/2 slots)"
+    assert rows[4]["slot"] is None and rows[4]["waited_because"] is None
     assert first["arrived_at"] == "2025-03-01T12:00:00Z" and first["output_tokens"] == 7
     assert rows[3]["fifo_priority"] == -90 and "serial_score" not in rows[3]
     assert rows[2]["state"] == "cancelled" and rows[2]["score_terms"] is None and "operator" in rows[2]["error"]

@@ -39,7 +39,7 @@ def history(make_request):
         **dispatched(
             datetime(2025, 3, 3, 9, 0, tzinfo=timezone.utc), wait_s=4.2, score=(100, 0, 4.2),
             runner_up_id=812, runner_up_score=92.0, changed_by_aging=True, changed_by_affinity=False,
-            needed_swap=True, input_tokens=12, cache_tokens=3, output_tokens=200, tokens_per_second=45.2,
+            needed_swap=True, slot=1, waited_because="reserved for #812's swap to alpha", input_tokens=12, cache_tokens=3, output_tokens=200, tokens_per_second=45.2,
             explanation="dispatched at score 104.2 = 100 priority + 0 affinity + 4.2 aging, ahead of #812 at 92.0; "
                         "aging changed the pick",
         ),
@@ -72,7 +72,8 @@ def test_the_detail_page_explains_the_decision_in_words(admin_client, history, c
     page = admin_client.get(detail_url(813)).content.decode()
     assert ("Dispatched at score 104.2 = 100 priority + 0 affinity + 4.2 aging, ahead of #812 at 92.0; "
             "aging changed the pick.") in page
-    assert "waited 4.2 s in the queue; its model had to be started; ran 2.0 s" in page
+    assert ("waited 4.2 s in the queue (reserved for #812&#x27;s swap to alpha); ran on slot 1 of alpha; "
+            "its model had to be started; ran 2.0 s") in page
     assert "12 in (3 from cache), 200 out at 45.2 tokens/s" in page
     assert f'<a href="{detail_url(812)}">#812</a> at score 92.0' in page
 
