@@ -192,18 +192,61 @@ class ModelStateCollector(Collector):
         )
 
 
+class ModelSlotsCollector(Collector):
+    """Per model, the job slots busy now and those configured, from the runtime's latest snapshot.
+
+    In use counts the requests granted to the model (one whose model is still starting
+    included); configured slots exist only under the serial scheduler, which has them.
+    """
+
+    def __init__(self, runtime: SnapshotSource | None = None, models: Iterable[str] = ()) -> None:
+        self.runtime = runtime
+        self.models = tuple(models)
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._in_use_family(), self._slots_family()]
+
+    def collect(self) -> Iterator[Metric]:
+        in_use, configured = self.describe()
+        runtime = self.runtime
+        if runtime is not None:
+            snapshot = runtime.snapshot[1]
+            for model in self.models:
+                in_use.add_metric([model], len(snapshot.running.get(model, ())))
+                if model in snapshot.slots:
+                    configured.add_metric([model], snapshot.slots[model])
+        yield in_use
+        yield configured
+
+    @staticmethod
+    def _in_use_family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "llamaswap_model_slots_in_use", "Requests each model is serving now (its busy job slots).", labels=["model"]
+        )
+
+    @staticmethod
+    def _slots_family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "llamaswap_model_slots",
+            "Job slots configured for each model (routing.scheduler.settings.serial.slots; 1 unless set).",
+            labels=["model"],
+        )
+
+
 @dataclass
 class Export:
     """What this process's /metrics reports on: the served runtime and fleet, and the config's key rule."""
 
     scheduler: SchedulerCollector
     model_states: ModelStateCollector
+    model_slots: ModelSlotsCollector
     config: Any = None
 
 
-EXPORT = Export(SchedulerCollector(), ModelStateCollector())
+EXPORT = Export(SchedulerCollector(), ModelStateCollector(), ModelSlotsCollector())
 REGISTRY.register(EXPORT.scheduler)
 REGISTRY.register(EXPORT.model_states)
+REGISTRY.register(EXPORT.model_slots)
 
 
 def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
@@ -214,6 +257,8 @@ def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
     EXPORT.scheduler.runtime = runtime
     EXPORT.model_states.fleet = fleet
     EXPORT.model_states.models = tuple(config.models)
+    EXPORT.model_slots.runtime = runtime
+    EXPORT.model_slots.models = tuple(config.models)
     EXPORT.config = config
     for model in config.models:
         MODEL_LOADS.labels(model)

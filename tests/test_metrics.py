@@ -26,7 +26,13 @@ BANDS = ("interactive", "normal", "batch")
 class FakeRuntime:
     """Holds a published snapshot the way SchedulerRuntime does; the live oldest wait keeps growing after it."""
 
-    def __init__(self, depth: dict[Band, int], oldest_now: dict[Band, float]):
+    def __init__(
+        self,
+        depth: dict[Band, int],
+        oldest_now: dict[Band, float],
+        running: dict[str, tuple[int, ...]] | None = None,
+        slots: dict[str, int] | None = None,
+    ):
         snapshot = SchedulerSnapshot(
             depth_by_band={band: depth.get(band, 0) for band in Band},
             oldest_wait_by_band={band: 0.0 for band in Band},
@@ -35,6 +41,8 @@ class FakeRuntime:
             starting=(),
             waiting=sum(depth.values()),
             settings=SerialSettings(),
+            running=running or {},
+            slots=slots or {},
         )
         self.snapshot = (100.0, snapshot)
         self._oldest_now = oldest_now
@@ -105,6 +113,8 @@ def exported(monkeypatch):
     monkeypatch.setattr(export.scheduler, "runtime", export.scheduler.runtime)
     monkeypatch.setattr(export.model_states, "fleet", export.model_states.fleet)
     monkeypatch.setattr(export.model_states, "models", export.model_states.models)
+    monkeypatch.setattr(export.model_slots, "runtime", export.model_slots.runtime)
+    monkeypatch.setattr(export.model_slots, "models", export.model_slots.models)
     return export
 
 
@@ -159,6 +169,29 @@ def test_model_state_is_one_on_the_current_state_and_zero_on_the_others():
 
 
 # -- counters and histograms from runtime events -----------------------------------------------
+
+
+def test_model_slots_report_busy_and_configured_slots_of_every_model_from_the_snapshot():
+    runtime = FakeRuntime({}, {}, running={"chat": (4, 9), "embed": (5,)}, slots={"chat": 2, "embed": 1, "idle": 3})
+    collector = metrics.ModelSlotsCollector(runtime, ["chat", "embed", "idle"])
+    registry = CollectorRegistry()
+    registry.register(collector)
+    in_use = {m: registry.get_sample_value("llamaswap_model_slots_in_use", {"model": m}) for m in ("chat", "embed", "idle")}
+    slots = {m: registry.get_sample_value("llamaswap_model_slots", {"model": m}) for m in ("chat", "embed", "idle")}
+    assert in_use == {"chat": 2, "embed": 1, "idle": 0}
+    assert slots == {"chat": 2, "embed": 1, "idle": 3}
+    collector.runtime = FakeRuntime({}, {}, running={}, slots={"chat": 2})
+    assert registry.get_sample_value("llamaswap_model_slots_in_use", {"model": "chat"}) == 0
+
+
+def test_model_slots_have_no_configured_value_under_fifo_and_nothing_before_a_runtime_exists():
+    registry = CollectorRegistry()
+    collector = metrics.ModelSlotsCollector(None, ["chat"])
+    registry.register(collector)
+    assert registry.get_sample_value("llamaswap_model_slots_in_use", {"model": "chat"}) is None
+    collector.runtime = FakeRuntime({}, {}, running={"chat": (1, 2, 3)})
+    assert registry.get_sample_value("llamaswap_model_slots_in_use", {"model": "chat"}) == 3
+    assert registry.get_sample_value("llamaswap_model_slots", {"model": "chat"}) is None
 
 
 def test_dispatch_counts_the_band_its_queue_wait_and_each_term_that_changed_the_pick():
@@ -266,6 +299,7 @@ def test_exporting_a_service_shows_its_runtime_fleet_and_zeroed_per_model_series
     assert got[("llamaswap_scheduler_queue_depth", frozenset({("band", "interactive")}))] == 1
     assert got[("llamaswap_model_state", frozenset({("model", "zeta"), ("state", "starting")}))] == 1
     assert got[("llamaswap_model_loads_total", frozenset({("model", "zeta")}))] == 0
+    assert got[("llamaswap_model_slots_in_use", frozenset({("model", "zeta")}))] == 0
     for direction in ("input", "output"):
         assert got[("llamaswap_tokens_total", frozenset({("model", "zeta"), ("direction", direction)}))] == 0
 
@@ -303,7 +337,8 @@ def test_metrics_output_passes_promtool(client, exported):
           alpha:
             cmd: llama-server --port ${PORT}
     """)
-    metrics.export_service(FakeRuntime({Band.BATCH: 2}, {Band.BATCH: 9.0}), FakeFleet({"alpha": "ready"}), served)
+    runtime = FakeRuntime({Band.BATCH: 2}, {Band.BATCH: 9.0}, running={"alpha": (3,)}, slots={"alpha": 2})
+    metrics.export_service(runtime, FakeFleet({"alpha": "ready"}), served)
     metrics.record_event("dispatched", {"decision": decision(Band.NORMAL, affinity=True)})
     metrics.record_event("swap", {"model": "alpha", "seconds": 3.0})
     metrics.record_event("finished", {
