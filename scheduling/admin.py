@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from proxy.config import ConfigError
 from proxy.service import current_service
 from scheduling import live
-from scheduling.forms import PriorityForm
+from scheduling.forms import PriorityForm, SlotsField
 from scheduling.history import CappedCountPaginator, HistoryQuerySet, search_requests
 from scheduling.models import (
     ConfiguredModel,
@@ -236,10 +236,39 @@ def _last_used(model: str):
 
 
 class SchedulerSettingsForm(forms.ModelForm):
+    slots = SlotsField(
+        label="slots",
+        required=False,
+        help_text=(
+            "Requests each model's server takes at once (llama-server -np N): one `model: N` per line, "
+            "by model ID or alias; a model not listed has 1. Blank: the config file value."
+        ),
+    )
+
     class Meta:
         model = SchedulerSettings
-        fields = ("aging_divisor", "swap_affinity_bonus")
+        fields = ("aging_divisor", "swap_affinity_bonus", "slots")
         labels = SchedulerSettings.CONFIG_NAMES  # the config file's spelling, not capitalised
+
+    def clean_slots(self) -> dict[str, object] | None:
+        """Aliases become model IDs, and every name must be a configured model."""
+        slots = self.cleaned_data["slots"]
+        if slots is None:
+            return None
+        config, _ = _config_or_problem()
+        if config is None:  # nothing to check the names against; the model still checks the counts
+            return slots
+        resolved: dict[str, object] = {}
+        for name, count in slots.items():
+            model = name if name in config.models else config.aliases.get(name)
+            if model is None:
+                raise forms.ValidationError(
+                    f"{name!r} is not a configured model — use a model ID or alias from `models`"
+                )
+            if model in resolved:
+                raise forms.ValidationError(f"{name!r} is model {model}, which is already listed — keep one line")
+            resolved[model] = count
+        return resolved
 
 
 @admin.register(SchedulerSettings)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
 
 from django import forms
 
 from scheduling.core import PRIORITY_ALIASES, parse_priority
 
 _SIGNED_INTEGER = re.compile(r"[+-]?[0-9]+")
+_SLOTS_EXAMPLE = "one `model: N` per line, e.g. chat: 4"
 _INT64_MAX = 2**63 - 1
 
 
@@ -41,3 +44,46 @@ class PriorityForm(forms.Form):
             "The request keeps its arrival time, so its aging carries on."
         ),
     )
+
+
+class SlotsField(forms.CharField):
+    """`slots` as an operator types it: one `model: N` per line, or a JSON object; blank: not overridden.
+
+    Only the shape is read here; whether the names are models and the counts whole
+    numbers ≥ 1 is checked against the config by the form, with the config file's messages.
+    """
+
+    widget = forms.Textarea(attrs={"rows": 4, "cols": 40})
+
+    def to_python(self, value) -> dict[str, object] | None:
+        text = super().to_python(value).strip()
+        if not text:
+            return None
+        if text.startswith("{"):
+            return self._from_json(text)
+        slots: dict[str, object] = {}
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            name, colon, count = (part.strip() for part in line.partition(":"))
+            if not colon or not name or not count:
+                raise forms.ValidationError(f"line {number} ({line.strip()!r}) is not `model: N` — write {_SLOTS_EXAMPLE}")
+            if name in slots:
+                raise forms.ValidationError(f"{name!r} is listed twice — keep one line per model")
+            slots[name] = int(count) if _SIGNED_INTEGER.fullmatch(count) else count
+        return slots
+
+    @staticmethod
+    def _from_json(text: str) -> dict[str, object]:
+        try:
+            parsed = json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"not valid JSON ({exc}) — write {_SLOTS_EXAMPLE}, or a JSON object") from None
+        if not isinstance(parsed, dict):
+            raise forms.ValidationError(f"not a JSON object — write {_SLOTS_EXAMPLE}")
+        return parsed
+
+    def prepare_value(self, value):
+        if isinstance(value, Mapping):
+            return "\n".join(f"{model}: {count}" for model, count in value.items())
+        return value

@@ -180,7 +180,7 @@ class SchedulerSettings(models.Model):
         constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="scheduler_settings_singleton")]
 
     # The llama-swap config names, which the validation messages and the audit use.
-    CONFIG_NAMES = {"aging_divisor": "agingDivisor", "swap_affinity_bonus": "swapAffinityBonus"}
+    CONFIG_NAMES = {"aging_divisor": "agingDivisor", "swap_affinity_bonus": "swapAffinityBonus", "slots": "slots"}
 
     def __str__(self) -> str:
         return "Scheduler settings"
@@ -200,12 +200,13 @@ class SchedulerSettings(models.Model):
         problems = serial_settings_problems(
             defaults.aging_divisor if self.aging_divisor is None else _as_typed(self.aging_divisor),
             defaults.swap_affinity_bonus if self.swap_affinity_bonus is None else self.swap_affinity_bonus,
+            self.slots,  # which models exist is the form's to check: it knows the config
         )
         errors = {field: problems[name] for field, name in self.CONFIG_NAMES.items() if name in problems}
         if errors:
             raise ValidationError(errors)
 
-    def overrides(self) -> dict[str, float | int]:
+    def overrides(self) -> dict[str, float | int | dict[str, int]]:
         """The fields an operator has set, by model field name."""
         return {field: getattr(self, field) for field in self.CONFIG_NAMES if getattr(self, field) is not None}
 

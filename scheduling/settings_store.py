@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 
 from django.db import transaction
 from django.utils import timezone
@@ -31,10 +32,13 @@ def stored_serial_settings(config: SerialSettings) -> SerialSettings:
     return config if stored is None else with_overrides(config, stored)
 
 
-def as_text(value: float | int | None) -> str | None:
-    """A setting as an operator would type it (60, not 60.0); None stays None ("config file value")."""
+def as_text(value: float | int | Mapping[str, int] | None) -> str | None:
+    """A setting as an operator would type it (60, not 60.0; slots as "chat: 2, embed: 4");
+    None stays None ("config file value")."""
     if value is None:
         return None
+    if isinstance(value, Mapping):
+        return ", ".join(f"{model}: {count}" for model, count in sorted(value.items())) or "every model 1"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return repr(value)
@@ -78,8 +82,8 @@ def push_to_running_scheduler() -> bool:
     except (TimeoutError, RuntimeError):
         log.exception("could not apply scheduler settings %s to the running scheduler", settings)
         return False
-    log.info("scheduler settings now agingDivisor=%s swapAffinityBonus=%s", settings.aging_divisor,
-             settings.swap_affinity_bonus)
+    log.info("scheduler settings now agingDivisor=%s swapAffinityBonus=%s slots=%s", settings.aging_divisor,
+             settings.swap_affinity_bonus, as_text(settings.slots))
     return True
 
 

@@ -5,13 +5,15 @@ import pytest
 
 @pytest.fixture
 def config_file(tmp_path, settings):
-    """A two-model config with serial settings agingDivisor 30 / swapAffinityBonus 5, named by LLAMASWAP_CONFIG."""
+    """A two-model config with serial settings agingDivisor 30 / swapAffinityBonus 5 / slots beta: 2,
+    named by LLAMASWAP_CONFIG."""
     path = tmp_path / "config.yaml"
     path.write_text(textwrap.dedent("""
         models:
           alpha:
             cmd: /bin/true --port ${PORT}
             proxy: http://127.0.0.1:${PORT}
+            aliases: [first]
           beta:
             cmd: /bin/true --port ${PORT}
             proxy: http://127.0.0.1:${PORT}
@@ -19,7 +21,7 @@ def config_file(tmp_path, settings):
           scheduler:
             use: serial
             settings:
-              serial: {agingDivisor: 30, swapAffinityBonus: 5}
+              serial: {agingDivisor: 30, swapAffinityBonus: 5, slots: {beta: 2}}
     """))
     settings.LLAMASWAP_CONFIG = str(path)
     return path

@@ -16,8 +16,13 @@ pytestmark = pytest.mark.django_db
 CHANGE_URL = reverse("admin:scheduling_schedulersettings_change", args=[1])
 
 
-def post_settings(client, aging="", bonus=""):
-    return client.post(CHANGE_URL, {"aging_divisor": aging, "swap_affinity_bonus": bonus, "_save": "Save"})
+def post_settings(client, aging="", bonus="", slots=""):
+    return client.post(
+        CHANGE_URL, {"aging_divisor": aging, "swap_affinity_bonus": bonus, "slots": slots, "_save": "Save"}
+    )
+
+
+CONFIGURED = SerialSettings(aging_divisor=30, swap_affinity_bonus=5, slots={"beta": 2})
 
 
 def test_the_settings_list_leads_straight_to_the_single_settings_page(admin_client, config_file):
@@ -72,11 +77,12 @@ def test_the_audit_trail_cannot_be_edited_or_deleted(admin_client, config_file):
 def test_the_page_says_where_each_value_comes_from(admin_client, config_file):
     page = admin_client.get(CHANGE_URL).content.decode()
     assert "scheduler-in-use\">serial" in page
-    assert page.count("config file</td>") == 2
+    assert page.count("config file</td>") == 3
+    assert 'id="setting-slots"' in page and "beta: 2</td>" in page
     post_settings(admin_client, bonus="0")
     page = admin_client.get(CHANGE_URL).content.decode()
     assert "admin override by admin at " in page
-    assert page.count("config file</td>") == 1
+    assert page.count("config file</td>") == 2
 
 
 def test_saving_without_a_running_scheduler_says_when_it_will_apply(admin_client, config_file):
@@ -100,8 +106,8 @@ def test_the_service_starts_with_the_stored_override(config_file):
         prepared = prepare(load_config(str(config_file)))
     finally:
         reset_service()
-    assert prepared.serial_settings == SerialSettings(aging_divisor=30, swap_affinity_bonus=42)
-    assert prepared.config.scheduler.serial == SerialSettings(aging_divisor=30, swap_affinity_bonus=5)
+    assert prepared.serial_settings == SerialSettings(aging_divisor=30, swap_affinity_bonus=42, slots={"beta": 2})
+    assert prepared.config.scheduler.serial == CONFIGURED
 
 
 class RecordingRuntime:
@@ -123,6 +129,59 @@ def test_a_saved_edit_is_pushed_to_the_running_scheduler_after_commit(admin_clie
     service = type("Service", (), {"runtime": runtime, "config": load_config(str(config_file))})()
     monkeypatch.setattr(settings_store, "current_service", lambda: service)
     post_settings(admin_client, bonus="2")
-    assert runtime.retuned == [SerialSettings(aging_divisor=30, swap_affinity_bonus=2)]
+    assert runtime.retuned == [SerialSettings(aging_divisor=30, swap_affinity_bonus=2, slots={"beta": 2})]
     post_settings(admin_client, bonus="2")  # nothing changed: nothing to push
     assert len(runtime.retuned) == 1
+
+
+def test_slots_are_edited_by_alias_stored_by_model_id_and_audited(admin_client, config_file):
+    assert post_settings(admin_client, slots="first: 3\nbeta: 1").status_code == 302
+    assert SchedulerSettings.load().slots == {"alpha": 3, "beta": 1}
+    page = admin_client.get(CHANGE_URL).content.decode()
+    assert "alpha: 3\nbeta: 1</textarea>" in page  # the form shows the override the way it is typed
+    assert post_settings(admin_client, slots='{"alpha": 2}').status_code == 302
+    post_settings(admin_client, slots="")
+    changes = [(c.setting, c.old_value, c.new_value) for c in SettingsChange.objects.order_by("id")]
+    assert changes == [
+        ("slots", None, "alpha: 3, beta: 1"),
+        ("slots", "alpha: 3, beta: 1", "alpha: 2"),
+        ("slots", "alpha: 2", None),
+    ]
+    assert SchedulerSettings.load().slots is None
+
+
+@pytest.mark.parametrize(
+    "slots, expected",
+    [
+        ("alpha: 0", "alpha: 0 is below 1"),
+        ("alpha: two", "alpha: &#x27;two&#x27; is not a whole number"),
+        ("ghost: 2", "&#x27;ghost&#x27; is not a configured model"),
+        ("alpha 2", "is not `model: N`"),
+        ("alpha: 2\nfirst: 3", "&#x27;first&#x27; is model alpha, which is already listed"),
+        ("[1, 2]", "not `model: N`"),
+        ('{"alpha": 2', "not valid JSON"),
+    ],
+)
+def test_bad_slots_are_refused_with_what_to_write(admin_client, config_file, slots, expected):
+    response = post_settings(admin_client, slots=slots)
+    assert response.status_code == 200
+    assert expected in response.content.decode()
+    assert SchedulerSettings.load().slots is None
+    assert not SettingsChange.objects.exists()
+
+
+def test_a_slots_override_replaces_the_config_files_slots_and_blank_falls_back():
+    assert settings_store.stored_serial_settings(CONFIGURED) == CONFIGURED
+    SchedulerSettings(slots={"alpha": 4}).save()
+    in_force = settings_store.stored_serial_settings(CONFIGURED)
+    assert (in_force.slots_for("alpha"), in_force.slots_for("beta")) == (4, 1)
+    assert in_force.aging_divisor == 30
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slots_edit_reaches_the_running_scheduler(admin_client, config_file, monkeypatch):
+    runtime = RecordingRuntime()
+    service = type("Service", (), {"runtime": runtime, "config": load_config(str(config_file))})()
+    monkeypatch.setattr(settings_store, "current_service", lambda: service)
+    post_settings(admin_client, slots="alpha: 2")
+    assert [dict(settings.slots) for settings in runtime.retuned] == [{"alpha": 2}]
