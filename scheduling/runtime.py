@@ -300,6 +300,10 @@ class SchedulerRuntime:
         waiter = self._waiting.get(ticket_id)
         return waiter.request if waiter else None
 
+    def granted_request(self, ticket_id: int) -> tuple[TicketRequest, Decision, float] | None:
+        """A running request with its dispatch decision and when it was granted (`now()` clock), or None."""
+        return self._granted.get(ticket_id)
+
     async def shutdown(self, drain_seconds: float) -> None:
         """Refuse new work, fail queued requests, give running ones `drain_seconds` to finish."""
         self._closing = True
