@@ -18,7 +18,7 @@ from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
 from proxy.upstreams import ClientUse, UpstreamClients
 from scheduling import metrics
-from scheduling.core import ModelSpec, SerialSettings, SwapPolicy, build_scheduler
+from scheduling.core import MatrixPolicy, ModelSpec, SerialSettings, SwapPolicy, build_scheduler
 from scheduling.recorder import Recorder
 from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketRequest
 
@@ -111,7 +111,10 @@ def model_specs(config) -> dict[str, ModelSpec]:
     }
 
 
-def swap_policy(config) -> SwapPolicy:
+def swap_policy(config) -> SwapPolicy | MatrixPolicy:
+    """The router the config chose: its matrix, or its groups."""
+    if config.matrix is not None:
+        return config.matrix
     return SwapPolicy(config.groups, config.models)
 
 

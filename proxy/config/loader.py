@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from scheduling.core.matrix import MatrixPolicy
 from scheduling.core.swap import SwapGroup
 
 from .errors import ConfigError, Problem, ProblemLog, kind_of
@@ -15,7 +16,7 @@ from .fields import MISSING, Section
 from .macros import MacroScope
 from .model import ModelConfig, ModelDefaults, read_model
 from .model_index import ModelIndex
-from .routing import SchedulerConfig, read_groups, read_scheduler
+from .routing import SchedulerConfig, read_router, read_scheduler
 from .yaml_document import read_yaml_document
 
 DEFAULT_HEALTH_CHECK_TIMEOUT = 120.0
@@ -54,6 +55,7 @@ class Config:
     metrics_require_api_key: bool
     warnings: tuple[str, ...]
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # alias -> model ID
+    matrix: MatrixPolicy | None = None  # set when routing.router.use is matrix; groups are then empty
 
     def resolve(self, name: str) -> ModelConfig | None:
         """The model a request names, by ID or alias."""
@@ -84,6 +86,11 @@ class Config:
         if self.preload:
             lines.append(f"preload: {', '.join(self.preload)}")
         group_of = {member: group.name for group in self.groups for member in group.members}
+        if self.matrix is not None:
+            lines.append("router: matrix (a model in no set runs alone)")
+            for matrix_set in self.matrix.sets:
+                combinations = " | ".join("[" + ", ".join(sorted(c)) + "]" for c in matrix_set.combinations)
+                lines.append(f"set {matrix_set.name}: {combinations}")
         for group in self.groups:
             flags = [flag for flag, on in (("swap", group.swap), ("exclusive", group.exclusive), ("persistent", group.persistent)) if on]
             lines.append(f"group {group.name} ({', '.join(flags) or 'no flags'}): {', '.join(group.members) or '-'}")
@@ -92,7 +99,10 @@ class Config:
             extras = []
             if model.aliases:
                 extras.append(f"aliases: {', '.join(model.aliases)}")
-            extras.append(f"group: {group_of.get(model.id, '(default)')}")
+            if self.matrix is not None:
+                extras.append(f"evict cost: {self.matrix.evict_cost(model.id)}")
+            else:
+                extras.append(f"group: {group_of.get(model.id, '(default)')}")
             if model.unlisted:
                 extras.append("unlisted")
             lines.append(f"  {model.id}  [{'; '.join(extras)}]")
@@ -141,7 +151,7 @@ def parse_config(text: str, path: str = "<string>") -> Config:
     models = _read_models(top, start_port, ModelDefaults(global_ttl=global_ttl, unload_timeout=unload_timeout))
     index = ModelIndex(models, log)
     routing = top.section("routing")
-    groups = read_groups(top, routing, index)
+    router = read_router(top, routing, index)
     scheduler = read_scheduler(routing, index)
     if routing is not None:
         routing.warn_unread()
@@ -158,7 +168,7 @@ def parse_config(text: str, path: str = "<string>") -> Config:
     return Config(
         path=path,
         models=MappingProxyType(models),
-        groups=groups,
+        groups=router.groups,
         health_check_timeout=health_check_timeout,
         start_port=start_port,
         global_ttl=global_ttl,
@@ -171,6 +181,7 @@ def parse_config(text: str, path: str = "<string>") -> Config:
         metrics_require_api_key=metrics_require_api_key,
         warnings=tuple(log.warnings),
         aliases=MappingProxyType(index.aliases()),
+        matrix=router.matrix,
     )
 
 

@@ -8,11 +8,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from scheduling.core.settings import SerialSettings, serial_settings_problems
+from scheduling.core.matrix import MatrixPolicy
 from scheduling.core.swap import DEFAULT_GROUP, SwapGroup
 
 from .fields import MISSING, Section
+from .matrix import read_matrix
 from .model_index import ModelIndex
 
+ROUTERS = ("group", "matrix")
 SCHEDULERS = ("fifo", "serial")
 DEFAULT_SCHEDULER = "fifo"
 
@@ -24,44 +27,57 @@ class SchedulerConfig:
     fifo_priority: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
-def read_groups(top: Section, routing: Section | None, index: ModelIndex) -> tuple[SwapGroup, ...]:
-    """Groups from the legacy top-level `groups` or from `routing.router.settings.groups`."""
+@dataclass(frozen=True)
+class RouterConfig:
+    """Which models may run together: llama-swap's group router, or its matrix router."""
+
+    groups: tuple[SwapGroup, ...] = ()
+    matrix: MatrixPolicy | None = None
+
+
+def read_router(top: Section, routing: Section | None, index: ModelIndex) -> RouterConfig:
+    """`routing.router` (`use`, `settings.groups`, `settings.matrix`) or the legacy top-level
+    `groups` / `matrix`; the two spellings cannot be mixed."""
     router = routing.section("router") if routing else None
     settings = router.section("settings") if router else None
     use = router.text("use", "") if router else ""
-    new_style = settings.raw("groups") if settings else MISSING
-    legacy = top.raw("groups")
-    legacy_matrix = top.raw("matrix")
+    legacy = [name for name in ("groups", "matrix") if _given(top.raw(name))]
 
-    if _given(legacy_matrix) or use == "matrix":
-        where = "matrix" if _given(legacy_matrix) else "routing.router.use"
-        top.log.error(
-            where,
-            "the matrix router is not supported by llamaswap (ignoring it would change which models get "
-            "evicted) — describe models that may run together with routing.router.settings.groups instead",
-        )
-    elif use not in ("", "group"):
-        router.error("use", f'unknown router "{use}" — the only router llamaswap has is group')
-
-    has_new = _given(new_style) or use != "" or (settings is not None and settings.has("matrix"))
-    if _given(legacy) and has_new:
-        top.error(
-            "groups",
-            "the legacy top-level groups and the routing.router block are both set — "
-            "move the groups to routing.router.settings.groups and delete the top-level key",
-        )
-        return ()
-    if settings is not None and use != "matrix":
-        matrix_note = "ignored because routing.router.use is group — llamaswap has no matrix router"
-        settings.warn_unread(notes={"matrix": matrix_note})
-    if router is not None:
-        router.warn_unread()
-
-    if _given(legacy):
-        return _read_group_map(top.section("groups"), index)
-    if settings is not None:
-        return _read_group_map(settings.section("groups"), index)
-    return ()
+    if use not in ("", *ROUTERS):
+        router.error("use", f'unknown router "{use}" — valid routers are: {", ".join(ROUTERS)}')
+        use = ""
+    if legacy and router is not None:
+        for name in legacy:
+            top.error(
+                name,
+                f"the legacy top-level {name} and the routing.router block are both set — "
+                f"move the {name} to routing.router.settings.{name} and delete the top-level key",
+            )
+        return RouterConfig()
+    if len(legacy) == 2:
+        top.error("matrix", "the top-level groups and matrix are both set — a config uses one router: delete one")
+        return RouterConfig()
+    if legacy:
+        use = "group" if legacy == ["groups"] else "matrix"
+        block = top.section(legacy[0])
+    else:
+        use = use or "group"
+        name = "groups" if use == "group" else "matrix"
+        block = settings.section(name) if settings else None
+        if settings is not None:
+            other = "matrix" if use == "group" else "groups"
+            settings.warn_unread(notes={other: f"ignored because routing.router.use is {use}"})
+        if router is not None:
+            router.warn_unread()
+        if use == "matrix" and block is None and (settings is None or settings.data.get("matrix") is None):
+            top.log.error(
+                f"{router.path('settings')}.matrix",
+                "missing — routing.router.use is matrix: add settings.matrix with its sets "
+                '(e.g. sets: {chat_and_tts: "(llm-a | llm-b) & tts"}) or use: group',
+            )
+    if use == "matrix":
+        return RouterConfig(matrix=read_matrix(block, index) if block is not None else None)
+    return RouterConfig(groups=_read_group_map(block, index))
 
 
 def _given(value: object) -> bool:

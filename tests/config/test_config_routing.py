@@ -70,20 +70,8 @@ routing:
     assert "members: [model-a" in problem(error, "routing.router.settings.groups.three.members")
 
 
-@pytest.mark.parametrize(
-    "block, key",
-    [
-        ("routing: {router: {use: matrix}}", "routing.router.use"),
-        ("matrix: {sets: {a: llama}}", "matrix"),
-    ],
-)
-def test_matrix_router_is_refused(config_error, problem, block, key):
-    message = problem(config_error(MODELS + block + "\n"), key)
-    assert "matrix router is not supported" in message and "groups" in message
-
-
 def test_unknown_router_is_refused(config_error, problem):
-    assert "only router llamaswap has is group" in problem(config_error(MODELS + "routing: {router: {use: best}}\n"), "routing.router.use")
+    assert "valid routers are: group, matrix" in problem(config_error(MODELS + "routing: {router: {use: best}}\n"), "routing.router.use")
 
 
 def test_serial_scheduler_settings(load):

@@ -1,0 +1,96 @@
+"""`routing.router.settings.matrix` (or the legacy top-level `matrix`): `vars`, `evict_costs` and
+`sets`, checked with every problem named by key path, and compiled into a `MatrixPolicy`."""
+
+from __future__ import annotations
+
+import re
+
+from scheduling.core.matrix import MatrixPolicy, compile_sets
+
+from .fields import MISSING, Section
+from .model_index import ModelIndex
+
+VAR_NAME = re.compile(r"[A-Za-z0-9.-]{1,32}")
+SET_EXAMPLE = 'sets: {chat_and_tts: "(llm-a | llm-b) & tts"}'
+
+
+def read_matrix(matrix: Section, index: ModelIndex) -> MatrixPolicy | None:
+    """The matrix as a policy, or None when it has problems (they are in the log)."""
+    problems_before = len(matrix.log.problems)
+    variables = _read_vars(matrix.section("vars"), index)
+
+    def resolve(name: str) -> str | None:
+        # A var wins over a model ID of the same name, as in llama-swap.
+        return variables[name] if name in variables else index.resolve(name)
+
+    costs = _read_evict_costs(matrix.section("evict_costs"), resolve)
+    sets = matrix.section("sets")
+    definitions: dict[str, str] = {}
+    unreadable: set[str] = set()  # not text: already reported by the reader
+    if sets is None:
+        if not matrix.has("sets"):
+            matrix.error("sets", f"missing — name the model combinations that may run together, e.g. {SET_EXAMPLE}")
+    else:
+        for raw_name in list(sets.data):
+            value = sets.expanded(raw_name, typed=False)
+            if value is not MISSING and value is not None and not isinstance(value, str):
+                unreadable.add(str(raw_name))
+            definitions[str(raw_name)] = sets.text(raw_name)
+        if not definitions:
+            matrix.error("sets", f"no sets defined — add at least one, e.g. {SET_EXAMPLE}")
+    compiled, problems = compile_sets(definitions, resolve)
+    for name, messages in problems.items():
+        for message in messages if name not in unreadable else ():
+            sets.error(name, message)
+    matrix.warn_unread()
+    if len(matrix.log.problems) > problems_before:
+        return None
+    return MatrixPolicy(compiled, costs)
+
+
+def _read_vars(table: Section | None, index: ModelIndex) -> dict[str, str]:
+    """Short name → model ID (an alias names its model)."""
+    if table is None:
+        return {}
+    variables: dict[str, str] = {}
+    for raw_name in list(table.data):
+        name = str(raw_name)
+        key = table.path(name)
+        target = table.text(raw_name)
+        if not VAR_NAME.fullmatch(name):
+            table.log.error(key, f'"{name}" is not a valid var name — use 1 to 32 letters, digits, "-" or "."')
+            continue
+        if not target:
+            table.log.error(key, f"missing the model it stands for — e.g. {name}: my-model-id")
+            continue
+        real = index.resolve(target)
+        if real is None:
+            table.log.error(key, index.unknown(target))
+            continue
+        variables[name] = real
+    return variables
+
+
+def _read_evict_costs(table: Section | None, resolve) -> dict[str, int]:
+    """Model ID → the cost of evicting it (default 1), keyed by var or model ID."""
+    if table is None:
+        return {}
+    costs: dict[str, int] = {}
+    set_by: dict[str, str] = {}
+    for raw_name in list(table.data):
+        name = str(raw_name)
+        key = table.path(name)
+        value = table.expanded(raw_name)
+        if value is MISSING:
+            continue
+        cost = table.check_integer(key, value, None, minimum=1, example=f"{name}: 10")
+        real = resolve(name)
+        if real is None:
+            table.log.error(key, f'"{name}" is neither a var nor a model ID — add it under vars or fix the spelling')
+        elif real in set_by:
+            table.log.error(key, f'"{name}" is model {real}, whose cost is already set by "{set_by[real]}" — keep one entry')
+        else:
+            set_by[real] = name
+            if cost is not None:
+                costs[real] = cost
+    return costs
