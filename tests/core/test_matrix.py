@@ -186,7 +186,7 @@ def brute_force(target, running, trees, costs):
     return (cost(running), []) if best is None else (best, winners)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(matrices(), st.sampled_from(MODELS + ("lonely",)), st.sets(st.sampled_from(MODELS + ("lonely",)), max_size=5))
 def test_solver_matches_brute_force(matrix, target, running):
     texts, trees, costs = matrix
