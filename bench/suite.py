@@ -6,7 +6,9 @@ Runs, in order: the scheduling core; added latency, first SSE chunk and streamin
 through llamaswap against straight to the model, alternating, and the serial dispatch gap; the
 same requests again with LiteLLM's proxy (the peer, installed into `.bench-venv/` on first use)
 in the rotation, all three in front of one fake model; interactive wait under batch saturation
-(serial, then fifo); swap thrash (swapAffinityBonus 10, then 0); and queue capacity. The targets
+(serial, then fifo); swap thrash (swapAffinityBonus 10, then 0); models that coexist and models with
+several slots (embeddings beside a batch job, concurrent streams on slots, service CPU per streamed
+chunk); and queue capacity. The targets
 for llamaswap alone are judged on the first data-path run, with no third server on the machine.
 Prints one markdown report and, with `--write`, replaces the text between that file's results
 markers with it. About 3 minutes (plus about one to install LiteLLM the first time).
@@ -31,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import interactive, load, peer, proxy, scheduler_core, streaming, thrash  # noqa: E402
+from bench import interactive, load, peer, proxy, scheduler_core, slots, streaming, thrash  # noqa: E402
 from bench.common import REPO, Stats, added, direct_base, load_average, machine, stats, versions  # noqa: E402
 
 BEGIN = "<!-- bench:results -->"
@@ -54,10 +56,15 @@ class Sizes:
     thrash_load_delay: float
     capacity_clients: int
     capacity_models: int
+    embeddings: int  # embeddings requests a side, idle and beside a batch job
+    embeddings_blocks: int  # alternating idle and busy blocks they are split into
+    single_slot_rounds: int  # embeddings requests behind a job in one swap group
+    slot_rounds: int  # rounds of concurrent streams on slots, and of CPU per chunk
+    cpu_tokens: int  # tokens a stream for CPU per chunk
 
 
-FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 2)
-QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 2)
+FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 2, 200, 4, 5, 2, 10_000)
+QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 2, 100, 2, 3, 1, 5_000)
 
 
 @dataclass(frozen=True)
@@ -239,6 +246,40 @@ def thrash_part(report: Report, sizes: Sizes) -> None:
     )
 
 
+def slots_part(report: Report, sizes: Sizes) -> None:
+    """Embeddings beside a batch job, concurrent streams on slots, and the service's CPU per chunk."""
+    beside = slots.measure_embeddings(sizes.embeddings, sizes.embeddings_blocks, sizes.single_slot_rounds)
+    streams, tokens, tps = slots.STREAMS, slots.STREAM_TOKENS, slots.JOB_TPS
+    runs = slots.measure_slots(streams, tokens, tps, sizes.slot_rounds, sizes.cpu_tokens)
+
+    idle, busy, waited = stats(beside.idle_ms), stats(beside.busy_ms), stats(beside.single_slot_ms)
+    what = f"embeddings beside a batch job on the chat model (own persistent group), {busy.n} requests a side"
+    report.judge(what, "busy p50 − idle p50", f"≤ {slots.EMBEDDINGS_ADDED_TARGET_MS:g} ms",
+                 f"{beside.added_p50:+.2f} ms (idle {idle.p50:.2f}, busy {busy.p50:.2f})",
+                 beside.added_p50 <= slots.EMBEDDINGS_ADDED_TARGET_MS)
+    report.figure(f"{what}: p99", f"idle {idle.p99:.2f} ms, busy {busy.p99:.2f} ms")
+    report.figure(f"embeddings in one swap group with the chat model (single slot), sent at the first chunk of a "
+                  f"{beside.job_seconds:g} s job, {waited.n} rounds", f"waited p50 {waited.p50:,.0f} ms, max {waited.max:,.0f} ms")
+    ratio = runs.ratio(streams)
+    report.judge(f"{streams} concurrent streams of {tokens} tokens at {tps} tokens/s, `slots: {streams}` against "
+                 f"`slots: 1`, {sizes.slot_rounds} rounds", "p50 of per-round tokens/s ratios",
+                 f"≥ {slots.THROUGHPUT_TARGET:g}", f"{ratio:.2f}", ratio >= slots.THROUGHPUT_TARGET)
+    def per_chunk(bursts: list[slots.StreamBurst]) -> str:
+        return f"{slots.median_of(bursts, lambda r: r.cpu_us_per_chunk):.0f} µs"
+
+    report.figure(f"service CPU per streamed chunk, stand-in unpaced, {sizes.cpu_tokens:,} tokens a stream",
+                  f"1 stream {per_chunk(runs.cpu_one)}, {streams} concurrent streams {per_chunk(runs.cpu_many)}")
+    report.figure(f"service CPU per streamed chunk at {tps} tokens/s a stream, {tokens} tokens a stream",
+                  f"1 stream at a time {per_chunk(runs.slots[1])}, {streams} concurrent streams "
+                  f"{per_chunk(runs.slots[streams])}")
+    report.section(
+        "Coexisting models and slots",
+        slots.embeddings_table(beside),
+        slots.slots_table(runs, streams, tokens, tps),
+        slots.cpu_table(runs, streams, tps),
+    )
+
+
 def capacity_part(report: Report, sizes: Sizes) -> None:
     result = load.measure(sizes.capacity_clients, sizes.capacity_models)
     report.judge(f"queue capacity, {result.requests:,} queued connections",
@@ -306,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     report.part("peer", lambda: peer_part(report, sizes, not args.no_peer))
     report.part("interactive wait", lambda: interactive_part(report, sizes))
     report.part("swap thrash", lambda: thrash_part(report, sizes))
+    report.part("coexisting models and slots", lambda: slots_part(report, sizes))
     report.part("queue capacity", lambda: capacity_part(report, sizes))
     peer_version = (peer.installed_version() or "not installed") + " (peer, in .bench-venv/)"
     text = render(report, command, load_before, time.monotonic() - started, peer_version)

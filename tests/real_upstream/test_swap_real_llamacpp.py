@@ -1,4 +1,5 @@
-"""Swapping between two real llama.cpp servers: proof the proxy works against an upstream we did not write.
+"""Real llama.cpp servers behind the proxy: proof it works against an upstream we did not write —
+swapping between two models, and one model with two slots serving two streams at once.
 
 Needs the `real-upstream` extra (`pip install -e '.[real-upstream]'`). Without it the test is
 skipped with the reason (a failure under CI=true, see tests/conftest.py).
@@ -6,8 +7,12 @@ skipped with the reason (a failure under CI=true, see tests/conftest.py).
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from threading import Event
 
 import httpx
 import openai
@@ -140,3 +145,82 @@ def test_swapping_a_b_a_streams_real_llamacpp_replies_and_records_its_timings(se
     assert [r["output_tokens"] for r in rows] == [MAX_TOKENS] * 3
     assert all(r["input_tokens"] > 0 and r["tokens_per_second"] > 0 and r["prompt_per_second"] > 0 for r in rows)
     assert [r["cache_tokens"] for r in rows] == [0, 0, 0], "each request ran on a freshly loaded model"
+
+
+# Two slots: the long stream lasts long enough that the short one, sent after the long one's first
+# chunk, would start only after the long one's end if they were served one at a time.
+LONG_TOKENS = 2000
+SLOT_CONTEXT = 16384  # room for a long stream in each slot however llama.cpp splits the context
+
+
+@pytest.fixture
+def served_two_slots(tmp_path):
+    require_real_upstream()
+    from tests.real_upstream.tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", seed=1, context_length=SLOT_CONTEXT)
+    config = f"""
+        healthCheckTimeout: 30
+        startPort: {model_ports(1)}
+        models:
+          tiny:
+            cmd: {sys.executable} {LAUNCHER} -m {path} --port ${{PORT}} -a tiny -np 2 -c {SLOT_CONTEXT}
+            proxy: http://127.0.0.1:${{PORT}}
+        routing:
+          scheduler:
+            use: serial
+            settings:
+              serial:
+                slots: {{tiny: 2}}
+    """
+    with Served(tmp_path, config) as s:
+        yield s
+
+
+def timed_stream(base: str, max_tokens: int, first_chunk: Event | None = None) -> dict:
+    """Stream one greedy completion; returns its text, finish reasons and when its first chunk and
+    its `[DONE]` arrived (monotonic seconds), read as they come so neither is late by buffering."""
+    body = {"model": "tiny", "messages": PROMPT, "stream": True, "temperature": 0, "max_tokens": max_tokens}
+    text, finishes, first, done = [], [], None, None
+    with httpx.Client(timeout=120) as client, \
+            client.stream("POST", base + "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if first is None:
+                first = time.monotonic()
+                if first_chunk is not None:
+                    first_chunk.set()
+            if line == "data: [DONE]":
+                done = time.monotonic()
+                continue
+            for choice in json.loads(line[len("data: "):]).get("choices", []):
+                text.append(choice.get("delta", {}).get("content") or "")
+                if choice.get("finish_reason"):
+                    finishes.append(choice["finish_reason"])
+    return {"text": "".join(text), "finishes": finishes, "first": first, "done": done}
+
+
+def test_a_model_with_two_slots_streams_two_real_llamacpp_replies_at_once(served_two_slots):
+    served = served_two_slots
+    long_started = Event()
+    with ThreadPoolExecutor(2) as pool:
+        long = pool.submit(timed_stream, served.base, LONG_TOKENS, long_started)
+        assert long_started.wait(60), "the long stream sent no chunk"
+        short = pool.submit(timed_stream, served.base, MAX_TOKENS).result()
+        long = long.result()
+
+    assert short["first"] < long["done"], (
+        f"the second stream's first chunk came {short['first'] - long['done']:.3f} s after the first stream ended: "
+        "the two requests were served one after the other")
+    for reply, tokens in ((long, LONG_TOKENS), (short, MAX_TOKENS)):
+        assert reply["finishes"] == ["length"] and len(reply["text"].split()) == tokens, (
+            f"every one of {tokens} tokens should arrive, then one finish_reason: got "
+            f"{len(reply['text'].split())} words and {reply['finishes']}")
+
+    rows = wait_until(lambda: (r := db_rows(served.data_dir, "state='completed'")) and len(r) == 2 and r,
+                      timeout=10, what="two completed request rows")
+    assert [r["needed_swap"] for r in rows] == [1, 0], "the first request loads the model, the second joins it"
+    assert sorted(r["slot"] for r in rows) == [1, 2], "the two requests ran on the model's two slots"
+    assert [r["output_tokens"] for r in rows] == [LONG_TOKENS, MAX_TOKENS]
