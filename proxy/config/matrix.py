@@ -7,6 +7,7 @@ import re
 
 from scheduling.core.matrix import MatrixPolicy, compile_sets
 
+from .errors import kind_of
 from .fields import MISSING, Section
 from .model_index import ModelIndex
 
@@ -33,9 +34,12 @@ def read_matrix(matrix: Section, index: ModelIndex) -> MatrixPolicy | None:
     else:
         for raw_name in list(sets.data):
             value = sets.expanded(raw_name, typed=False)
-            if value is not MISSING and value is not None and not isinstance(value, str):
+            if value is MISSING:  # an undefined macro, already reported
                 unreadable.add(str(raw_name))
-            definitions[str(raw_name)] = sets.text(raw_name)
+            elif value is not None and not isinstance(value, str):
+                sets.error(raw_name, f'expected an expression in quotes, got {kind_of(value)} — e.g. {raw_name}: "model-a & model-b"')
+                unreadable.add(str(raw_name))
+            definitions[str(raw_name)] = value if isinstance(value, str) else ""
         if not definitions:
             matrix.error("sets", f"no sets defined — add at least one, e.g. {SET_EXAMPLE}")
     compiled, problems = compile_sets(definitions, resolve)

@@ -93,6 +93,7 @@ routing:
           loop1: "+loop2 & l"
           loop2: "+loop1"
           number: 7
+          macro: "l & ${nothing}"
 """
     )
     base = "routing.router.settings.matrix"
@@ -109,8 +110,9 @@ routing:
     assert '"nobody" is neither a var nor a model ID' in problem(error, f"{base}.sets.unknown")
     assert '"+missing" names no set' in problem(error, f"{base}.sets.dangling")
     assert "circle (+loop1 → +loop2 → +loop1)" in problem(error, f"{base}.sets.loop1")
-    assert "quote it" in problem(error, f"{base}.sets.number")
-    assert len(error.problems) == 13, str(error)
+    assert "expected an expression in quotes, got the number 7" in problem(error, f"{base}.sets.number")
+    assert "${nothing} is not a defined macro" in problem(error, f"{base}.sets.macro")
+    assert len(error.problems) == 14, str(error)
     assert all(line.startswith("config.yaml: ") for line in str(error).splitlines())
 
 
