@@ -129,9 +129,9 @@ class WaitingRequestAdmin(LivePageAdmin):
         _, snapshot = service.runtime.snapshot
         return {
             "entries": live.waiting_now(service),
+            "busy_models": live.running_now(service),
             "scheduler": service.config.scheduler.use,
             "settings_in_use": snapshot.settings,
-            "running_tickets": snapshot.running_tickets,
             "starting": snapshot.starting,
             "history_url": _changelist_url(QueuedRequest),
         }

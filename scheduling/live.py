@@ -42,6 +42,33 @@ class WaitingEntry:
         return self.terms.total
 
 
+@dataclass(frozen=True)
+class RunningEntry:
+    """A request on one of a model's job slots; `running_s` is None while its model is still starting."""
+
+    ticket_id: int
+    priority: int
+    slot: int | None
+    running_s: float | None
+
+    @property
+    def band(self) -> str:
+        return band_of(self.priority).value
+
+
+@dataclass(frozen=True)
+class BusyModel:
+    """A model with requests on its slots; `slots` is None under fifo, which has no slots."""
+
+    model: str
+    slots: int | None
+    requests: tuple[RunningEntry, ...]
+
+    @property
+    def busy(self) -> int:
+        return len(self.requests)
+
+
 def running_service():
     """The service of this process, or ServiceUnavailable with what to do instead."""
     service = current_service()
@@ -86,6 +113,32 @@ def waiting_now(service) -> list[WaitingEntry]:
                 )
             )
         return entries
+
+    return runtime.from_thread(read)
+
+
+def running_now(service) -> list[BusyModel]:
+    """Each model serving requests now, with its busy slots and the requests on them (longest running first)."""
+    runtime = service.runtime
+
+    def entry(ticket_id: int, now: float) -> RunningEntry | None:
+        granted = runtime.granted_request(ticket_id)
+        if granted is not None:
+            _, decision, since = granted
+            return RunningEntry(ticket_id, decision.priority, decision.slot, max(0.0, now - since))
+        request = runtime.waiting_request(ticket_id)  # its model is starting for it
+        return None if request is None else RunningEntry(ticket_id, request.priority, None, None)
+
+    def read() -> list[BusyModel]:
+        now = runtime.now()
+        _, snapshot = runtime.snapshot
+        busy = []
+        for model, tickets in sorted(snapshot.running.items()):
+            entries = [found for ticket_id in tickets if (found := entry(ticket_id, now)) is not None]
+            entries.sort(key=lambda e: -1.0 if e.running_s is None else -e.running_s)
+            if entries:
+                busy.append(BusyModel(model, snapshot.slots.get(model), tuple(entries)))
+        return busy
 
     return runtime.from_thread(read)
 

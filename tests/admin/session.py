@@ -74,3 +74,13 @@ def cell(page: str, row_id: str, css_class: str) -> str:
     return match.group(1).strip()
 
 
+
+
+def running_rows(page: str) -> list[dict[str, str | int]]:
+    """The queue page's "Running now" rows: ticket id, model, and the text of each cell, busy slots included."""
+    rows = []
+    pattern = r'<tr id="running-(\d+)" class="running-entry" data-model="([^"]*)">(.*?)</tr>'
+    for ticket, model, body in re.findall(pattern, page, re.S):
+        cells = dict(re.findall(r'<t[dh][^>]* class="([\w-]+)">([^<]*)', body))
+        rows.append({"ticket": int(ticket), "model": model, **{k: v.strip() for k, v in cells.items()}})
+    return rows

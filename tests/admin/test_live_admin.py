@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.admin.session import AdminSession, cell, create_superuser, queue_rows
+from tests.admin.session import AdminSession, cell, create_superuser, queue_rows, running_rows
 from tests.admin.traffic import Caller, GpuHolder, started_ids, two_model_config
 from tests.served import Served, wait_until
 
@@ -53,6 +53,10 @@ def test_the_queue_page_ranks_waiting_requests_and_operators_cancel_and_repriori
     assert [(r["rank"], r["priority"], r["affinity"], r["score"]) for r in rows] == [
         ("1", "0", "10", "10.0"), ("2", "0", "0", "0.0"), ("3", "-100", "10", "-90.0")]
     alpha_id, beta_id, batch_id = (r["ticket"] for r in rows)
+    running = running_rows(admin.get(QUEUE))
+    assert [(r["model"], r["slots-busy"], r["slot"], r["priority"], r["band"]) for r in running] == [
+        ("alpha", "1/1", "1", "0", "normal")]
+    assert running[0]["running-for"].endswith(" s") and running[0]["ticket"] < alpha_id
 
     response = admin.post(QUEUE, {"action": "cancel", "ticket": [beta_id]})
     assert response.status_code == 302
@@ -71,6 +75,7 @@ def test_the_queue_page_ranks_waiting_requests_and_operators_cancel_and_repriori
     holder.release()
     assert batch.wait()[0] == 200 and alpha.wait()[0] == 200
     assert started_ids(served) == ["holder", "batch", "alpha"]
+    assert "Nothing is running." in admin.get(QUEUE)
 
 
 def test_the_models_page_shows_state_and_last_use_and_unloads(served, admin):

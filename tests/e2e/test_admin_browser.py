@@ -1,4 +1,5 @@
-"""An operator in a real headless Chromium: log in, watch the queue, retune swapAffinityBonus, see the dispatch follow."""
+"""An operator in a real headless Chromium: log in, watch what runs and what waits, retune swapAffinityBonus,
+see the dispatch follow."""
 
 from __future__ import annotations
 
@@ -84,6 +85,10 @@ def test_an_operator_retunes_swap_affinity_and_the_next_dispatch_follows(browser
     alpha = Caller(served, "alpha", 0, "alpha")
     # alpha is loaded: with swapAffinityBonus 10 the newer alpha request is ranked ahead of beta.
     wait(lambda: ranked_models() == ["alpha", "beta"], "alpha ranked first by its affinity bonus")
+    running = browser.find_elements(By.CSS_SELECTOR, "#running-now tr.running-entry")
+    assert [(row.get_attribute("data-model"), row.find_element(By.CLASS_NAME, "slots-busy").text) for row in running] \
+        == [("alpha", "1/1")]
+    assert browser.find_element(By.ID, "running-now").location["y"] < browser.find_element(By.ID, "result_list").location["y"]
     SCREENSHOT.parent.mkdir(exist_ok=True)
     browser.save_screenshot(str(SCREENSHOT))
 
