@@ -27,9 +27,9 @@ def read_matrix(matrix: Section, index: ModelIndex) -> MatrixPolicy | None:
     costs = _read_evict_costs(matrix.section("evict_costs"), resolve)
     sets = matrix.section("sets")
     definitions: dict[str, str] = {}
-    unreadable: set[str] = set()  # not text: already reported by the reader
+    unreadable: set[str] = set()  # sets whose value is already reported: parsing it would only repeat that
     if sets is None:
-        if not matrix.has("sets"):
+        if matrix.data.get("sets") is None:  # otherwise its type was reported
             matrix.error("sets", f"missing — name the model combinations that may run together, e.g. {SET_EXAMPLE}")
     else:
         for raw_name in list(sets.data):
@@ -44,7 +44,9 @@ def read_matrix(matrix: Section, index: ModelIndex) -> MatrixPolicy | None:
             matrix.error("sets", f"no sets defined — add at least one, e.g. {SET_EXAMPLE}")
     compiled, problems = compile_sets(definitions, resolve)
     for name, messages in problems.items():
-        for message in messages if name not in unreadable else ():
+        if name in unreadable:
+            continue
+        for message in messages:
             sets.error(name, message)
     matrix.warn_unread()
     if len(matrix.log.problems) > problems_before:

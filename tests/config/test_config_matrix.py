@@ -123,6 +123,7 @@ routing:
         ("routing: {router: {use: matrix, settings: {matrix: null}}}", "routing.router.settings.matrix", "add settings.matrix"),
         ("matrix: {vars: {l: llama}}", "matrix.sets", "missing — name the model combinations"),
         ("matrix: {sets: {}}", "matrix.sets", "no sets defined"),
+        ("matrix: {sets: null}", "matrix.sets", "missing — name the model combinations"),
         ('matrix: {sets: {empty: "  "}}', "matrix.sets.empty", "empty expression"),
         ('matrix: {sets: {s: "llama +"}}', "matrix.sets.s", "expected a set name after '+' at character 7"),
         ('matrix: {sets: {s: "llama qwen"}}', "matrix.sets.s", "unexpected 'qwen' (missing & or | before it?) at character 7"),
