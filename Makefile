@@ -7,7 +7,8 @@ TEST_STAMP := $(VENV)/.installed-test
 .PHONY: run test venv bench clean
 
 $(STAMP): pyproject.toml
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	# A venv whose creation was interrupted has python but no pip: create it again.
+	test -x $(VENV)/bin/pip || $(PYTHON) -m venv --clear $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
