@@ -1,0 +1,71 @@
+"""A model whose server takes two requests at once (`slots: 2`, the fake model with `--parallel 2`) runs two
+jobs at once and never three: the third waits in llamaswap's queue, not in the model server's."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.e2e.held import HeldRequest, HeldStream
+from tests.served import Served, fake_cmd, read_events, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def config(events) -> str:
+    return f"""
+        healthCheckTimeout: 20
+        models:
+          chat:
+            cmd: {fake_cmd("chat", events, "--parallel", "2")}
+            aliases: [assistant]
+        routing:
+          scheduler:
+            use: serial
+            settings:
+              serial: {{slots: {{assistant: 2}}}}
+    """
+
+
+def starts(events) -> dict[str, int]:
+    """Each request that reached the model server, with how many it was serving at that moment."""
+    return {e["id"]: e["in_flight"] for e in read_events(events) if e["event"] == "start"}
+
+
+def slot_metrics(served) -> tuple[float, float]:
+    text = httpx.get(served.base + "/metrics", timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        for name in ("llamaswap_model_slots_in_use", "llamaswap_model_slots"):
+            if line.startswith(name + '{model="chat"}'):
+                values[name] = float(line.rsplit(" ", 1)[1])
+    return values["llamaswap_model_slots_in_use"], values["llamaswap_model_slots"]
+
+
+def test_two_slots_run_two_jobs_at_once_and_the_third_waits_for_a_free_one(tmp_path, rows):
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events)) as served:
+        first = HeldStream(served, "chat", tokens=100_000, tps=20, request_id="first")
+        second = HeldStream(served, "chat", tokens=100_000, tps=20, request_id="second")
+        assert starts(events) == {"first": 1, "second": 2}  # both stream at once
+        assert slot_metrics(served) == (2.0, 2.0)
+
+        third = HeldRequest(served, "chat", tokens=3, tps=0, request_id="third")
+        wait_until(lambda: rows(served.data_dir, "state='queued'"), what="the third request to queue")
+        assert "third" not in starts(events)
+
+        first.close()  # frees slot 1: the third takes it
+        assert third.result().status_code == 200
+        assert second.response.status_code == 200 and "[DONE]" not in second.payloads
+        second.close()
+
+        assert starts(events) == {"first": 1, "second": 2, "third": 2}
+        # llamaswap never sent the server a request it had no free slot for.
+        assert not [e for e in read_events(events) if e["event"] == "queued"]
+        finished = wait_until(
+            lambda: (found := rows(served.data_dir, "state IN ('completed', 'cancelled', 'failed')"))
+            and len(found) == 3 and found,
+            what="all three rows to finish",
+        )
+        assert [row["slot"] for row in finished] == [1, 2, 1]
+        wait_until(lambda: slot_metrics(served) == (0.0, 2.0), what="the slots to be free again")
