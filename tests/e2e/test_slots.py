@@ -6,13 +6,14 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.e2e.held import HeldRequest, HeldStream
+from tests.admin.session import AdminSession, create_superuser
+from tests.e2e.held import HeldRequest, HeldStream, model_events
 from tests.served import Served, fake_cmd, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
 
 
-def config(events) -> str:
+def config(events, slots: str = "{assistant: 2}") -> str:
     return f"""
         healthCheckTimeout: 20
         models:
@@ -23,7 +24,7 @@ def config(events) -> str:
           scheduler:
             use: serial
             settings:
-              serial: {{slots: {{assistant: 2}}}}
+              serial: {{slots: {slots}}}
     """
 
 
@@ -69,3 +70,22 @@ def test_two_slots_run_two_jobs_at_once_and_the_third_waits_for_a_free_one(tmp_p
         )
         assert [row["slot"] for row in finished] == [1, 2, 1]
         wait_until(lambda: slot_metrics(served) == (0.0, 2.0), what="the slots to be free again")
+
+
+def test_slots_given_in_the_admin_free_a_waiting_request_at_once(tmp_path, rows):
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events, slots="{}")) as served:
+        create_superuser(served, "alice", "correct-horse-battery")
+        admin = AdminSession(served, "alice", "correct-horse-battery")
+        running = HeldStream(served, "chat", tokens=100_000, tps=20, request_id="running")
+        waiting = HeldRequest(served, "chat", tokens=3, tps=0, request_id="waiting")
+        wait_until(lambda: rows(served.data_dir, "state='queued'"), what="the second request to queue behind one slot")
+
+        saved = admin.post("/admin/scheduling/schedulersettings/1/change/",
+                           {"aging_divisor": "", "swap_affinity_bonus": "", "slots": "assistant: 2", "_save": "Save"})
+        assert saved.status_code == 302
+        assert waiting.result().status_code == 200  # it ran on the second slot, beside the running stream
+        assert model_events(events, "running") == ["start"]
+        assert starts(events) == {"running": 1, "waiting": 2}
+        running.close()
+        admin.close()
