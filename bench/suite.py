@@ -11,10 +11,10 @@ several slots (embeddings beside a batch job, concurrent streams on slots, servi
 chunk); and queue capacity. The targets
 for llamaswap alone are judged on the first data-path run, with no third server on the machine.
 Prints one markdown report and, with `--write`, replaces the text between that file's results
-markers with it. About 3 minutes (plus about one to install LiteLLM the first time).
+markers with it. About 4 minutes (plus about one to install LiteLLM the first time).
 
 A part that fails is reported as failed (its traceback on stderr) and the rest still runs; the
-exit status is then 1. `--quick` runs every part at a smaller size, in about 1.5 minutes.
+exit status is then 1. `--quick` runs every part at a smaller size, in about 2.5 minutes.
 """
 
 from __future__ import annotations
@@ -332,7 +332,7 @@ def write_between_markers(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="every part at a smaller size (about 1.5 minutes)")
+    parser.add_argument("--quick", action="store_true", help="every part at a smaller size (about 2.5 minutes)")
     parser.add_argument("--no-peer", action="store_true", help="skip LiteLLM (no install, no start)")
     parser.add_argument("--write", type=Path, metavar="FILE", help="put the report between FILE's results markers")
     args = parser.parse_args(argv)
