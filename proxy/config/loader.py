@@ -69,6 +69,8 @@ class Config:
         scheduler = self.scheduler
         if scheduler.use == "serial":
             how = f"agingDivisor {scheduler.serial.aging_divisor:g}, swapAffinityBonus {scheduler.serial.swap_affinity_bonus}"
+            slots = ", ".join(f"{model}: {count}" for model, count in scheduler.serial.slots.items())
+            how += f", slots {slots}" if slots else ", 1 slot per model"
         else:
             how = ", ".join(f"{model}={value}" for model, value in scheduler.fifo_priority.items())
             how = f"priority {how}" if how else "no per-model priority"

@@ -290,7 +290,7 @@ def test_describe_summarises_scheduler_and_models(load):
                 big: {members: [llama]}
           scheduler:
             use: serial
-            settings: {serial: {agingDivisor: 30, swapAffinityBonus: 5}}
+            settings: {serial: {agingDivisor: 30, swapAffinityBonus: 5, slots: {gpt-4o: 2}}}
         models:
           llama:
             cmd: llama-server --port ${PORT} -m "/models/my model.gguf"
@@ -298,7 +298,7 @@ def test_describe_summarises_scheduler_and_models(load):
             ttl: 300
         """
     ).describe()
-    assert "serial (agingDivisor 30, swapAffinityBonus 5)" in text
+    assert "serial (agingDivisor 30, swapAffinityBonus 5, slots llama: 2)" in text
     assert "llama" in text and "gpt-4o" in text and "group: big" in text
     assert "llama-server --port 5800 -m '/models/my model.gguf'" in text
     assert "http://127.0.0.1:5800" in text and "300s" in text
