@@ -159,6 +159,45 @@ class WaitQueue:
             changed_by_affinity=overall_top[0][2] != winner.id,
         )
 
+    def model_tops(self, loaded: Collection[str], settings: SerialSettings) -> list[Ticket]:
+        """The best waiting request of each model, best first (score with affinity, then arrival,
+        then id). Within a model the order never changes, so the next request of a model only
+        matters once its top one has gone. O(models) per call."""
+        self.retune(settings.aging_divisor)
+        loaded = frozenset(loaded)
+        bonus = settings.swap_affinity_bonus
+        bonus_in_key_units = bonus * self._divisor if self._divisor > 0 else bonus
+        ranked = []
+        for model, heap in list(self._aged_by_model.items()):
+            self._drop_stale_top(heap)
+            if not heap:
+                del self._aged_by_model[model]
+                continue
+            ranked.append((self._rank(heap[0], loaded, bonus_in_key_units), self._tickets[heap[0][2]]))
+        ranked.sort(key=lambda pair: pair[0], reverse=True)
+        return [ticket for _, ticket in ranked]
+
+    def pick_within(self, model: str, now: float, loaded: Collection[str], settings: SerialSettings) -> Pick | None:
+        """Like `pick`, but among the requests for `model` only: the competition for one of its
+        slots, where affinity is the same for all."""
+        self.retune(settings.aging_divisor)
+        top = self._top_two(self._aged_by_model.get(model, []))
+        if not top:
+            return None
+        loaded = frozenset(loaded)
+        winner = self._tickets[top[0][2]]
+        runner_up = self._tickets[top[1][2]] if len(top) > 1 else None
+        plain = self._plain_by_model.get(model, [])
+        self._drop_stale_top(plain)
+        return Pick(
+            ticket=winner,
+            terms=self.terms(winner, now, loaded, settings),
+            runner_up=runner_up,
+            runner_up_score=None if runner_up is None else self.terms(runner_up, now, loaded, settings).total,
+            changed_by_aging=bool(plain) and plain[0][2] != winner.id,
+            changed_by_affinity=False,
+        )
+
     def terms(self, ticket: Ticket, now: float, loaded: Collection[str], settings: SerialSettings) -> ScoreTerms:
         """A request's score right now, split into its three terms."""
         divisor = settings.aging_divisor

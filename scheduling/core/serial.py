@@ -1,9 +1,16 @@
-"""The serial scheduler: one job on the GPU at a time, the best-scoring request next.
+"""The serial scheduler: each free job slot goes to the best-scoring request that can use it.
 
-score = priority + swap affinity + waited / agingDivisor. Dispatch is
-non-preemptive: priority only matters when the GPU frees up. A dispatched
-request whose model is not loaded holds the GPU while the model starts, so a
-swap is never interrupted by another pick.
+score = priority + swap affinity + waited / agingDivisor. Every model has
+`slots` job slots (1 unless configured); models the swap policy lets run side by
+side serve at the same time, so a request waits only behind work it competes
+with: a busy model's slots, or a model that starting its own would evict.
+Dispatch is non-preemptive: a swap waits for the jobs already running on the
+models it evicts. Until then those models are reserved for it, so a
+lower-scoring request can neither give them new work nor start a model that
+would stand in the swap's way; what the swap leaves alone stays in use. A
+dispatched request whose model is not loaded holds a slot of it while the model
+starts, so a swap is never interrupted by another pick. With one model at a time
+(no groups, or one swap group) and one slot, this is one job on the GPU at a time.
 """
 
 from __future__ import annotations
@@ -26,13 +33,34 @@ from .ticket import ModelSpec, Ticket
 
 @dataclass
 class _Launch:
-    """A dispatched request whose model is being brought up. `ticket` becomes None if the client
-    leaves; the start still runs to completion, as in llama-swap."""
+    """A dispatched request whose model is being brought up, on `slot` of it. `ticket` becomes
+    None if the client leaves; the start still runs to completion, as in llama-swap."""
 
     model: str
     decision: Decision
     ticket: Ticket | None
+    slot: int
     started: bool = False  # StartModel sent; until then it waits for conflicting stops to finish
+
+
+@dataclass(frozen=True)
+class _Job:
+    ticket: Ticket
+    slot: int
+
+
+class _Round:
+    """What one pass over the waiting requests has set aside so far, best request first: the
+    models swaps will evict (no new work for them) and the models those swaps will start."""
+
+    def __init__(self) -> None:
+        self.reserved: dict[str, tuple[int, str]] = {}  # model -> (ticket id, swap target)
+        self.targets: list[tuple[str, int]] = []  # (swap target, ticket id), best first
+
+    def reserve(self, ticket_id: int, target: str, victims: Iterable[str]) -> None:
+        for victim in victims:
+            self.reserved.setdefault(victim, (ticket_id, target))
+        self.targets.append((target, ticket_id))
 
 
 class SerialScheduler:
@@ -43,8 +71,10 @@ class SerialScheduler:
         self._policy = policy
         self._settings = settings
         self._queue = WaitQueue(settings.aging_divisor)
-        self._running: Ticket | None = None
-        self._launch: _Launch | None = None
+        self._jobs: dict[int, _Job] = {}  # granted and unfinished, in grant order
+        self._launches: dict[str, _Launch] = {}  # by model, in dispatch order
+        self._slots: dict[str, dict[int, int]] = {}  # model -> {slot: ticket id} of jobs and launches
+        self._waited: dict[int, str] = {}  # why a waiting request was last held back while work ran
         self._shut_down = False
 
     # -- requests -----------------------------------------------------------------------------
@@ -60,32 +90,36 @@ class SerialScheduler:
         return self._dispatch(now)
 
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
-        """The client left (or an operator cancelled): drop it wherever it is. Idempotent."""
+        """The client left (or an operator cancelled): drop it wherever it is. Idempotent. What
+        it reserved is free again."""
         if self._dequeue(ticket_id, now) is not None:
-            return [Dequeued(ticket_id, "cancelled")]
-        launch = self._launch
-        if launch is not None and launch.ticket is not None and launch.ticket.id == ticket_id:
-            launch.ticket = None
-            effects: list[Effect] = [Dequeued(ticket_id, "cancelled")]
-            if not launch.started:
-                self._launch = None
-                effects += self._dispatch(now)
-            return effects
+            return [Dequeued(ticket_id, "cancelled"), *self._dispatch(now)]
+        for launch in self._launches.values():
+            if launch.ticket is not None and launch.ticket.id == ticket_id:
+                self._orphan(launch)
+                effects: list[Effect] = [Dequeued(ticket_id, "cancelled")]
+                if not launch.started:
+                    del self._launches[launch.model]
+                    effects += self._dispatch(now)
+                return effects
         return self.finished(ticket_id, now)
 
     def finished(self, ticket_id: int, now: float) -> list[Effect]:
         """The granted request ended, whatever the outcome. Unknown ids are ignored."""
-        if self._running is None or self._running.id != ticket_id:
+        job = self._jobs.pop(ticket_id, None)
+        if job is None:
             return []
-        model = self._running.model
+        model = job.ticket.model
+        self._free_slot(model, job.slot)
         self._fleet.end_serving(model, now)
-        self._running = None
-        return self._stop_if_retired(model) + self._dispatch(now)
+        return self._stop_if_retired(model) + self._start_launches() + self._dispatch(now)
 
     def reprioritize(self, ticket_id: int, priority: int, now: float) -> list[Effect]:
-        """Re-rank a waiting request; it keeps its arrival time, so its aging carries on."""
-        self._queue.reprioritize(ticket_id, priority)
-        return []
+        """Re-rank a waiting request; it keeps its arrival time, so its aging carries on. The
+        new rank may let it, or others, go now."""
+        if self._queue.reprioritize(ticket_id, priority) is None:
+            return []
+        return self._dispatch(now)
 
     # -- models -------------------------------------------------------------------------------
 
@@ -93,11 +127,14 @@ class SerialScheduler:
         if self._fleet.state(model) is not ModelState.STARTING:
             return []  # a start that was unloaded or shut down meanwhile
         self._fleet.mark_ready(model, now)
-        launch, self._launch = self._launch, None
-        assert launch is not None and launch.model == model, "a model only starts for the pending launch"
+        launch = self._launches.pop(model)
+        effects: list[Effect] = []
         if launch.ticket is None:  # its client left during the start, or a reload replaces the model
-            return self._stop_if_retired(model) + self._dispatch(now)
-        return [self._grant(launch.ticket, launch.decision)]
+            effects += self._stop_if_retired(model)
+        else:
+            self._free_slot(model, launch.slot)
+            effects.append(self._grant(launch.ticket, launch.decision, launch.slot))
+        return effects + self._dispatch(now)
 
     def model_failed(self, model: str, reason: str, now: float) -> list[Effect]:
         """The start failed: its request and every request waiting for the same model would hit
@@ -106,29 +143,29 @@ class SerialScheduler:
             return []
         replaced_config = self._fleet.is_retiring(model)
         self._fleet.mark_stopped(model)
-        launch, self._launch = self._launch, None
-        assert launch is not None and launch.model == model, "a model only starts for the pending launch"
+        launch = self._launches.pop(model)
         effects: list[Effect] = []
         if launch.ticket is not None:
+            self._free_slot(model, launch.slot)
             effects.append(rejections.start_failed(launch.ticket.id, model, reason))
         if not replaced_config:  # a start with the reloaded config may well succeed: let them try
             for ticket in self._queue.tickets_for(model):
                 self._dequeue(ticket.id, now)
                 effects.append(rejections.start_failed(ticket.id, model, reason))
-        return effects + self._dispatch(now)
+        return effects + self._start_launches() + self._dispatch(now)
 
     def model_stopped(self, model: str, now: float) -> list[Effect]:
-        """A stop finished, or a ready model exited on its own (its request fails by itself and
-        the runtime then calls `finished`). A start reports through ready/failed instead."""
+        """A stop finished, or a ready model exited on its own (its requests fail by themselves and
+        the runtime then calls `finished` for each). A start reports through ready/failed instead."""
         if self._fleet.state(model) in (ModelState.STOPPED, ModelState.STARTING):
             return []
         self._fleet.mark_stopped(model)
-        return self._start_launch() + self._dispatch(now)
+        return self._start_launches() + self._dispatch(now)
 
     def unload(self, models: Iterable[str] | None, now: float) -> list[Effect]:
         """Stop the given models (None: every running or starting one). A request whose model
-        was starting is told so; one it was serving is cut by the runtime when it carries out the
-        stop (and reported `finished`); waiting requests stay queued and will start it again."""
+        was starting is told so; those it was serving are cut by the runtime when it carries out
+        the stop (and reported `finished`); waiting requests stay queued and will start it again."""
         active = (ModelState.READY, ModelState.STARTING)
         targets = (
             self._fleet.in_state(*active)
@@ -138,11 +175,12 @@ class SerialScheduler:
         effects: list[Effect] = []
         for model in targets:
             effects.append(self._stop(model, "unload"))
-            launch = self._launch
-            if launch is not None and launch.started and launch.model == model:
-                self._launch = None
+            launch = self._launches.get(model)
+            if launch is not None and launch.started:
+                del self._launches[model]
                 if launch.ticket is not None:
                     effects.append(rejections.unloaded(launch.ticket.id, model))
+                    self._orphan(launch)
         return effects + self._dispatch(now)
 
     def tick(self, now: float) -> list[Effect]:
@@ -155,10 +193,11 @@ class SerialScheduler:
     # -- operations ---------------------------------------------------------------------------
 
     def retune(self, settings: SerialSettings, now: float) -> list[Effect]:
-        """Adopt edited settings; they apply from the next pick."""
+        """Adopt edited settings; they apply from the next pick. A model given fewer slots than
+        it has jobs keeps them until they end, and takes no new ones until below its slots."""
         self._settings = settings
         self._queue.retune(settings.aging_divisor)
-        return []
+        return self._dispatch(now)
 
     def reconfigure(
         self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: Iterable[str], now: float
@@ -167,7 +206,7 @@ class SerialScheduler:
 
         Requests for removed models are refused; requests for restarted models (whose command
         changed) keep waiting and start them again once the old process has stopped. Either
-        kind of model stops at once when idle, else when its request or start ends. Ids in
+        kind of model stops at once when idle, else when its requests or start end. Ids in
         `restart` that `models` lacks are ignored. Effects come in model id order.
         """
         if self._shut_down:
@@ -178,21 +217,24 @@ class SerialScheduler:
         effects: list[Effect] = []
         for model in replaced:
             effects += self._remove(model, now) if model in removed else self._restart(model)
-        return effects + self._start_launch() + self._dispatch(now)
+        return effects + self._start_launches() + self._dispatch(now)
 
     def shutdown(self, now: float) -> list[Effect]:
-        """Refuse everything still waiting and stop every model; the running request is left
-        to the runtime's drain."""
+        """Refuse everything still waiting and stop every model; running requests are left to
+        the runtime's drain."""
         if self._shut_down:
             return []
         self._shut_down = True
         effects: list[Effect] = []
-        if self._launch is not None and self._launch.ticket is not None:
-            effects.append(rejections.shutting_down(self._launch.ticket.id))
-        self._launch = None
+        for launch in self._launches.values():
+            if launch.ticket is not None:
+                effects.append(rejections.shutting_down(launch.ticket.id))
+                self._orphan(launch)
+        self._launches.clear()
         for ticket in self._queue.remove_all():
             self._fleet.end_waiting(ticket.model, now)
             effects.append(rejections.shutting_down(ticket.id))
+        self._waited.clear()
         effects += [
             self._stop(model, "shutdown") for model in self._fleet.in_state(ModelState.READY, ModelState.STARTING)
         ]
@@ -205,38 +247,92 @@ class SerialScheduler:
             oldest_wait_by_band=MappingProxyType(
                 {band: 0.0 if oldest[band] is None else max(0.0, now - oldest[band]) for band in Band}
             ),
-            running_tickets=() if self._running is None else (self._running.id,),
+            running_tickets=tuple(self._jobs),
             loaded=self._fleet.loaded(),
             starting=self._fleet.in_state(ModelState.STARTING),
             waiting=len(self._queue),
             settings=self._settings,
+            running=MappingProxyType(
+                {
+                    model: tuple(ticket_id for _, ticket_id in sorted(slots.items()))
+                    for model, slots in sorted(self._slots.items())
+                    if slots
+                }
+            ),
+            slots=MappingProxyType({model: self._settings.slots_for(model) for model in self._fleet.ids()}),
         )
 
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Waiting requests best first, with the score each would get right now."""
         return self._queue.ranked(now, self._fleet.ready_for_work(), self._settings)
 
-    # -- internals ----------------------------------------------------------------------------
-
-    def _holds(self, ticket_id: int) -> bool:
-        launch_ticket = self._launch.ticket if self._launch is not None else None
-        return (
-            ticket_id in self._queue
-            or (self._running is not None and self._running.id == ticket_id)
-            or (launch_ticket is not None and launch_ticket.id == ticket_id)
-        )
+    # -- dispatch -----------------------------------------------------------------------------
 
     def _dispatch(self, now: float) -> list[Effect]:
-        """When the GPU is free, pick the best request and grant it or start its model."""
-        if self._shut_down or self._running is not None or self._launch is not None:
+        """Give free slots to the best requests that can use them, until none can."""
+        if self._shut_down:
             return []
+        effects: list[Effect] = []
+        while self._dispatch_one(now, effects):
+            pass
+        return effects
+
+    def _dispatch_one(self, now: float, effects: list[Effect]) -> bool:
+        """Walk the models' best waiting requests, best first, and dispatch the first that can
+        go: granted on a ready model with a free slot, or given a launch of its model. Requests
+        that cannot go set aside what they need from the ones below them. Returns whether
+        anything was dispatched."""
         loaded = self._fleet.ready_for_work()
+        tops = self._queue.model_tops(loaded, self._settings)
+        if not tops:
+            return False
+        round_ = _Round()
+        for launch in self._launches.values():
+            if not launch.started:  # its evictions are promised; keep them idle until it starts
+                round_.reserve(self._decision_id(launch), launch.model, self._victims(launch.model))
+        up = self._fleet.not_stopped()
+        partly_idle = any(len(self._slots.get(m, ())) < self._settings.slots_for(m) for m in loaded)
+        for ticket in tops:
+            reason = self._holdback(ticket, loaded, up, round_)
+            if reason is None:
+                effects += self._dispatch_ticket(ticket, now, loaded)
+                return True
+            if partly_idle:
+                self._waited[ticket.id] = reason
+        return False
+
+    def _holdback(self, ticket: Ticket, loaded: tuple[str, ...], up: tuple[str, ...], round_: _Round) -> str | None:
+        """Why `ticket` cannot be dispatched now (None: it can). Reserves what it needs when
+        only busy work stands in its way."""
+        model = ticket.model
+        reserved = round_.reserved.get(model)
+        if reserved is not None:
+            return f"reserved for #{reserved[0]}'s swap to {reserved[1]}"
+        used, slots = len(self._slots.get(model, ())), self._settings.slots_for(model)
+        if model in loaded:
+            return None if used < slots else f"model {model} was busy ({used}/{slots} slots)"
+        if model in self._launches or self._fleet.state(model) is ModelState.STARTING:
+            return f"model {model} was starting"
+        for target, ticket_id in round_.targets:
+            if not self._may_start_beside(model, target, up):
+                return f"reserved for #{ticket_id}'s swap to {target}"
+        victims = self._victims(model)
+        busy = sorted(v for v in victims | {model} if self._in_use(v))
+        if busy:  # wait for them to finish; meanwhile nothing below may add to their work
+            round_.reserve(ticket.id, model, victims | {model})
+            return f"model {busy[0]} was busy, and starting {model} stops it"
+        return None
+
+    def _dispatch_ticket(self, ticket: Ticket, now: float, loaded: tuple[str, ...]) -> list[Effect]:
+        """Grant `ticket` a slot of its ready model, or launch its model for it."""
         pick = self._queue.pick(now, loaded, self._settings)
-        if pick is None:
-            return []
-        ticket = pick.ticket
+        assert pick is not None
+        if pick.ticket.id != ticket.id:
+            pick = self._queue.pick_within(ticket.model, now, loaded, self._settings)
+            assert pick is not None and pick.ticket.id == ticket.id
         self._dequeue(ticket.id, now)
         ready = ticket.model in loaded
+        slot = self._take_slot(ticket.model, ticket.id)
         decision = Decision(
             ticket_id=ticket.id,
             model=ticket.model,
@@ -252,29 +348,80 @@ class SerialScheduler:
             changed_by_affinity=pick.changed_by_affinity,
             needs_swap=not ready,
             fifo_priority=None,
+            slot=slot,
+            waited_because=self._waited.pop(ticket.id, ""),
         )
         if ready:
-            return [self._grant(ticket, decision)]
-        self._launch = _Launch(ticket.model, decision, ticket)
-        return self._start_launch()
+            self._free_slot(ticket.model, slot)
+            return [self._grant(ticket, decision, slot)]
+        self._launches[ticket.model] = _Launch(ticket.model, decision, ticket, slot)
+        return self._start_launches()
 
-    def _start_launch(self) -> list[Effect]:
-        """Send the pending StartModel once no model it depends on is still stopping, and no
-        model removed by a reload is still up."""
-        launch = self._launch
-        if launch is None or launch.started:
-            return []
-        victims = self._policy.evictions(launch.model, self._fleet.not_stopped())
-        stopping = ModelState.STOPPING
-        if self._fleet.state(launch.model) is stopping or any(self._fleet.state(v) is stopping for v in victims):
-            return []  # model_stopped resumes the launch
-        if self._fleet.departing():
-            return []  # so does the stop of the last removed model
-        for victim in victims:
-            self._fleet.mark_stopped(victim)
-        self._fleet.mark_starting(launch.model)
-        launch.started = True
-        return [StartModel(launch.model, tuple(sorted(victims)))]
+    def _start_launches(self) -> list[Effect]:
+        """Send each pending StartModel once no model it depends on is still stopping or busy,
+        and no model removed by a reload is still up."""
+        effects: list[Effect] = []
+        for launch in self._launches.values():
+            if launch.started:
+                continue
+            victims = self._victims(launch.model)
+            stopping = ModelState.STOPPING
+            if self._fleet.state(launch.model) is stopping or any(self._fleet.state(v) is stopping for v in victims):
+                continue  # model_stopped resumes the launch
+            if any(self._in_use(v) for v in victims) or self._fleet.departing():
+                continue  # so does the end of that work, or the stop of the last removed model
+            for victim in victims:
+                self._fleet.mark_stopped(victim)
+            self._fleet.mark_starting(launch.model)
+            launch.started = True
+            effects.append(StartModel(launch.model, tuple(sorted(victims))))
+        return effects
+
+    def _victims(self, model: str) -> frozenset[str]:
+        return self._policy.evictions(model, self._fleet.not_stopped())
+
+    def _in_use(self, model: str) -> bool:
+        """Serving, starting, or holding a slot for a launch: not to be evicted."""
+        return bool(self._slots.get(model)) or self._fleet.serving(model) > 0 or (
+            self._fleet.state(model) is ModelState.STARTING
+        )
+
+    def _may_start_beside(self, model: str, target: str, up: tuple[str, ...]) -> bool:
+        """Whether starting `model` now leaves the reserved swap to `target` no more to evict."""
+        before = self._policy.evictions(target, up)
+        after_start = (set(up) - self._policy.evictions(model, up)) | {model}
+        return self._policy.evictions(target, after_start) <= before
+
+    @staticmethod
+    def _decision_id(launch: _Launch) -> int:
+        return launch.decision.ticket_id
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _holds(self, ticket_id: int) -> bool:
+        return (
+            ticket_id in self._queue
+            or ticket_id in self._jobs
+            or any(launch.ticket is not None and launch.ticket.id == ticket_id for launch in self._launches.values())
+        )
+
+    def _take_slot(self, model: str, ticket_id: int) -> int:
+        slots = self._slots.setdefault(model, {})
+        slot = next(n for n in range(1, len(slots) + 2) if n not in slots)
+        slots[slot] = ticket_id
+        return slot
+
+    def _free_slot(self, model: str, slot: int) -> None:
+        slots = self._slots.get(model)
+        if slots is not None:
+            slots.pop(slot, None)
+            if not slots:
+                del self._slots[model]
+
+    def _orphan(self, launch: _Launch) -> None:
+        """The launch's request is gone (left, refused or sent back to the queue)."""
+        self._free_slot(launch.model, launch.slot)
+        launch.ticket = None
 
     def _enqueue(self, ticket: Ticket) -> None:
         self._queue.add(ticket)
@@ -284,10 +431,12 @@ class SerialScheduler:
         ticket = self._queue.remove(ticket_id)
         if ticket is not None:
             self._fleet.end_waiting(ticket.model, now)
+            self._waited.pop(ticket_id, None)
         return ticket
 
-    def _grant(self, ticket: Ticket, decision: Decision) -> Grant:
-        self._running = ticket
+    def _grant(self, ticket: Ticket, decision: Decision, slot: int) -> Grant:
+        self._jobs[ticket.id] = _Job(ticket, slot)
+        self._slots.setdefault(ticket.model, {})[slot] = ticket.id
         self._fleet.begin_serving(ticket.model)
         return Grant(ticket.id, ticket.model, decision)
 
@@ -295,11 +444,10 @@ class SerialScheduler:
         """A model the reload dropped: refuse whoever waits for it, and stop it once idle. A start
         under way is cut short, since nobody is left to use it."""
         effects: list[Effect] = []
-        launch = self._launch
-        if launch is not None and launch.model == model:
-            self._launch = None
-            if launch.ticket is not None:
-                effects.append(rejections.removed(launch.ticket.id, model))
+        launch = self._launches.pop(model, None)
+        if launch is not None and launch.ticket is not None:
+            effects.append(rejections.removed(launch.ticket.id, model))
+            self._orphan(launch)
         for ticket in self._queue.tickets_for(model):
             self._dequeue(ticket.id, now)
             effects.append(rejections.removed(ticket.id, model))
@@ -310,10 +458,11 @@ class SerialScheduler:
     def _restart(self, model: str) -> list[Effect]:
         """A model whose process the reload replaces. A start under way still runs on the old
         config, so the request it was for waits again, for a start with the new one."""
-        launch = self._launch
-        if launch is not None and launch.model == model and launch.started and launch.ticket is not None:
-            self._enqueue(launch.ticket)
-            launch.ticket = None
+        launch = self._launches.get(model)
+        if launch is not None and launch.started and launch.ticket is not None:
+            ticket = launch.ticket
+            self._orphan(launch)
+            self._enqueue(ticket)
         return [self._stop(model, "reload")] if self._fleet.retire(model) else []
 
     def _stop_if_retired(self, model: str) -> list[Effect]:

@@ -312,7 +312,8 @@ def test_shutdown_rejects_every_waiter_and_stops_every_model(ticket):
     rejected = rejects(effects)
     assert set(rejected) == {t.id for t in queued}
     assert all((r.status, r.code) == (503, "shutting_down") for r in rejected.values())
-    assert stops(effects) == [StopModel("a", "shutdown")]
+    # b shares the GPU with a, so its start began beside a's job
+    assert stops(effects) == [StopModel("a", "shutdown"), StopModel("b", "shutdown")]
     assert scheduler.finished(running.id, 5.0) == []
     late = ticket("a", arrival=6.0)
     assert rejects(scheduler.submit(late, 6.0))[late.id].code == "shutting_down"
