@@ -41,6 +41,7 @@ class _Launch:
     ticket: Ticket | None
     slot: int
     started: bool = False  # StartModel sent; until then it waits for conflicting stops to finish
+    evict: frozenset[str] = frozenset()  # what the start stops first, once sent
 
 
 @dataclass(frozen=True)
@@ -290,7 +291,7 @@ class SerialScheduler:
         for launch in self._launches.values():
             if not launch.started:  # its evictions are promised; keep them idle until it starts
                 round_.reserve(self._decision_id(launch), launch.model, self._victims(launch.model))
-        up = self._fleet.not_stopped()
+        up = self._holding()
         partly_idle = any(len(self._slots.get(m, ())) < self._settings.slots_for(m) for m in loaded)
         for ticket in tops:
             reason = self._holdback(ticket, loaded, up, round_)
@@ -313,6 +314,9 @@ class SerialScheduler:
             return None if used < slots else f"model {model} was busy ({used}/{slots} slots)"
         if model in self._launches or self._fleet.state(model) is ModelState.STARTING:
             return f"model {model} was starting"
+        evicting = self._evicted_by_start(model)
+        if evicting is not None:
+            return f"model {model} was being stopped for the start of {evicting}"
         for target, ticket_id in round_.targets:
             if not self._may_start_beside(model, target, up):
                 return f"reserved for #{ticket_id}'s swap to {target}"
@@ -370,15 +374,32 @@ class SerialScheduler:
                 continue  # model_stopped resumes the launch
             if any(self._in_use(v) for v in victims) or self._fleet.departing():
                 continue  # so does the end of that work, or the stop of the last removed model
+            if self._evicted_by_start(launch.model) is not None:
+                continue  # and the end of the start that stops it
             for victim in victims:
                 self._fleet.mark_stopped(victim)
             self._fleet.mark_starting(launch.model)
             launch.started = True
+            launch.evict = victims
             effects.append(StartModel(launch.model, tuple(sorted(victims))))
         return effects
 
+    def _evicted_by_start(self, model: str) -> str | None:
+        """The model whose start under way stops `model` first: `model` may not start again
+        until that start has ended, or the two would race for its process."""
+        for launch in self._launches.values():
+            if launch.started and model in launch.evict:
+                return launch.model
+        return None
+
+    def _holding(self) -> tuple[str, ...]:
+        """Configured models holding the GPU: up, or still running jobs on a process that exited
+        (until the runtime reports those ended)."""
+        busy = (m for m in self._slots if m in self._fleet)
+        return tuple(sorted({*self._fleet.not_stopped(), *busy}))
+
     def _victims(self, model: str) -> frozenset[str]:
-        return self._policy.evictions(model, self._fleet.not_stopped())
+        return self._policy.evictions(model, self._holding())
 
     def _in_use(self, model: str) -> bool:
         """Serving, starting, or holding a slot for a launch: not to be evicted."""
