@@ -399,7 +399,9 @@ class SerialScheduler:
         return tuple(sorted({*self._fleet.not_stopped(), *busy}))
 
     def _victims(self, model: str) -> frozenset[str]:
-        return self._policy.evictions(model, self._holding())
+        """What must stop before `model` starts. `model` itself is left out of the running set even
+        when a slot is already taken for its launch: the matrix evicts nothing for a running target."""
+        return self._policy.evictions(model, tuple(m for m in self._holding() if m != model))
 
     def _in_use(self, model: str) -> bool:
         """Serving, starting, or holding a slot for a launch: not to be evicted."""

@@ -78,7 +78,7 @@ def load_config(events: Path, models: tuple[str, ...] = MODELS) -> str:
             name: {"cmd": fake_cmd(name, events, "--tps", "0", "--tokens", "4"), "proxy": "http://127.0.0.1:${PORT}"}
             for name in models
         },
-        "groups": {"side-by-side": {"swap": False, "members": list(models)}},
+        "groups": {"one-at-a-time": {"swap": True, "members": list(models)}},
         "routing": {"scheduler": {"use": "serial", "settings": {
             "serial": {"agingDivisor": 0, "swapAffinityBonus": 0},
         }}},
