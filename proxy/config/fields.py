@@ -9,7 +9,7 @@ which is how unknown and unsupported keys get reported by name.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from .errors import ProblemLog, kind_of
@@ -162,6 +162,42 @@ class Section:
             self.log.error(key, f"{value} is above the maximum of {maximum} — e.g. {example}")
             return default
         return value
+
+    def model_integers(
+        self,
+        resolve: Callable[[str], str | None],
+        unknown: Callable[[str], str],
+        what: str,  # "slots are", "priority is": it reads "whose <what> already set by"
+        *,
+        default: int | None,
+        minimum: int | None = None,
+        example: Callable[[str], str],
+    ) -> dict[str, int]:
+        """A `{<model id or alias>: whole number}` table (slots, fifo priorities, matrix evict costs).
+
+        Each entry is checked under its own key path and keyed by the model id `resolve` gives; a
+        model named twice (by id and alias, say) is reported once. An invalid value counts as
+        `default`, and a default of None leaves the entry out.
+        """
+        values: dict[str, int] = {}
+        set_by: dict[str, str] = {}
+        for raw_name in list(self.data):
+            name = str(raw_name)
+            key = self.path(name)
+            value = self.expanded(raw_name)
+            if value is MISSING:
+                continue
+            value = self.check_integer(key, value, default, minimum=minimum, example=example(name))
+            real = resolve(name)
+            if real is None:
+                self.log.error(key, unknown(name))
+            elif real in set_by:
+                self.log.error(key, f'"{name}" is model {real}, whose {what} already set by "{set_by[real]}" — keep one entry')
+            else:
+                set_by[real] = name
+                if value is not None:
+                    values[real] = value
+        return values
 
     def boolean(self, name: str, default: bool) -> bool:
         value = self.expanded(name)

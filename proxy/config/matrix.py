@@ -81,22 +81,7 @@ def _read_evict_costs(table: Section | None, resolve) -> dict[str, int]:
     """Model ID → the cost of evicting it (default 1), keyed by var or model ID."""
     if table is None:
         return {}
-    costs: dict[str, int] = {}
-    set_by: dict[str, str] = {}
-    for raw_name in list(table.data):
-        name = str(raw_name)
-        key = table.path(name)
-        value = table.expanded(raw_name)
-        if value is MISSING:
-            continue
-        cost = table.check_integer(key, value, None, minimum=1, example=f"{name}: 10")
-        real = resolve(name)
-        if real is None:
-            table.log.error(key, f'"{name}" is neither a var nor a model ID — add it under vars or fix the spelling')
-        elif real in set_by:
-            table.log.error(key, f'"{name}" is model {real}, whose cost is already set by "{set_by[real]}" — keep one entry')
-        else:
-            set_by[real] = name
-            if cost is not None:
-                costs[real] = cost
-    return costs
+    return table.model_integers(
+        resolve, lambda name: f'"{name}" is neither a var nor a model ID — add it under vars or fix the spelling',
+        "cost is", default=None, minimum=1, example=lambda name: f"{name}: 10",
+    )

@@ -169,27 +169,10 @@ def _read_slots(serial: Section, index: ModelIndex) -> dict[str, int]:
     table = serial.section("slots")
     if table is None:
         return {}
-    slots: dict[str, int] = {}
-    set_by: dict[str, str] = {}
-    for raw_name in list(table.data):
-        name = str(raw_name)
-        key = table.path(name)
-        value = table.expanded(raw_name)
-        if value is MISSING:
-            continue
-        example = f"{name}: 4 (and start its server with as many slots, e.g. llama-server -np 4)"
-        value = table.check_integer(key, value, 0, minimum=1, example=example)
-        real = index.resolve(name)
-        if real is None:
-            table.log.error(key, index.unknown(name))
-        elif real in set_by:
-            table.log.error(
-                key, f'"{name}" is model {real}, whose slots are already set by "{set_by[real]}" — keep one entry'
-            )
-        elif value >= 1:
-            slots[real] = value
-            set_by[real] = name
-    return slots
+    return table.model_integers(
+        index.resolve, index.unknown, "slots are", default=None, minimum=1,
+        example=lambda name: f"{name}: 4 (and start its server with as many slots, e.g. llama-server -np 4)",
+    )
 
 
 def _read_fifo_priority(fifo: Section | None, index: ModelIndex) -> dict[str, int]:
@@ -199,25 +182,5 @@ def _read_fifo_priority(fifo: Section | None, index: ModelIndex) -> dict[str, in
     fifo.warn_unread()
     if table is None:
         return {}
-    priority: dict[str, int] = {}
-    set_by: dict[str, str] = {}
-    for raw_name in list(table.data):
-        name = str(raw_name)
-        key = table.path(name)
-        value = table.expanded(raw_name)
-        if value is MISSING:
-            continue
-        value = table.check_integer(key, value, 0, example=f"{name}: 10")
-        real = index.resolve(name)
-        if real is None:
-            table.log.error(key, index.unknown(name))
-        elif real in set_by:
-            table.log.error(
-                key,
-                f'"{name}" is model {real}, whose priority is already set by "{set_by[real]}" — keep one entry',
-            )
-        else:
-            priority[real] = value
-            set_by[real] = name
-    return priority
+    return table.model_integers(index.resolve, index.unknown, "priority is", default=0, example=lambda name: f"{name}: 10")
 
