@@ -20,7 +20,6 @@ from tests.served import REPO, Served, fake_cmd, model_ports, wait_until
 pytestmark = pytest.mark.e2e
 
 
-
 def config() -> str:
     return f"""
         models:
@@ -123,8 +122,6 @@ def test_a_second_service_on_the_same_data_dir_refuses_to_start_and_leaves_the_f
                    what="the new service's row after the three of the first")
     finally:
         following.stop()
-
-
 
 
 def test_two_data_dirs_on_one_postgresql_database_get_one_service(tmp_path, postgres):

@@ -11,9 +11,6 @@ from tests.served import Served, fake_cmd, wait_until
 pytestmark = pytest.mark.e2e
 
 
-
-
-
 def test_requests_are_recorded_in_postgresql(tmp_path, postgres):
     url, psycopg = postgres
     text = f"""

@@ -26,8 +26,6 @@ INT64_MAX = 2**63 - 1
 QUEUE = "/admin/scheduling/waitingrequest/"
 
 
-
-
 def postgres_rows(url: str, psycopg) -> list[dict]:
     with psycopg.connect(url) as con:
         cursor = con.execute("SELECT * FROM scheduling_queuedrequest ORDER BY id")
