@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
+
+# 16 events of the usual two-line shape ("data: ...", blank line), twice over for multi-line events.
+_TAIL_LINES = 64
 
 
 def usage_from_json(payload: Any) -> dict[str, Any]:
@@ -29,11 +32,14 @@ def usage_from_json(payload: Any) -> dict[str, Any]:
     return out
 
 
-def usage_from_sse(tail: Iterable[bytes]) -> dict[str, Any]:
-    """Columns from the last events of a server-sent-events stream; the last usage/timings seen wins."""
+def usage_from_sse(tail: Sequence[bytes]) -> dict[str, Any]:
+    """Columns from the last events of a server-sent-events stream; the last usage/timings seen wins.
+
+    `tail` is what the relay kept of the stream's end, in pieces of any size; only its last
+    `_TAIL_LINES` lines are parsed, as a fast stream's pieces can hold thousands of events each.
+    """
     out: dict[str, Any] = {}
-    text = b"".join(tail).decode("utf-8", "replace")
-    for line in text.splitlines():
+    for line in _last_lines(tail, _TAIL_LINES):
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
@@ -45,6 +51,22 @@ def usage_from_sse(tail: Iterable[bytes]) -> dict[str, Any]:
             continue  # the first line of the tail may be cut
         out.update(usage_from_json(payload))
     return out
+
+
+def _last_lines(pieces: Sequence[bytes], count: int) -> list[str]:
+    """The last `count` lines of the concatenated `pieces` (the first may be cut), reading only the pieces that hold them."""
+    needed: list[bytes] = []
+    newlines = 0
+    for piece in reversed(pieces):
+        needed.append(piece)
+        newlines += piece.count(b"\n")
+        if newlines > count:
+            break
+    parts = b"".join(reversed(needed)).rsplit(b"\n", count)
+    if len(parts) > count:
+        del parts[0]  # all that came before those lines
+    # A stream that ends its lines with a bare CR (as SSE allows) comes as one part, split here.
+    return [line for part in parts for line in part.decode("utf-8", "replace").splitlines()]
 
 
 def _get(payload: dict, *keys: str) -> Any:
