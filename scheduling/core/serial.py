@@ -334,6 +334,7 @@ class SerialScheduler:
         if pick.ticket.id != ticket.id:
             pick = self._queue.pick_within(ticket.model, now, loaded, self._settings)
             assert pick is not None and pick.ticket.id == ticket.id
+        waited_because = self._waited.get(ticket.id, "")
         self._dequeue(ticket.id, now)
         ready = ticket.model in loaded
         slot = self._take_slot(ticket.model, ticket.id)
@@ -353,7 +354,7 @@ class SerialScheduler:
             needs_swap=not ready,
             fifo_priority=None,
             slot=slot,
-            waited_because=self._waited.pop(ticket.id, ""),
+            waited_because=waited_because,
         )
         if ready:
             self._free_slot(ticket.model, slot)
@@ -372,8 +373,8 @@ class SerialScheduler:
             stopping = ModelState.STOPPING
             if self._fleet.state(launch.model) is stopping or any(self._fleet.state(v) is stopping for v in victims):
                 continue  # model_stopped resumes the launch
-            if any(self._in_use(v) for v in victims) or self._fleet.departing():
-                continue  # so does the end of that work, or the stop of the last removed model
+            if any(self._in_use(v) for v in victims) or self._fleet.departing() or self._removed_still_serving():
+                continue  # so does the end of that work, or the stop or last job of the last removed model
             if self._evicted_by_start(launch.model) is not None:
                 continue  # and the end of the start that stops it
             for victim in victims:
@@ -397,6 +398,11 @@ class SerialScheduler:
         (until the runtime reports those ended)."""
         busy = (m for m in self._slots if m in self._fleet)
         return tuple(sorted({*self._fleet.not_stopped(), *busy}))
+
+    def _removed_still_serving(self) -> bool:
+        """Jobs still run on a model a reload removed (its process may have exited already): the
+        config no longer says what may share the GPU with it, so nothing starts until they end."""
+        return any(model not in self._fleet for model in self._slots)
 
     def _victims(self, model: str) -> frozenset[str]:
         """What must stop before `model` starts. `model` itself is left out of the running set even

@@ -138,6 +138,16 @@ def test_fifo_removed_model_still_serving_blocks_new_starts_but_not_ready_models
     assert scheduler.model_stopped("a", 6.0) == [StartModel("c", ("b",))]
 
 
+def test_serial_nothing_starts_while_a_removed_model_that_exited_still_has_a_request_running(ticket):
+    scheduler = build(SerialScheduler, "a", "b")
+    running_b = serving(scheduler, ticket, "b")
+    assert scheduler.model_stopped("b", 1.0) == []  # b exited; its request fails on its own, soon
+    for_a = ticket("a", arrival=2.0)
+    assert scheduler.submit(for_a, 2.0) == []  # a's start evicts b, whose request still runs
+    assert reload(scheduler, "a", now=3.0) == []  # b is gone from the config, its request is not
+    assert scheduler.finished(running_b.id, 4.0) == [StartModel("a", ())]
+
+
 @pytest.mark.parametrize("cls", SCHEDULERS)
 def test_unload_all_also_stops_a_removed_model_still_serving(cls, ticket):
     scheduler = build(cls, "a", "b")
