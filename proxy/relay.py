@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import httpcore
 import httpx
 
 from proxy.errors import ProxyError, error_event
+from proxy.upstreams import UPSTREAM_ERRORS, UpstreamClient
 from proxy.usage import usage_from_json, usage_from_sse
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus what httpx/daphne set themselves.
@@ -33,15 +35,38 @@ HOP_BY_HOP = frozenset(
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
 _JSON_KEEP_LIMIT = 4 * 1024 * 1024
 _SSE_TAIL_CHUNKS = 16
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 def upstream_headers(headers: dict[str, str], drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
     return [(k, v) for k, v in headers.items() if k not in _NOT_FORWARDED and k not in drop]
 
 
-def downstream_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
-    out = [(k, v) for k, v in response.headers.raw if k.decode("latin-1").lower() not in HOP_BY_HOP]
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
+def upstream_request(client: UpstreamClient, method: str, url: str, headers: list[tuple[bytes, bytes]],
+                     body: bytes) -> httpcore.Request:
+    """The request framed as httpx frames it: Host from the URL (which httpx parses and escapes), and
+    Content-Length for a body, or 0 for a POST, PUT or PATCH without one."""
+    target = httpx.URL(url)
+    framing = [(b"host", target.netloc)]
+    if body or method in _BODY_METHODS:
+        framing.append((b"content-length", b"%d" % len(body)))
+    return httpcore.Request(
+        method, httpcore.URL(scheme=target.raw_scheme, host=target.raw_host, port=target.port, target=target.raw_path),
+        headers=framing + headers, content=body, extensions=client.extensions,
+    )
+
+
+def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+    """The first value of a response header (`name` lower-case), or ""."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def downstream_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    out = [(k, v) for k, v in headers if k.decode("latin-1").lower() not in HOP_BY_HOP]
+    if header_value(headers, b"content-type").startswith("text/event-stream"):
         out.append((b"x-accel-buffering", b"no"))
     return out
 
@@ -56,7 +81,7 @@ class RelayResult:
     usage: dict[str, Any] = field(default_factory=dict)
 
 
-async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, url: str,
+async def relay(consumer, client: UpstreamClient, model: str, method: str, url: str,
                 headers: list[tuple[bytes, bytes]], body: bytes,
                 upstream_done: Callable[[RelayResult], None]) -> None:
     """Send the request and stream the response to `consumer`. Raises ProxyError only before any byte is sent.
@@ -65,23 +90,24 @@ async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, ur
     the last write to the client, so the GPU passes to the next request without waiting for that write.
     """
     loop = asyncio.get_running_loop()
-    request = client.build_request(method, url, headers=headers, content=body)
+    request = upstream_request(client, method, url, headers, body)
     try:
-        response = await client.send(request, stream=True)
-    except httpx.TimeoutException as exc:
+        response = await client.pool.handle_async_request(request)
+    except httpcore.TimeoutException as exc:
         raise ProxyError(504, f"model '{model}' did not answer in time ({type(exc).__name__})", "upstream_timeout") from None
-    except httpx.HTTPError as exc:
+    except UPSTREAM_ERRORS as exc:
         raise ProxyError(502, f"model '{model}' could not be reached: {exc or type(exc).__name__}", "upstream_unreachable") from None
-    result = RelayResult(status=response.status_code)
-    is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
-    is_json = "json" in response.headers.get("content-type", "")
+    result = RelayResult(status=response.status)
+    content_type = header_value(response.headers, b"content-type")
+    is_sse = content_type.startswith("text/event-stream")
+    is_json = "json" in content_type
     kept: deque[bytes] | list[bytes] = deque(maxlen=_SSE_TAIL_CHUNKS) if is_sse else []
     keep = is_sse or is_json
     try:
-        await consumer.send_headers(status=response.status_code, headers=downstream_headers(response))
+        await consumer.send_headers(status=response.status, headers=downstream_headers(response.headers))
         # Streams come as many small chunks worth batching; other bodies arrive in a few large reads,
         # which go straight through without the batching task's extra hop.
-        chunks = _coalesced(response.aiter_raw()) if is_sse else _single(response.aiter_raw())
+        chunks = _coalesced(response.aiter_stream()) if is_sse else _single(response.aiter_stream())
         async with contextlib.aclosing(chunks) as batches:
             async for chunks in batches:
                 if result.first_byte is None:
@@ -91,7 +117,7 @@ async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, ur
                 if keep and (is_sse or result.response_bytes <= _JSON_KEEP_LIMIT):
                     kept.append(data)
                 await consumer.send_body(data, more_body=True)
-    except httpx.HTTPError as exc:
+    except UPSTREAM_ERRORS as exc:
         await response.aclose()
         result.state = "failed"
         result.status = 502
@@ -108,9 +134,9 @@ async def relay(consumer, client: httpx.AsyncClient, model: str, method: str, ur
     await consumer.send_body(b"")
 
 
-def _read_outcome(result: RelayResult, response: httpx.Response, kept, is_sse: bool, is_json: bool) -> None:
+def _read_outcome(result: RelayResult, response: httpcore.Response, kept, is_sse: bool, is_json: bool) -> None:
     """Fill in the error of a failed answer and the token counts, from what was kept of the body."""
-    if response.status_code >= 400:
+    if response.status >= 400:
         result.state = "failed"
         result.error = _error_message(b"".join(kept), response)
     if is_sse:
@@ -167,7 +193,7 @@ async def _coalesced(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]
             await asyncio.wait([reader])
 
 
-def _error_message(body: bytes, response: httpx.Response) -> str:
+def _error_message(body: bytes, response: httpcore.Response) -> str:
     """llama-swap's rule: error.message, error, message or detail, else the status text."""
     try:
         payload = json.loads(body)
@@ -180,4 +206,5 @@ def _error_message(body: bytes, response: httpx.Response) -> str:
         for key in ("error", "message", "detail"):
             if isinstance(payload.get(key), str):
                 return payload[key]
-    return f"{response.status_code} {response.reason_phrase}"
+    reason = response.extensions.get("reason_phrase", b"").decode("ascii", "ignore")
+    return f"{response.status} {reason}"

@@ -1,6 +1,10 @@
-"""The httpx clients that reach the model servers: one keep-alive client per model at a time.
+"""The clients that reach the model servers: one keep-alive connection pool per model at a time.
 
-Closing an httpx client closes every connection in its pool, including those a
+Requests go through httpcore, the connection layer httpx is built on: the relay forwards raw
+bytes and needs none of httpx's request building, redirects, auth or response decoding, whose
+per-request and per-chunk layers cost more CPU than the HTTP/1.1 exchange itself.
+
+Closing a client closes every connection in its pool, including those a
 request is still reading from. So a client is never closed under a request: a
 reload that replaces a model's process, or changes its timeouts, *retires* the
 model's client — later requests get a new one built from the new config — and
@@ -11,24 +15,49 @@ from __future__ import annotations
 
 import asyncio
 
+import httpcore
 import httpx
 
 # Writes are small (a request body to a local server); a stuck write still ends.
 WRITE_TIMEOUT_S = 60.0
 MAX_KEEPALIVE = 64
+KEEPALIVE_EXPIRY_S = 5.0
+
+# Every error httpcore raises for a request that could not be sent or answered.
+UPSTREAM_ERRORS = (
+    httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol,
+)
 
 
-def build_client(timeouts) -> httpx.AsyncClient:
-    """A client with the model's `timeouts` (connect, and read = response header and gaps between chunks).
+class UpstreamClient:
+    """A model's connection pool and the timeouts its requests carry.
 
     It ignores HTTP_PROXY and friends: model servers are the machine's own (or the LAN's), and an
     environment set up for reaching the internet must not send their traffic through a proxy.
     """
-    return httpx.AsyncClient(
-        trust_env=False,
-        timeout=httpx.Timeout(connect=timeouts.connect, read=timeouts.response_header, write=WRITE_TIMEOUT_S, pool=None),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=MAX_KEEPALIVE),
-    )
+
+    __slots__ = ("pool", "timeout", "extensions", "is_closed")
+
+    def __init__(self, timeouts):
+        # connect, and read = response header and gaps between chunks
+        self.timeout = httpx.Timeout(
+            connect=timeouts.connect, read=timeouts.response_header, write=WRITE_TIMEOUT_S, pool=None)
+        self.extensions = {"timeout": self.timeout.as_dict()}
+        self.pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=None,
+            max_keepalive_connections=MAX_KEEPALIVE,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
+        self.is_closed = False
+
+    async def aclose(self) -> None:
+        self.is_closed = True
+        await self.pool.aclose()
+
+
+def build_client(timeouts) -> UpstreamClient:
+    return UpstreamClient(timeouts)
 
 
 class _Shared:
@@ -36,7 +65,7 @@ class _Shared:
 
     __slots__ = ("client", "users", "retired")
 
-    def __init__(self, client: httpx.AsyncClient):
+    def __init__(self, client: UpstreamClient):
         self.client = client
         self.users = 0
         self.retired = False
@@ -51,7 +80,7 @@ class ClientUse:
         self._pool = pool
         self._shared = shared
 
-    async def __aenter__(self) -> httpx.AsyncClient:
+    async def __aenter__(self) -> UpstreamClient:
         self._shared.users += 1
         return self._shared.client
 
@@ -83,7 +112,7 @@ class UpstreamClients:
         if not shared.users:
             self._close_later(shared.client)
 
-    def _close_later(self, client: httpx.AsyncClient) -> None:
+    def _close_later(self, client: UpstreamClient) -> None:
         task = asyncio.get_running_loop().create_task(client.aclose())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
