@@ -18,6 +18,8 @@ import asyncio
 import httpcore
 import httpx
 
+from proxy.upstream_sockets import AsyncioBackend
+
 # Writes are small (a request body to a local server); a stuck write still ends.
 WRITE_TIMEOUT_S = 60.0
 MAX_KEEPALIVE = 64
@@ -48,6 +50,7 @@ class UpstreamClient:
             max_connections=None,
             max_keepalive_connections=MAX_KEEPALIVE,
             keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            network_backend=AsyncioBackend(),
         )
         self.is_closed = False
 
