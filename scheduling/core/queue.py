@@ -28,7 +28,7 @@ from .ticket import Ticket
 # then the lower id. The sequence identifies the entry's generation for lazy deletion.
 _Entry = tuple[float, float, int, int]
 # (score in key units, -arrival, -id): higher is better.
-_Rank = tuple[float, float, int]
+Rank = tuple[float, float, int]
 
 # Compact once stale entries outnumber live ones by this many; amortised O(1) per removal.
 _COMPACTION_SLACK = 64
@@ -159,23 +159,29 @@ class WaitQueue:
             changed_by_affinity=overall_top[0][2] != winner.id,
         )
 
-    def model_tops(self, loaded: Collection[str], settings: SerialSettings) -> list[Ticket]:
-        """The best waiting request of each model, best first (score with affinity, then arrival,
-        then id). Within a model the order never changes, so the next request of a model only
-        matters once its top one has gone. O(models) per call."""
-        self.retune(settings.aging_divisor)
+    def model_tops(self, loaded: Collection[str], settings: SerialSettings) -> list[tuple[Rank, Ticket]]:
+        """The best waiting request of each model with its rank (higher is better: score with
+        affinity, then earlier arrival, then lower id), best first. Within a model the order never
+        changes, so the next request of a model only matters once its top one has gone.
+        O(models) per call."""
         loaded = frozenset(loaded)
+        ranked = [top for model in list(self._aged_by_model) if (top := self.model_top(model, loaded, settings))]
+        ranked.sort(key=lambda pair: pair[0], reverse=True)
+        return ranked
+
+    def model_top(self, model: str, loaded: Collection[str], settings: SerialSettings) -> tuple[Rank, Ticket] | None:
+        """The best waiting request for `model` and its rank, as in `model_tops`; None if none waits."""
+        self.retune(settings.aging_divisor)
+        heap = self._aged_by_model.get(model)
+        if heap is None:
+            return None
+        self._drop_stale_top(heap)
+        if not heap:
+            del self._aged_by_model[model]
+            return None
         bonus = settings.swap_affinity_bonus
         bonus_in_key_units = bonus * self._divisor if self._divisor > 0 else bonus
-        ranked = []
-        for model, heap in list(self._aged_by_model.items()):
-            self._drop_stale_top(heap)
-            if not heap:
-                del self._aged_by_model[model]
-                continue
-            ranked.append((self._rank(heap[0], loaded, bonus_in_key_units), self._tickets[heap[0][2]]))
-        ranked.sort(key=lambda pair: pair[0], reverse=True)
-        return [ticket for _, ticket in ranked]
+        return self._rank(heap[0], loaded, bonus_in_key_units), self._tickets[heap[0][2]]
 
     def pick_within(self, model: str, now: float, loaded: Collection[str], settings: SerialSettings) -> Pick | None:
         """Like `pick`, but among the requests for `model` only: the competition for one of its
@@ -296,14 +302,14 @@ class WaitQueue:
         heapq.heappush(heap, first)
         return top
 
-    def _rank(self, entry: _Entry, loaded: frozenset[str], bonus: float) -> _Rank:
+    def _rank(self, entry: _Entry, loaded: frozenset[str], bonus: float) -> Rank:
         """Higher is better: the entry's key as a score, plus `bonus` when its model is loaded."""
         affinity = bonus if self._tickets[entry[2]].model in loaded else 0
         return (affinity - entry[0], -entry[1], -entry[2])
 
     def _best_without_aging(self, loaded: frozenset[str], bonus: float) -> int:
         """Id of the request that priority + affinity alone would pick."""
-        best: tuple[_Rank, int] | None = None
+        best: tuple[Rank, int] | None = None
         for heap in (self._plain, *(self._plain_by_model.get(model, []) for model in loaded)):
             self._drop_stale_top(heap)
             if heap:

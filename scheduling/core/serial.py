@@ -274,33 +274,51 @@ class SerialScheduler:
         if self._shut_down:
             return []
         effects: list[Effect] = []
-        while self._dispatch_one(now, effects):
+        while self._dispatch_walk(now, effects):
             pass
         return effects
 
-    def _dispatch_one(self, now: float, effects: list[Effect]) -> bool:
-        """Walk the models' best waiting requests, best first, and dispatch the first that can
-        go: granted on a ready model with a free slot, or given a launch of its model. Requests
-        that cannot go set aside what they need from the ones below them. Returns whether
-        anything was dispatched."""
+    def _dispatch_walk(self, now: float, effects: list[Effect]) -> bool:
+        """Walk the models' best waiting requests, best first, dispatching each that can go:
+        granted on a ready model with a free slot, or given a launch of its model. Requests that
+        cannot go set aside what they need from the ones below them. A grant frees nothing, so
+        what was held back stays held back and the walk goes on, with the granted model's next
+        request in its place; a launch may stop models, so it ends the walk. Returns whether
+        to walk again."""
         loaded = self._fleet.ready_for_work()
         tops = self._queue.model_tops(loaded, self._settings)
         if not tops:
             return False
         round_ = _Round()
+        up = self._holding()
         for launch in self._launches.values():
             if not launch.started:  # its evictions are promised; keep them idle until it starts
-                round_.reserve(self._decision_id(launch), launch.model, self._victims(launch.model))
-        up = self._holding()
-        partly_idle = any(len(self._slots.get(m, ())) < self._settings.slots_for(m) for m in loaded)
-        for ticket in tops:
+                round_.reserve(self._decision_id(launch), launch.model, self._victims(launch.model, up))
+        partly_idle: bool | None = None  # worked out when first needed, again after each grant
+        held_back = False
+        while tops:
+            _, ticket = tops.pop(0)
             reason = self._holdback(ticket, loaded, up, round_)
-            if reason is None:
-                effects += self._dispatch_ticket(ticket, now, loaded)
+            if reason is not None:
+                held_back = True
+                if partly_idle is None:
+                    partly_idle = self._partly_idle(loaded)
+                if partly_idle:
+                    self._waited[ticket.id] = reason
+                continue
+            effects += self._dispatch_ticket(ticket, now, loaded, best_overall=not held_back)
+            if ticket.model not in loaded:
                 return True
-            if partly_idle:
-                self._waited[ticket.id] = reason
+            following = self._queue.model_top(ticket.model, loaded, self._settings)
+            if following is not None:
+                index = next((i for i, (rank, _) in enumerate(tops) if rank < following[0]), len(tops))
+                tops.insert(index, following)
+            partly_idle = None
         return False
+
+    def _partly_idle(self, loaded: tuple[str, ...]) -> bool:
+        """Whether a loaded model has a free slot: then a request held back is told why."""
+        return any(len(self._slots.get(m, ())) < self._settings.slots_for(m) for m in loaded)
 
     def _holdback(self, ticket: Ticket, loaded: tuple[str, ...], up: tuple[str, ...], round_: _Round) -> str | None:
         """Why `ticket` cannot be dispatched now (None: it can). Reserves what it needs when
@@ -320,20 +338,22 @@ class SerialScheduler:
         for target, ticket_id in round_.targets:
             if not self._may_start_beside(model, target, up):
                 return f"reserved for #{ticket_id}'s swap to {target}"
-        victims = self._victims(model)
+        victims = self._victims(model, up)
         busy = sorted(v for v in victims | {model} if self._in_use(v))
         if busy:  # wait for them to finish; meanwhile nothing below may add to their work
             round_.reserve(ticket.id, model, victims | {model})
             return f"model {busy[0]} was busy, and starting {model} stops it"
         return None
 
-    def _dispatch_ticket(self, ticket: Ticket, now: float, loaded: tuple[str, ...]) -> list[Effect]:
-        """Grant `ticket` a slot of its ready model, or launch its model for it."""
-        pick = self._queue.pick(now, loaded, self._settings)
-        assert pick is not None
-        if pick.ticket.id != ticket.id:
+    def _dispatch_ticket(self, ticket: Ticket, now: float, loaded: tuple[str, ...], best_overall: bool) -> list[Effect]:
+        """Grant `ticket` a slot of its ready model, or launch its model for it. The decision
+        compares it with the whole queue when it is the best request overall, else with the
+        requests for its model: those are what it beat to the slot."""
+        if best_overall:
+            pick = self._queue.pick(now, loaded, self._settings)
+        else:
             pick = self._queue.pick_within(ticket.model, now, loaded, self._settings)
-            assert pick is not None and pick.ticket.id == ticket.id
+        assert pick is not None and pick.ticket.id == ticket.id
         waited_because = self._waited.get(ticket.id, "")
         self._dequeue(ticket.id, now)
         ready = ticket.model in loaded
@@ -369,7 +389,7 @@ class SerialScheduler:
         for launch in self._launches.values():
             if launch.started:
                 continue
-            victims = self._victims(launch.model)
+            victims = self._victims(launch.model, self._holding())
             stopping = ModelState.STOPPING
             if self._fleet.state(launch.model) is stopping or any(self._fleet.state(v) is stopping for v in victims):
                 continue  # model_stopped resumes the launch
@@ -404,10 +424,11 @@ class SerialScheduler:
         config no longer says what may share the GPU with it, so nothing starts until they end."""
         return any(model not in self._fleet for model in self._slots)
 
-    def _victims(self, model: str) -> frozenset[str]:
-        """What must stop before `model` starts. `model` itself is left out of the running set even
-        when a slot is already taken for its launch: the matrix evicts nothing for a running target."""
-        return self._policy.evictions(model, tuple(m for m in self._holding() if m != model))
+    def _victims(self, model: str, holding: tuple[str, ...]) -> frozenset[str]:
+        """What of `holding` (see `_holding`) must stop before `model` starts. `model` itself is
+        left out even when a slot is already taken for its launch: the matrix evicts nothing for a
+        running target."""
+        return self._policy.evictions(model, tuple(m for m in holding if m != model))
 
     def _in_use(self, model: str) -> bool:
         """Serving, starting, or holding a slot for a launch: not to be evicted."""

@@ -107,6 +107,9 @@ class SlotTable(Mapping[str, int]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._table)
 
+    def get(self, model: str, default: int | None = None) -> int | None:  # the Mapping mixin's is slow
+        return self._table.get(model, default)
+
     def __len__(self) -> int:
         return len(self._table)
 
