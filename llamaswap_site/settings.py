@@ -30,6 +30,8 @@ ALLOWED_HOSTS = [
 ]
 
 LLAMASWAP_CONFIG = os.environ.get("LLAMASWAP_CONFIG", "")
+# How front ends reach the scheduler (see scheduling/frontdoor.py): in this process, by default.
+LLAMASWAP_SCHEDULER_FRONT_DOOR = "scheduling.in_process.InProcessFrontDoor"
 
 INSTALLED_APPS = [
     "daphne",

@@ -3,8 +3,7 @@ from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import path, re_path
 
 from proxy import views
-from scheduling import views as scheduling_views
-from scheduling import metrics
+from proxy.metrics_view import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -16,11 +15,11 @@ urlpatterns = [
     path("unload", views.unload_all_legacy),
     path("api/models/unload", views.unload_all),
     path("api/models/unload/<path:model>", views.unload_model),
-    path("api/activity", scheduling_views.activity),
+    path("api/activity", views.activity),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
     path("logs/stream/<path:model>", views.logs_stream),
-    path("metrics", metrics.metrics_view, name="prometheus-django-metrics"),
+    path("metrics", metrics_view, name="prometheus-django-metrics"),
 ]
 
 handler400 = "proxy.views.bad_request"

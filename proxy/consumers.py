@@ -11,7 +11,7 @@ from proxy.auth import CREDENTIAL_HEADERS, is_authorized
 from proxy.errors import ProxyError, error_event
 from proxy.hosts import host_refusal
 from proxy.http import StreamingHttpConsumer
-from proxy.inbound import MODEL_ROUTES, forwarded_body, off_loop_when_large, read_model_request
+from proxy.inbound import MODEL_ROUTES, forwarded_body, off_loop_when_large, read_model_request, route_label
 from proxy.relay import relay, upstream_headers
 from proxy.service import get_service
 from scheduling.core import PRIORITY_HEADER, parse_priority
@@ -73,7 +73,7 @@ class ModelConsumer(StreamingHttpConsumer):
 
     async def serve(self, service, model_cfg, *, requested: str, stream: bool, method: str,
                     upstream_path: str, body: bytes, headers: dict[str, str]) -> None:
-        runtime = service.runtime
+        door = service.door
         request = TicketRequest(
             model=model_cfg.id,
             path=self.scope["path"],
@@ -82,14 +82,15 @@ class ModelConsumer(StreamingHttpConsumer):
             method=method,
             stream=stream,
             client=self.client_address(),
+            route=route_label(self.scope["path"]),
         )
         try:
-            lease = await runtime.submit(request)
+            lease = await door.submit(request)
         except Rejected as exc:
             retry = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else None
             raise ProxyError(exc.status, exc.message, exc.code, headers=retry) from None
         def upstream_done(result) -> None:
-            runtime.release(lease.ticket_id, Outcome(
+            door.release(lease.ticket_id, Outcome(
                 state=result.state, status_code=result.status, error=result.error, usage=result.usage,
                 first_byte_monotonic=result.first_byte, response_bytes=result.response_bytes,
             ))
@@ -112,7 +113,7 @@ class ModelConsumer(StreamingHttpConsumer):
                 raise  # the client left
             await self.end_cut_short(lease.cut, stream)
         finally:
-            runtime.release(lease.ticket_id, outcome)
+            door.release(lease.ticket_id, outcome)
 
     async def end_cut_short(self, cut: Rejected, stream: bool) -> None:
         """The runtime took the GPU back mid-request (an operator unloaded the model): tell the client why."""

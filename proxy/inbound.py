@@ -50,6 +50,16 @@ JSON_ROUTES = frozenset(
 # POST routes that carry a multipart form with a `model` field.
 MULTIPART_ROUTES = frozenset({"/v1/audio/transcriptions", "/v1/images/edits"})
 MODEL_ROUTES = JSON_ROUTES | MULTIPART_ROUTES
+UPSTREAM_ROUTE = "/upstream"
+
+
+def route_label(path: str) -> str:
+    """A request path as a bounded metrics label: one of the model routes, `/upstream`, or `other`."""
+    if path in MODEL_ROUTES:
+        return path
+    if path.startswith(UPSTREAM_ROUTE + "/"):
+        return UPSTREAM_ROUTE
+    return "other"
 
 
 @dataclass(frozen=True)

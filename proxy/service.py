@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
 from proxy.upstreams import ClientUse, UpstreamClients
-from scheduling import metrics
+from scheduling import frontdoor, metrics
 from scheduling.core import MatrixPolicy, ModelSpec, SerialSettings, SwapPolicy, build_scheduler
 from scheduling.recorder import Recorder
 from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketRequest
@@ -86,16 +86,22 @@ def _prepare_locked() -> Prepared:
     return prepare()
 
 
-def current_service() -> ProxyService | None:
-    """The process's service if it was built; never builds one (safe from any thread)."""
-    return _service
-
-
 def reset_service() -> None:
     """Forget the process's service (tests that build several in one process)."""
     global _service, _prepared
     _service = None
     _prepared = None
+    frontdoor.install(None)
+
+
+def config_for_pages():
+    """The configured file, for pages of a process that does not serve (see `frontdoor.current_config`)."""
+    from proxy.config import ConfigError
+
+    try:
+        return load_configured()
+    except (RuntimeError, ConfigError) as exc:
+        raise frontdoor.ConfigUnavailable(str(exc)) from None
 
 
 def model_specs(config) -> dict[str, ModelSpec]:
@@ -131,6 +137,10 @@ class ProxyService:
             scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, observer=metrics.record_event
         )
         metrics.export_service(self.runtime, self.fleet, config)
+        # The front end's way to the scheduler: this process's runtime, or another transport the
+        # settings name; built with what this process runs.
+        self.door = frontdoor.front_door_class()(self.runtime, self.fleet, config)
+        frontdoor.install(self.door)
         self._clients = UpstreamClients()
 
     def start(self) -> None:
@@ -141,11 +151,11 @@ class ProxyService:
     async def _preload(self) -> None:
         for model in self.config.preload:
             try:
-                lease = await self.runtime.submit(TicketRequest(model=model, path="(preload)", priority=0, method="LOAD"))
+                lease = await self.door.submit(TicketRequest(model=model, path="(preload)", priority=0, method="LOAD"))
             except Rejected as exc:
                 log.warning("preloading %s failed: %s", model, exc.message)
                 continue
-            self.runtime.release(lease.ticket_id, Outcome(state="completed", status_code=200))
+            self.door.release(lease.ticket_id, Outcome(state="completed", status_code=200))
 
     def apply_config(self, config, restart: list[str], serial_settings: SerialSettings) -> None:
         """Switch to a reloaded config; `restart` names models whose process must be replaced.
@@ -156,6 +166,7 @@ class ProxyService:
         old = self.config.models
         self.fleet.apply(config, restart)
         self.config = config
+        self.door.config = config
         self.runtime.reconfigure(model_specs(config), swap_policy(config), restart)
         self.runtime.retune(serial_settings)
         for model in set(old) | set(config.models):

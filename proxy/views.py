@@ -6,12 +6,14 @@ import asyncio
 import functools
 import time
 
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from proxy.auth import is_authorized
 from proxy.responses import allow_methods, json_error
 from proxy.service import get_service
+from scheduling.activity import ActivityQuery, ActivityQueryError, activity_page
 
 
 def api_key_required(view):
@@ -86,9 +88,7 @@ async def running(request: HttpRequest, service) -> JsonResponse:
 async def _unload(service, models: list[str] | None) -> None:
     """Stop the models now (None: all), as llama-swap does: requests they serve are cut with a clear
     error. Returns once their processes are gone (each stop is bounded by its unloadTimeout)."""
-    stops = service.runtime.unload(models)
-    if stops:
-        await asyncio.wait(stops)
+    await service.door.unload(models)
 
 
 @allow_methods("GET")
@@ -175,3 +175,14 @@ def not_found(request: HttpRequest, exception=None) -> HttpResponse:
 
 def server_error(request: HttpRequest) -> HttpResponse:
     return json_error(500, "llamaswap hit an unexpected error; see its log", "internal_error")
+
+
+@allow_methods("GET")
+@api_key_required
+async def activity(request: HttpRequest, service) -> HttpResponse:
+    """`GET /api/activity`: the request history as JSON."""
+    try:
+        query = ActivityQuery.from_params(request.GET)
+    except ActivityQueryError as exc:
+        return json_error(400, str(exc), "invalid_parameter")
+    return JsonResponse(await sync_to_async(activity_page)(query))

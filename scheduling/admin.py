@@ -1,6 +1,6 @@
 """The operators' admin: the live queue, the models, the scheduler settings and the request history.
 
-The queue and models pages read the running scheduler (see `scheduling.live`),
+The queue and models pages read the running scheduler through its front door (`scheduling.frontdoor`),
 not the database, so they show what the scheduler will do next. The history is
 read-only and built to stay fast on millions of rows: no full COUNT, and only
 indexed orderings.
@@ -16,9 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from proxy.config import ConfigError
-from proxy.service import current_service
-from scheduling import live
+from scheduling import frontdoor
 from scheduling.forms import PriorityForm, SlotsField
 from scheduling.history import CappedCountPaginator, HistoryQuerySet, search_requests
 from scheduling.models import (
@@ -51,8 +49,8 @@ def _changelist_url(model) -> str:
 def _config_or_problem():
     """(config, None) or (None, why there is no config to show)."""
     try:
-        return live.current_config(), None
-    except (RuntimeError, ConfigError) as exc:
+        return frontdoor.current_config(), None
+    except frontdoor.ConfigUnavailable as exc:
         return None, str(exc)
 
 
@@ -81,20 +79,20 @@ class LivePageAdmin(admin.ModelAdmin):
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         try:
-            service = live.running_service()
-        except live.ServiceUnavailable as exc:
-            service, unavailable = None, str(exc)
+            door = frontdoor.required()
+        except frontdoor.NotServing as exc:
+            door, unavailable = None, str(exc)
         else:
             unavailable = None
         try:
             if request.method == "POST":
                 if not self.has_change_permission(request):
                     raise PermissionDenied
-                if service is None:
+                if door is None:
                     self.message_user(request, unavailable, messages.ERROR)
                     return HttpResponseRedirect(request.path)
-                return self.act(request, service)
-            page = self.page_context(request, service) if service is not None else {}
+                return self.act(request, door)
+            page = self.page_context(request, door) if door is not None else {}
         except TimeoutError:
             page, unavailable = {}, _NO_ANSWER
         context = {
@@ -108,10 +106,10 @@ class LivePageAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, self.template_name, context)
 
-    def page_context(self, request: HttpRequest, service) -> dict:
+    def page_context(self, request: HttpRequest, door: frontdoor.FrontDoor) -> dict:
         raise NotImplementedError
 
-    def act(self, request: HttpRequest, service) -> HttpResponse:
+    def act(self, request: HttpRequest, door: frontdoor.FrontDoor) -> HttpResponse:
         raise NotImplementedError
 
 
@@ -125,25 +123,25 @@ class WaitingRequestAdmin(LivePageAdmin):
 
     template_name = "admin/scheduling/waitingrequest/queue.html"
 
-    def page_context(self, request: HttpRequest, service) -> dict:
-        _, snapshot = service.runtime.snapshot
+    def page_context(self, request: HttpRequest, door: frontdoor.FrontDoor) -> dict:
+        snapshot = door.snapshot()
         return {
-            "entries": live.waiting_now(service),
-            "busy_models": live.running_now(service),
-            "scheduler": service.config.scheduler.use,
+            "entries": door.waiting(),
+            "busy_models": door.running(),
+            "scheduler": door.config.scheduler.use,
             "settings_in_use": snapshot.settings,
             "starting": snapshot.starting,
             "history_url": _changelist_url(QueuedRequest),
         }
 
-    def act(self, request: HttpRequest, service) -> HttpResponse:
+    def act(self, request: HttpRequest, door: frontdoor.FrontDoor) -> HttpResponse:
         tickets = _selected_tickets(request)
         action = request.POST.get("action")
         if not tickets:
             self.message_user(request, "Select at least one waiting request first.", messages.WARNING)
             return HttpResponseRedirect(request.path)
         if action == "cancel":
-            cancelled = live.cancel_waiting(service, tickets)
+            cancelled = door.cancel_waiting(tickets)
             if cancelled:
                 self.message_user(
                     request,
@@ -153,22 +151,22 @@ class WaitingRequestAdmin(LivePageAdmin):
             self._report_gone(request, tickets, cancelled)
             return HttpResponseRedirect(request.path)
         if action == "reprioritize":
-            return self._reprioritize(request, service, tickets)
+            return self._reprioritize(request, door, tickets)
         self.message_user(request, "Choose an action: cancel, or change priority.", messages.WARNING)
         return HttpResponseRedirect(request.path)
 
-    def _reprioritize(self, request: HttpRequest, service, tickets: list[int]) -> HttpResponse:
+    def _reprioritize(self, request: HttpRequest, door: frontdoor.FrontDoor, tickets: list[int]) -> HttpResponse:
         form = PriorityForm(request.POST if "apply" in request.POST else None)
         if form.is_valid():
             priority = form.cleaned_data["priority"]
-            changed = live.reprioritize_waiting(service, tickets, priority)
+            changed = door.reprioritize_waiting(tickets, priority)
             if changed:
                 self.message_user(
                     request, f"{_ticket_list(changed)} now at priority {priority} and re-ranked.", messages.SUCCESS
                 )
             self._report_gone(request, tickets, changed)
             return HttpResponseRedirect(request.path)
-        selected = [entry for entry in live.waiting_now(service) if entry.ticket_id in tickets]
+        selected = [entry for entry in door.waiting() if entry.ticket_id in tickets]
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -194,8 +192,8 @@ class ConfiguredModelAdmin(LivePageAdmin):
 
     template_name = "admin/scheduling/configuredmodel/models.html"
 
-    def page_context(self, request: HttpRequest, service) -> dict:
-        states = live.model_states(service)
+    def page_context(self, request: HttpRequest, door: frontdoor.FrontDoor) -> dict:
+        states = door.model_states()
         rows = [
             {
                 "id": model_id,
@@ -204,18 +202,18 @@ class ConfiguredModelAdmin(LivePageAdmin):
                 "last_used": _last_used(model_id),
                 "history_url": f"{_changelist_url(QueuedRequest)}?model={model_id}",
             }
-            for model_id, model in service.config.models.items()
+            for model_id, model in door.config.models.items()
         ]
         return {"rows": rows}
 
-    def act(self, request: HttpRequest, service) -> HttpResponse:
+    def act(self, request: HttpRequest, door: frontdoor.FrontDoor) -> HttpResponse:
         wanted = request.POST.getlist("model")
-        unknown = [m for m in wanted if m not in service.config.models]
+        unknown = [m for m in wanted if m not in door.config.models]
         if not wanted or unknown:
             self.message_user(request, f"No configured model named {', '.join(unknown) or 'in the request'}.",
                               messages.ERROR)
             return HttpResponseRedirect(request.path)
-        live.unload_models(service, wanted)
+        door.unload_now(wanted)
         self.message_user(
             request,
             f"Unloading {', '.join(wanted)} now; running requests on {'it' if len(wanted) == 1 else 'them'} "
@@ -295,7 +293,7 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: SchedulerSettings, form, change: bool) -> None:
         save_settings(obj, request.user.get_username())
-        if current_service() is None:
+        if frontdoor.installed() is None:
             self.message_user(
                 request,
                 "No scheduler runs in this process: `llamaswap serve` applies the new values when it next starts.",
@@ -304,8 +302,8 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
 
     def _overview(self, stored: SchedulerSettings) -> dict:
         config, problem = _config_or_problem()
-        service = current_service()
-        in_use = live.serial_settings_in_use(service) if service is not None else None
+        door = frontdoor.installed()
+        in_use = door.snapshot().settings if door is not None else None
         rows = []
         for field, name in SchedulerSettings.CONFIG_NAMES.items():
             rows.append(
@@ -321,7 +319,7 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
             "scheduler_in_use": config.scheduler.use if config else None,
             "config_problem": problem,
             "setting_rows": rows,
-            "service_running": service is not None,
+            "service_running": door is not None,
             "audit_url": _changelist_url(SettingsChange),
         }
 

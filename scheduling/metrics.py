@@ -13,23 +13,16 @@ Labels stay bounded: band, a fixed route list, configured model IDs, status code
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from django.conf import settings
-from django.http import HttpRequest, HttpResponse
-from django.views.decorators.csrf import csrf_exempt
-from django_prometheus.exports import ExportToDjangoView
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.auth import is_authorized
-from proxy.errors import error_body
-from proxy.inbound import MODEL_ROUTES
-from proxy.responses import allow_methods
-from scheduling.core import Band, Decision, SchedulerSnapshot
+from scheduling.core import Band, SchedulerSnapshot
+from scheduling.events import Dispatched, Finished, ModelLoaded, Refused, RuntimeEvent
 
 log = logging.getLogger("llamaswap.metrics")
 
@@ -37,7 +30,6 @@ BANDS = tuple(str(band) for band in Band)
 REORDER_TERMS = ("aging", "swap_affinity")
 MODEL_STATES = ("stopped", "starting", "ready", "stopping")
 TOKEN_DIRECTIONS = ("input", "output")
-UPSTREAM_ROUTE = "/upstream"
 # Requests that never reached a model (rejected, or cancelled while queued) carry no path in their event.
 UNKNOWN = "unknown"
 
@@ -235,12 +227,11 @@ class ModelSlotsCollector(Collector):
 
 @dataclass
 class Export:
-    """What this process's /metrics reports on: the served runtime and fleet, and the config's key rule."""
+    """What this process's /metrics reports on: the served runtime and fleet."""
 
     scheduler: SchedulerCollector
     model_states: ModelStateCollector
     model_slots: ModelSlotsCollector
-    config: Any = None
 
 
 EXPORT = Export(SchedulerCollector(), ModelStateCollector(), ModelSlotsCollector())
@@ -259,7 +250,6 @@ def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
     EXPORT.model_states.models = tuple(config.models)
     EXPORT.model_slots.runtime = runtime
     EXPORT.model_slots.models = tuple(config.models)
-    EXPORT.config = config
     for model in config.models:
         MODEL_LOADS.labels(model)
         MODEL_LOAD_SECONDS.labels(model)
@@ -269,22 +259,22 @@ def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
             TOKENS.labels(model, direction)
 
 
-def record_event(kind: str, data: Mapping[str, Any]) -> None:
+def record_event(event: RuntimeEvent) -> None:
     """The runtime's observer: turn one scheduler event into counter and histogram updates.
 
     It runs inside the scheduler's critical path, so a metrics bug is logged, never raised.
     Queue depth and model state are not counted here: they are read at scrape time.
     """
     try:
-        handler = _HANDLERS.get(kind)
+        handler = _HANDLERS.get(type(event))
         if handler is not None:
-            handler(data)
+            handler(event)
     except Exception:
-        log.exception("could not record the %r scheduler event in the metrics", kind)
+        log.exception("could not record the %s scheduler event in the metrics", type(event).__name__)
 
 
-def _dispatched(data: Mapping[str, Any]) -> None:
-    decision: Decision = data["decision"]
+def _dispatched(event: Dispatched) -> None:
+    decision = event.decision
     band = str(decision.band)
     DISPATCHED.labels(band).inc()
     QUEUE_WAIT.labels(band).observe(decision.queue_wait_s)
@@ -294,45 +284,34 @@ def _dispatched(data: Mapping[str, Any]) -> None:
         REORDERS.labels(band, "swap_affinity").inc()
 
 
-def _finished(data: Mapping[str, Any]) -> None:
-    model = data["model"]
-    REQUESTS.labels(model, route_label(data["path"]), status_label(data["status"], data["state"])).inc()
-    REQUEST_DURATION.labels(model).observe(data["seconds"])
-    if data["ttfb"] is not None:
-        FIRST_BYTE.labels(model).observe(data["ttfb"])
-    usage = data["usage"]
+def _finished(event: Finished) -> None:
+    model = event.model
+    REQUESTS.labels(model, event.route, status_label(event.status, event.state)).inc()
+    REQUEST_DURATION.labels(model).observe(event.seconds)
+    if event.ttfb_s is not None:
+        FIRST_BYTE.labels(model).observe(event.ttfb_s)
     for direction in TOKEN_DIRECTIONS:
-        count = usage.get(f"{direction}_tokens")
+        count = event.usage.get(f"{direction}_tokens")
         if isinstance(count, int) and count > 0:
             TOKENS.labels(model, direction).inc(count)
 
 
-def _rejected(data: Mapping[str, Any]) -> None:
+def _refused(event: Refused) -> None:
     """Answered by the scheduler with an error (429, failed start, shutdown) or cancelled while queued."""
-    REQUESTS.labels(data["model"] or UNKNOWN, route_label(data["path"]), str(data["status"])).inc()
+    REQUESTS.labels(event.model or UNKNOWN, event.route, str(event.status)).inc()
 
 
-def _swap(data: Mapping[str, Any]) -> None:
-    MODEL_LOADS.labels(data["model"]).inc()
-    MODEL_LOAD_SECONDS.labels(data["model"]).observe(data["seconds"])
+def _loaded(event: ModelLoaded) -> None:
+    MODEL_LOADS.labels(event.model).inc()
+    MODEL_LOAD_SECONDS.labels(event.model).observe(event.seconds)
 
 
-_HANDLERS = {
-    "dispatched": _dispatched,
-    "finished": _finished,
-    "rejected": _rejected,
-    "cancelled": _rejected,
-    "swap": _swap,
+_HANDLERS: dict[type, Callable[[Any], None]] = {
+    Dispatched: _dispatched,
+    Finished: _finished,
+    Refused: _refused,
+    ModelLoaded: _loaded,
 }
-
-
-def route_label(path: str) -> str:
-    """A request path as a bounded label: one of the model routes, `/upstream`, or `other`."""
-    if path in MODEL_ROUTES:
-        return path
-    if path.startswith(UPSTREAM_ROUTE + "/"):
-        return UPSTREAM_ROUTE
-    return "other"
 
 
 def status_label(status: int | None, state: str) -> str:
@@ -340,37 +319,3 @@ def status_label(status: int | None, state: str) -> str:
     if status is not None:
         return str(status)
     return "499" if state == "cancelled" else state
-
-
-@csrf_exempt
-@allow_methods("GET", "HEAD")
-def metrics_view(request: HttpRequest) -> HttpResponse:
-    """GET /metrics: django-prometheus's export, behind the API keys when `metricsRequireApiKey: true`."""
-    config = _served_config()
-    if config is not None and config.metrics_require_api_key:
-        headers = {name.lower(): value for name, value in request.headers.items()}
-        if not is_authorized(headers, config.api_keys):
-            response = HttpResponse(
-                error_body(
-                    401,
-                    "/metrics needs an API key (metricsRequireApiKey is on): "
-                    "send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                    "invalid_api_key",
-                ),
-                status=401,
-                content_type="application/json",
-            )
-            response["WWW-Authenticate"] = 'Basic realm="llamaswap"'
-            return response
-    return ExportToDjangoView(request)
-
-
-def _served_config():
-    """The config of the running service; before one exists (served by plain daphne), the configured file."""
-    if EXPORT.config is not None:
-        return EXPORT.config
-    if settings.LLAMASWAP_CONFIG:
-        from proxy.service import load_configured  # here, not at the top: proxy.service imports this module
-
-        return load_configured()
-    return None

@@ -34,6 +34,7 @@ from scheduling.core import (
     Ticket,
     band_of,
 )
+from scheduling.events import Dispatched, Finished, ModelLoaded, ModelStateChanged, Queued, Refused, RuntimeEvent
 
 log = logging.getLogger("llamaswap.scheduler")
 
@@ -57,6 +58,7 @@ class TicketRequest:
     method: str = "POST"
     stream: bool = False
     client: str = ""
+    route: str = "other"  # the path as a bounded metrics label, which only the front end can tell
 
 
 @dataclass(eq=False)
@@ -124,12 +126,12 @@ class SchedulerRuntime:
         recorder,
         *,
         first_ticket_id: int = 1,
-        observer: Callable[[str, dict[str, Any]], None] | None = None,
+        observer: Callable[[RuntimeEvent], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.fleet = fleet
         self.recorder = recorder
-        self._observer = observer or (lambda kind, data: None)
+        self._observer = observer or (lambda event: None)
         self._loop = asyncio.get_running_loop()
         self._next_id = first_ticket_id
         self._waiting: dict[int, _Waiter] = {}
@@ -176,7 +178,7 @@ class SchedulerRuntime:
             scheduler=self.scheduler.name,
             arrived_at=self._wall(now),
         )
-        self._observer("queued", {"model": request.model, "band": band})
+        self._observer(Queued(request.model, band))
         self._run(lambda: self.scheduler.submit(ticket, now))
         try:
             return await future
@@ -194,7 +196,7 @@ class SchedulerRuntime:
             self.recorder.update(
                 ticket_id, state="cancelled", error=reason, finished_at=self._wall(self.now())
             )
-            self._observer("cancelled", {"model": waiter.ticket.model, "path": waiter.request.path, "status": 499})
+            self._observer(Refused(waiter.ticket.model, waiter.request.route, 499, cancelled=True))
         elif ticket_id in self._granted:
             self.release(ticket_id, Outcome(state="cancelled", error=reason))
             return
@@ -211,7 +213,7 @@ class SchedulerRuntime:
         self.recorder.update(
             ticket_id, state="cancelled", status_code=503, error=message, finished_at=self._wall(self.now())
         )
-        self._observer("cancelled", {"model": waiter.ticket.model, "path": waiter.request.path, "status": 503})
+        self._observer(Refused(waiter.ticket.model, waiter.request.route, 503, cancelled=True))
         now = self.now()
         self._run(lambda: self.scheduler.cancel(ticket_id, now))
         return True
@@ -248,17 +250,16 @@ class SchedulerRuntime:
             fields.update(outcome.usage)
         self.recorder.update(ticket_id, **fields)
         self._observer(
-            "finished",
-            {
-                "model": request.model,
-                "path": request.path,
-                "band": decision.band,
-                "state": outcome.state,
-                "status": outcome.status_code,
-                "seconds": now - granted_at,
-                "ttfb": None if outcome.first_byte_monotonic is None else outcome.first_byte_monotonic - granted_at,
-                "usage": outcome.usage or {},
-            },
+            Finished(
+                model=request.model,
+                route=request.route,
+                band=decision.band,
+                state=outcome.state,
+                status=outcome.status_code,
+                seconds=now - granted_at,
+                ttfb_s=None if outcome.first_byte_monotonic is None else outcome.first_byte_monotonic - granted_at,
+                usage=outcome.usage or {},
+            )
         )
         self._run(lambda: self.scheduler.finished(ticket_id, now))
 
@@ -282,7 +283,7 @@ class SchedulerRuntime:
     def model_exited(self, model: str) -> None:
         """A model process died on its own (crash): the core must stop counting it as loaded."""
         now = self.now()
-        self._observer("model_state", {"model": model, "state": "stopped"})
+        self._observer(ModelStateChanged(model, "stopped"))
         self._run(lambda: self.scheduler.model_stopped(model, now))
 
     def ranked(self) -> list:
@@ -373,7 +374,7 @@ class SchedulerRuntime:
         self._leases[effect.ticket_id] = lease
         waiter.future.set_result(lease)
         self.recorder.update(effect.ticket_id, state="dispatched", dispatched_at=self._wall(now), **decision_fields(decision))
-        self._observer("dispatched", {"decision": decision})
+        self._observer(Dispatched(decision))
 
     def _reject(self, effect: Reject) -> None:
         waiter = self._waiting.pop(effect.ticket_id, None)
@@ -387,12 +388,7 @@ class SchedulerRuntime:
         if waiter is not None and not waiter.future.done():
             waiter.future.set_exception(Rejected(effect.status, effect.code, effect.message, effect.retry_after))
         self._observer(
-            "rejected",
-            {
-                "model": waiter.ticket.model if waiter else "",
-                "path": waiter.request.path if waiter else "",
-                "status": effect.status,
-            },
+            Refused(waiter.ticket.model if waiter else "", waiter.request.route if waiter else "other", effect.status)
         )
 
     def _spawn(self, coro) -> asyncio.Task:
@@ -410,7 +406,7 @@ class SchedulerRuntime:
 
     async def _start_and_report(self, effect: StartModel) -> None:
         started = self.now()
-        self._observer("model_state", {"model": effect.model, "state": "starting"})
+        self._observer(ModelStateChanged(effect.model, "starting"))
         try:
             await self.fleet.swap_in(effect.model, tuple(effect.evict))
         except asyncio.CancelledError:
@@ -418,13 +414,13 @@ class SchedulerRuntime:
         except Exception as exc:  # any start failure is reported to the waiting requests, never raised
             reason = str(exc) or type(exc).__name__  # the text names the cause; the model is named here
             log.warning("model %s failed to start: %s", effect.model, reason)
-            self._observer("model_state", {"model": effect.model, "state": "stopped"})
+            self._observer(ModelStateChanged(effect.model, "stopped"))
             self._run(lambda: self.scheduler.model_failed(effect.model, reason, self.now()))
             return
-        self._observer("swap", {"model": effect.model, "seconds": self.now() - started})
-        self._observer("model_state", {"model": effect.model, "state": "ready"})
+        self._observer(ModelLoaded(effect.model, self.now() - started))
+        self._observer(ModelStateChanged(effect.model, "ready"))
         for model in effect.evict:
-            self._observer("model_state", {"model": model, "state": "stopped"})
+            self._observer(ModelStateChanged(model, "stopped"))
         self._run(lambda: self.scheduler.model_ready(effect.model, self.now()))
 
     def _cut_requests_on(self, model: str) -> None:
@@ -440,7 +436,7 @@ class SchedulerRuntime:
                     lease._revoke(reason)
 
     async def _stop_model(self, effect: StopModel) -> None:
-        self._observer("model_state", {"model": effect.model, "state": "stopping"})
+        self._observer(ModelStateChanged(effect.model, "stopping"))
         try:
             await self.fleet.stop(effect.model)
             start = self._starts.get(effect.model)
@@ -451,7 +447,7 @@ class SchedulerRuntime:
         finally:
             if self._stops.get(effect.model) is asyncio.current_task():
                 del self._stops[effect.model]
-            self._observer("model_state", {"model": effect.model, "state": "stopped"})
+            self._observer(ModelStateChanged(effect.model, "stopped"))
             self._run(lambda: self.scheduler.model_stopped(effect.model, self.now()))
 
     def _arm_timer(self) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from django.db import transaction
 from django.utils import timezone
 
-from proxy.service import current_service
+from scheduling import frontdoor
 from scheduling.core import SerialSettings
 from scheduling.models import SchedulerSettings, SettingsChange
 
@@ -73,12 +73,12 @@ def push_to_running_scheduler() -> bool:
     The stored row is read again rather than passed in, so when two edits race the
     scheduler ends with whichever was committed last.
     """
-    service = current_service()
-    if service is None:
+    door = frontdoor.installed()
+    if door is None:
         return False
-    settings = stored_serial_settings(service.config.scheduler.serial)
+    settings = stored_serial_settings(door.config.scheduler.serial)
     try:
-        service.runtime.from_thread(service.runtime.retune, settings)
+        door.retune(settings)
     except (TimeoutError, RuntimeError):
         log.exception("could not apply scheduler settings %s to the running scheduler", settings)
         return False

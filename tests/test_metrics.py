@@ -10,14 +10,17 @@ import shutil
 import subprocess
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import parse_config
-from scheduling import metrics
+from proxy.inbound import route_label
+from scheduling import frontdoor, metrics
 from scheduling.core import Band, Decision, SchedulerSnapshot, ScoreTerms, SerialSettings
+from scheduling.events import Dispatched, Finished, ModelLoaded, Refused
 
 REPO = Path(__file__).resolve().parent.parent
 BANDS = ("interactive", "normal", "batch")
@@ -109,7 +112,6 @@ KEYED = """
 def exported(monkeypatch):
     """Lets a test point /metrics at fakes; the process's export is put back afterwards."""
     export = metrics.EXPORT
-    monkeypatch.setattr(export, "config", export.config)
     monkeypatch.setattr(export.scheduler, "runtime", export.scheduler.runtime)
     monkeypatch.setattr(export.model_states, "fleet", export.model_states.fleet)
     monkeypatch.setattr(export.model_states, "models", export.model_states.models)
@@ -202,9 +204,9 @@ def test_dispatch_counts_the_band_its_queue_wait_and_each_term_that_changed_the_
         "waits": value("llamaswap_scheduler_queue_wait_seconds_count", band="batch"),
         "under_5s": value("llamaswap_scheduler_queue_wait_seconds_bucket", band="batch", le="5.0"),
     }
-    metrics.record_event("dispatched", {"decision": decision(Band.BATCH, aging=True, affinity=True, wait=4.0)})
-    metrics.record_event("dispatched", {"decision": decision(Band.BATCH, aging=True, wait=20.0)})
-    metrics.record_event("dispatched", {"decision": decision(Band.BATCH, wait=0.01)})
+    metrics.record_event(Dispatched(decision(Band.BATCH, aging=True, affinity=True, wait=4.0)))
+    metrics.record_event(Dispatched(decision(Band.BATCH, aging=True, wait=20.0)))
+    metrics.record_event(Dispatched(decision(Band.BATCH, wait=0.01)))
     assert value("llamaswap_scheduler_dispatched_total", band="batch") - before["dispatched"] == 3
     assert value("llamaswap_scheduler_reorders_total", band="batch", term="aging") - before["aging"] == 2
     assert value("llamaswap_scheduler_reorders_total", band="batch", term="swap_affinity") - before["affinity"] == 1
@@ -217,10 +219,10 @@ def test_finished_request_counts_route_status_durations_and_tokens():
     before = value("llamaswap_requests_total", **labels)
     tokens_in = value("llamaswap_tokens_total", model="gamma", direction="input")
     tokens_out = value("llamaswap_tokens_total", model="gamma", direction="output")
-    metrics.record_event("finished", {
-        "model": "gamma", "path": "/v1/chat/completions", "band": Band.NORMAL, "state": "completed",
-        "status": 200, "seconds": 2.0, "ttfb": 0.3, "usage": {"input_tokens": 12, "output_tokens": 40},
-    })
+    metrics.record_event(Finished(
+        model="gamma", route="/v1/chat/completions", band=Band.NORMAL, state="completed",
+        status=200, seconds=2.0, ttfb_s=0.3, usage={"input_tokens": 12, "output_tokens": 40},
+    ))
     assert value("llamaswap_requests_total", **labels) - before == 1
     assert value("llamaswap_tokens_total", model="gamma", direction="input") - tokens_in == 12
     assert value("llamaswap_tokens_total", model="gamma", direction="output") - tokens_out == 40
@@ -228,14 +230,13 @@ def test_finished_request_counts_route_status_durations_and_tokens():
     assert value("llamaswap_request_first_byte_seconds_bucket", model="gamma", le="0.5") >= 1
 
 
-def test_upstream_paths_collapse_to_one_route_and_a_client_that_left_counts_as_499():
+def test_a_client_that_left_counts_as_499_and_sent_no_first_byte():
     labels = {"model": "delta", "route": "/upstream", "status": "499"}
     before = value("llamaswap_requests_total", **labels)
     first_bytes = value("llamaswap_request_first_byte_seconds_count", model="delta")
-    metrics.record_event("finished", {
-        "model": "delta", "path": "/upstream/delta/slots/0?action=save", "band": Band.NORMAL, "state": "cancelled",
-        "status": None, "seconds": 0.5, "ttfb": None, "usage": {},
-    })
+    metrics.record_event(Finished(
+        model="delta", route="/upstream", band=Band.NORMAL, state="cancelled", status=None, seconds=0.5, ttfb_s=None,
+    ))
     assert value("llamaswap_requests_total", **labels) - before == 1
     assert value("llamaswap_request_first_byte_seconds_count", model="delta") == first_bytes
 
@@ -246,9 +247,9 @@ def test_rejected_and_cancelled_requests_are_counted_by_route_and_status():
     by_operator = {"model": "alpha", "route": "/v1/embeddings", "status": "503"}
     series = (rejected, cancelled, by_operator)
     before = [value("llamaswap_requests_total", **labels) for labels in series]
-    metrics.record_event("rejected", {"model": "alpha", "path": "/v1/chat/completions", "status": 429})
-    metrics.record_event("cancelled", {"model": "alpha", "path": "/v1/embeddings", "status": 499})
-    metrics.record_event("cancelled", {"model": "alpha", "path": "/v1/embeddings", "status": 503})
+    metrics.record_event(Refused("alpha", "/v1/chat/completions", 429))
+    metrics.record_event(Refused("alpha", "/v1/embeddings", 499, cancelled=True))
+    metrics.record_event(Refused("alpha", "/v1/embeddings", 503, cancelled=True))
     after = [value("llamaswap_requests_total", **labels) for labels in series]
     assert [a - b for a, b in zip(after, before)] == [1, 1, 1]
 
@@ -256,22 +257,22 @@ def test_rejected_and_cancelled_requests_are_counted_by_route_and_status():
 def test_a_model_swap_counts_a_load_and_its_duration():
     loads = value("llamaswap_model_loads_total", model="epsilon")
     total = value("llamaswap_model_load_seconds_sum", model="epsilon")
-    metrics.record_event("swap", {"model": "epsilon", "seconds": 7.5})
+    metrics.record_event(ModelLoaded("epsilon", 7.5))
     assert value("llamaswap_model_loads_total", model="epsilon") - loads == 1
     assert value("llamaswap_model_load_seconds_sum", model="epsilon") - total == pytest.approx(7.5)
 
 
 def test_a_malformed_event_is_logged_and_never_raised_into_the_scheduler(caplog):
     with caplog.at_level(logging.ERROR, logger="llamaswap.metrics"):
-        metrics.record_event("dispatched", {})
-    assert "could not record the 'dispatched' scheduler event" in caplog.text
+        metrics.record_event(Dispatched(None))
+    assert "could not record the Dispatched scheduler event" in caplog.text
 
 
 def test_route_labels_stay_within_the_fixed_route_list():
-    assert metrics.route_label("/v1/embeddings") == "/v1/embeddings"
-    assert metrics.route_label("/upstream/org/model-7b/v1/chat/completions") == "/upstream"
-    assert metrics.route_label("(preload)") == "other"
-    assert metrics.route_label("/v1/chat/completions/../../etc") == "other"
+    assert route_label("/v1/embeddings") == "/v1/embeddings"
+    assert route_label("/upstream/org/model-7b/v1/chat/completions") == "/upstream"
+    assert route_label("(preload)") == "other"
+    assert route_label("/v1/chat/completions/../../etc") == "other"
 
 
 # -- the /metrics view ---------------------------------------------------------------------------
@@ -304,8 +305,14 @@ def test_exporting_a_service_shows_its_runtime_fleet_and_zeroed_per_model_series
         assert got[("llamaswap_tokens_total", frozenset({("model", "zeta"), ("direction", direction)}))] == 0
 
 
-def test_metrics_require_an_api_key_when_configured(client, exported):
-    exported.config = config(KEYED)
+def serving(monkeypatch, served_config) -> None:
+    """As if this process served `served_config` (None: as if it served nothing)."""
+    door = None if served_config is None else SimpleNamespace(config=served_config)
+    monkeypatch.setattr(frontdoor, "_installed", door)
+
+
+def test_metrics_require_an_api_key_when_configured(client, monkeypatch):
+    serving(monkeypatch, config(KEYED))
     refused = client.get("/metrics")
     assert refused.status_code == 401
     assert "metricsRequireApiKey" in refused.json()["error"]["message"]
@@ -317,13 +324,13 @@ def test_metrics_require_an_api_key_when_configured(client, exported):
         assert "llamaswap_scheduler_queue_depth" in scrape(client, **headers)
 
 
-def test_metrics_stay_open_when_keys_are_set_but_the_flag_is_off(client, exported):
-    exported.config = config(KEYED.replace("metricsRequireApiKey: true", "metricsRequireApiKey: false"))
+def test_metrics_stay_open_when_keys_are_set_but_the_flag_is_off(client, monkeypatch):
+    serving(monkeypatch, config(KEYED.replace("metricsRequireApiKey: true", "metricsRequireApiKey: false")))
     assert "llamaswap_scheduler_queue_depth" in scrape(client)
 
 
-def test_the_key_rule_applies_before_the_service_is_built(client, exported, settings, tmp_path):
-    exported.config = None
+def test_the_key_rule_applies_before_the_service_is_built(client, monkeypatch, settings, tmp_path):
+    serving(monkeypatch, None)
     path = tmp_path / "config.yaml"
     path.write_text(textwrap.dedent(KEYED))
     settings.LLAMASWAP_CONFIG = str(path)
@@ -339,12 +346,12 @@ def test_metrics_output_passes_promtool(client, exported):
     """)
     runtime = FakeRuntime({Band.BATCH: 2}, {Band.BATCH: 9.0}, running={"alpha": (3,)}, slots={"alpha": 2})
     metrics.export_service(runtime, FakeFleet({"alpha": "ready"}), served)
-    metrics.record_event("dispatched", {"decision": decision(Band.NORMAL, affinity=True)})
-    metrics.record_event("swap", {"model": "alpha", "seconds": 3.0})
-    metrics.record_event("finished", {
-        "model": "alpha", "path": "/v1/completions", "band": Band.NORMAL, "state": "completed",
-        "status": 200, "seconds": 1.0, "ttfb": 0.1, "usage": {"input_tokens": 3, "output_tokens": 5},
-    })
+    metrics.record_event(Dispatched(decision(Band.NORMAL, affinity=True)))
+    metrics.record_event(ModelLoaded("alpha", 3.0))
+    metrics.record_event(Finished(
+        model="alpha", route="/v1/completions", band=Band.NORMAL, state="completed",
+        status=200, seconds=1.0, ttfb_s=0.1, usage={"input_tokens": 3, "output_tokens": 5},
+    ))
     text = scrape(client)
     promtool = shutil.which("promtool")
     if promtool is None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from django.urls import reverse
 
 from proxy.config import load_config
 from proxy.service import prepare, reset_service
-from scheduling import settings_store
+from scheduling import frontdoor, settings_store
 from scheduling.core import SerialSettings
 from scheduling.models import SchedulerSettings, SettingsChange
 
@@ -110,28 +112,35 @@ def test_the_service_starts_with_the_stored_override(config_file):
     assert prepared.config.scheduler.serial == CONFIGURED
 
 
-class RecordingRuntime:
-    """Stands in for the running scheduler: records what the admin thread asked it to do."""
+class RecordingFrontDoor:
+    """Stands in for the running scheduler's front door: records what the admin thread asked of it."""
 
-    def __init__(self):
+    def __init__(self, config):
+        self.config = config
         self.retuned: list[SerialSettings] = []
-
-    def from_thread(self, fn, *args):
-        return fn(*args)
 
     def retune(self, settings):
         self.retuned.append(settings)
 
+    def snapshot(self):
+        in_use = self.retuned[-1] if self.retuned else self.config.scheduler.serial
+        return SimpleNamespace(settings=in_use)
+
+
+@pytest.fixture
+def running_scheduler(config_file):
+    door = RecordingFrontDoor(load_config(str(config_file)))
+    frontdoor.install(door)
+    yield door
+    frontdoor.install(None)
+
 
 @pytest.mark.django_db(transaction=True)
-def test_a_saved_edit_is_pushed_to_the_running_scheduler_after_commit(admin_client, config_file, monkeypatch):
-    runtime = RecordingRuntime()
-    service = type("Service", (), {"runtime": runtime, "config": load_config(str(config_file))})()
-    monkeypatch.setattr(settings_store, "current_service", lambda: service)
+def test_a_saved_edit_is_pushed_to_the_running_scheduler_after_commit(admin_client, running_scheduler):
     post_settings(admin_client, bonus="2")
-    assert runtime.retuned == [SerialSettings(aging_divisor=30, swap_affinity_bonus=2, slots={"beta": 2})]
+    assert running_scheduler.retuned == [SerialSettings(aging_divisor=30, swap_affinity_bonus=2, slots={"beta": 2})]
     post_settings(admin_client, bonus="2")  # nothing changed: nothing to push
-    assert len(runtime.retuned) == 1
+    assert len(running_scheduler.retuned) == 1
 
 
 def test_slots_are_edited_by_alias_stored_by_model_id_and_audited(admin_client, config_file):
@@ -179,9 +188,6 @@ def test_a_slots_override_replaces_the_config_files_slots_and_blank_falls_back()
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_slots_edit_reaches_the_running_scheduler(admin_client, config_file, monkeypatch):
-    runtime = RecordingRuntime()
-    service = type("Service", (), {"runtime": runtime, "config": load_config(str(config_file))})()
-    monkeypatch.setattr(settings_store, "current_service", lambda: service)
+def test_a_slots_edit_reaches_the_running_scheduler(admin_client, running_scheduler):
     post_settings(admin_client, slots="alpha: 2")
-    assert [dict(settings.slots) for settings in runtime.retuned] == [{"alpha": 2}]
+    assert [dict(settings.slots) for settings in running_scheduler.retuned] == [{"alpha": 2}]

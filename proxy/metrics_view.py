@@ -1,0 +1,46 @@
+"""`GET /metrics`: the Prometheus export, behind the API keys when `metricsRequireApiKey: true`."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django_prometheus.exports import ExportToDjangoView
+
+from proxy.auth import is_authorized
+from proxy.errors import error_body
+from proxy.responses import allow_methods
+from proxy.service import load_configured
+from scheduling import frontdoor
+
+
+@csrf_exempt
+@allow_methods("GET", "HEAD")
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    config = _served_config()
+    if config is not None and config.metrics_require_api_key:
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        if not is_authorized(headers, config.api_keys):
+            response = HttpResponse(
+                error_body(
+                    401,
+                    "/metrics needs an API key (metricsRequireApiKey is on): "
+                    "send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                    "invalid_api_key",
+                ),
+                status=401,
+                content_type="application/json",
+            )
+            response["WWW-Authenticate"] = 'Basic realm="llamaswap"'
+            return response
+    return ExportToDjangoView(request)
+
+
+def _served_config():
+    """The config of the running service; before one exists (served by plain daphne), the configured file."""
+    door = frontdoor.installed()
+    if door is not None:
+        return door.config
+    if settings.LLAMASWAP_CONFIG:
+        return load_configured()
+    return None

@@ -1,0 +1,72 @@
+"""What the runtime reports as it works, one typed message per happening.
+
+The runtime hands each to its observer (the metrics, in this process); they are plain frozen
+values so they can also travel between processes as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduling.core import Band, Decision
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A request joined the queue."""
+
+    model: str
+    band: Band
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """A request got the GPU (or its model's start began for it)."""
+
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A granted request ended; `state` is completed, failed or cancelled, `status` the HTTP status
+    sent (None when the client left before one was), `ttfb_s` None when no byte came."""
+
+    model: str
+    route: str
+    band: Band
+    state: str
+    status: int | None
+    seconds: float
+    ttfb_s: float | None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A request that never reached a model: the scheduler answered it with an error, or it was
+    cancelled while queued (`cancelled`). `model` is empty when the request was already gone."""
+
+    model: str
+    route: str
+    status: int
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    """A model start succeeded after `seconds`."""
+
+    model: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ModelStateChanged:
+    """A model process is now stopped, starting, ready or stopping."""
+
+    model: str
+    state: str
+
+
+RuntimeEvent = Queued | Dispatched | Finished | Refused | ModelLoaded | ModelStateChanged

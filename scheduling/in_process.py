@@ -1,0 +1,106 @@
+"""The front door of a scheduler that runs in this process: direct calls on the runtime.
+
+The request path calls the runtime as is (it runs on the event loop already). Operator calls
+come from the admin's worker threads, so each one runs on the loop through `from_thread`,
+between two scheduling steps, and waits for its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from scheduling.core import SchedulerSnapshot, SerialSettings
+from scheduling.frontdoor import BusyModel, RunningEntry, WaitingEntry
+from scheduling.runtime import Lease, Outcome, SchedulerRuntime, TicketRequest
+
+
+class InProcessFrontDoor:
+    def __init__(self, runtime: SchedulerRuntime, fleet, config) -> None:
+        self.runtime = runtime
+        self.fleet = fleet
+        self.config = config
+
+    # -- the request path ---------------------------------------------------------------------
+    async def submit(self, request: TicketRequest) -> Lease:
+        return await self.runtime.submit(request)
+
+    def release(self, ticket_id: int, outcome: Outcome) -> None:
+        self.runtime.release(ticket_id, outcome)
+
+    async def unload(self, models: list[str] | None) -> None:
+        stops = self.runtime.unload(models)
+        if stops:
+            await asyncio.wait(stops)
+
+    # -- operators ----------------------------------------------------------------------------
+    def snapshot(self) -> SchedulerSnapshot:
+        return self.runtime.snapshot[1]
+
+    def waiting(self) -> list[WaitingEntry]:
+        runtime = self.runtime
+
+        def read() -> list[WaitingEntry]:
+            now = runtime.now()
+            entries = []
+            for ticket, terms in runtime.ranked():
+                request = runtime.waiting_request(ticket.id)
+                if request is None:  # its caller already left; it is no longer waiting
+                    continue
+                entries.append(
+                    WaitingEntry(
+                        position=len(entries) + 1,
+                        ticket_id=ticket.id,
+                        model=ticket.model,
+                        requested_model=request.requested_model,
+                        path=request.path,
+                        client=request.client,
+                        priority=ticket.priority,
+                        terms=terms,
+                        waited_s=max(0.0, now - ticket.arrival),
+                    )
+                )
+            return entries
+
+        return runtime.from_thread(read)
+
+    def running(self) -> list[BusyModel]:
+        runtime = self.runtime
+
+        def entry(ticket_id: int, now: float) -> RunningEntry | None:
+            granted = runtime.granted_request(ticket_id)
+            if granted is not None:
+                _, decision, since = granted
+                return RunningEntry(ticket_id, decision.priority, decision.slot, max(0.0, now - since))
+            request = runtime.waiting_request(ticket_id)  # its model is starting for it
+            return None if request is None else RunningEntry(ticket_id, request.priority, None, None)
+
+        def read() -> list[BusyModel]:
+            now = runtime.now()
+            _, snapshot = runtime.snapshot
+            busy = []
+            for model, tickets in sorted(snapshot.running.items()):
+                entries = [found for ticket_id in tickets if (found := entry(ticket_id, now)) is not None]
+                entries.sort(key=lambda e: -1.0 if e.running_s is None else -e.running_s)
+                if entries:
+                    busy.append(BusyModel(model, snapshot.slots.get(model), tuple(entries)))
+            return busy
+
+        return runtime.from_thread(read)
+
+    def model_states(self) -> dict[str, str]:
+        fleet, models = self.fleet, self.config.models
+        return self.runtime.from_thread(lambda: {model: fleet.state(model) for model in models})
+
+    def cancel_waiting(self, ticket_ids: list[int]) -> list[int]:
+        runtime = self.runtime
+        return runtime.from_thread(lambda: [tid for tid in ticket_ids if runtime.operator_cancel(tid)])
+
+    def reprioritize_waiting(self, ticket_ids: list[int], priority: int) -> list[int]:
+        runtime = self.runtime
+        return runtime.from_thread(lambda: [tid for tid in ticket_ids if runtime.reprioritize(tid, priority)])
+
+    def unload_now(self, models: list[str]) -> None:
+        self.runtime.from_thread(self.runtime.unload, models)
+
+    def retune(self, settings: SerialSettings) -> None:
+        self.runtime.from_thread(self.runtime.retune, settings)
