@@ -209,7 +209,9 @@ class SchedulerRuntime:
             return False
         waiter = self._waiting.pop(ticket_id)
         message = "cancelled by an operator while queued"
-        waiter.future.set_exception(Rejected(503, "cancelled_by_operator", message))
+        if not waiter.future.done():  # its client may have left a moment ago
+            waiter.future.set_exception(Rejected(503, "cancelled_by_operator", message))
+            waiter.future.exception()  # mark retrieved: nobody may be left to read it
         self.recorder.update(
             ticket_id, state="cancelled", status_code=503, error=message, finished_at=self._wall(self.now())
         )
@@ -219,8 +221,9 @@ class SchedulerRuntime:
         return True
 
     def reprioritize(self, ticket_id: int, priority: int) -> bool:
-        waiter = self._waiting.get(ticket_id)
-        if waiter is None:
+        """Admin action: re-rank a queued request. Returns whether it was still queued (one whose
+        model is starting for it has left the queue)."""
+        if ticket_id not in self._waiting or not self.scheduler.is_queued(ticket_id):
             return False
         now = self.now()
         self._run(lambda: self.scheduler.reprioritize(ticket_id, priority, now))
@@ -438,7 +441,10 @@ class SchedulerRuntime:
     async def _stop_model(self, effect: StopModel) -> None:
         self._observer(ModelStateChanged(effect.model, "stopping"))
         try:
-            await self.fleet.stop(effect.model)
+            try:
+                await self.fleet.stop(effect.model)
+            except Exception:  # the process is treated as gone either way; say why it may not be
+                log.exception("stopping model %s failed", effect.model)
             start = self._starts.get(effect.model)
             if start is not None:
                 # A start this stop cut short must report its failure before the stop is reported,

@@ -263,6 +263,9 @@ class SerialScheduler:
             slots=MappingProxyType({model: self._settings.slots_for(model) for model in self._fleet.ids()}),
         )
 
+    def is_queued(self, ticket_id: int) -> bool:
+        return ticket_id in self._queue
+
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Waiting requests best first, with the score each would get right now."""
         return self._queue.ranked(now, self._fleet.ready_for_work(), self._settings)
