@@ -82,7 +82,7 @@ class Lease:
         if self.cut is not None:
             task.cancel()
 
-    def _revoke(self, reason: Rejected) -> None:
+    def revoke(self, reason: Rejected) -> None:
         self.cut = reason
         if self._holder is not None:
             self._holder.cancel()
@@ -436,7 +436,7 @@ class SchedulerRuntime:
                 lease = self._leases.get(ticket_id)
                 self.release(ticket_id, Outcome(state="cancelled", status_code=reason.status, error=reason.message))
                 if lease is not None:
-                    lease._revoke(reason)
+                    lease.revoke(reason)
 
     async def _stop_model(self, effect: StopModel) -> None:
         self._observer(ModelStateChanged(effect.model, "stopping"))

@@ -64,3 +64,31 @@ def postgres():
     finally:
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         admin.close()
+
+
+REDIS_URL = os.environ.get("LLAMASWAP_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+async def redis_layer_factory():
+    """`make()`: a channel layer on the local Redis server, all of one test's layers sharing a key
+    prefix of their own (so they reach each other and nothing else); flushed afterwards."""
+    redis = pytest.importorskip("redis")
+    core = pytest.importorskip("channels_redis.core")
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5).ping()
+    except redis.exceptions.ConnectionError as exc:
+        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
+    prefix = f"llamaswap-test-{uuid.uuid4().hex[:12]}:"
+    made = []
+
+    def make():
+        layer = core.RedisChannelLayer(hosts=[REDIS_URL], prefix=prefix)
+        made.append(layer)
+        return layer
+
+    yield make
+    if made:
+        await made[0].flush()
+    for layer in made:
+        await layer.close_pools()

@@ -1,0 +1,102 @@
+"""A front end's way to a scheduler worker in another process: the request path over the channel layer.
+
+Each front end listens on a channel of its own for the worker's answers. A request is submitted
+under a key of this front end's making, and its consumer waits for the grant as it would for the
+in-process runtime. A grant that arrives for a request whose client already left is given back
+at once, so a slot never leaks when a grant and a cancel cross on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+from scheduling.runtime import Lease, Outcome, Rejected, TicketRequest
+from scheduling.wire import WORKER_CHANNEL, Cancel, Cut, Granted, Message, Refused, Release, Submit, from_message, to_message
+
+log = logging.getLogger("llamaswap.frontend")
+
+LEFT_BEFORE_GRANT = Outcome(state="cancelled", error="client disconnected while queued")
+
+
+class ChannelLayerFrontDoor:
+    def __init__(self, config, layer, *, worker: str = WORKER_CHANNEL) -> None:
+        self.config = config
+        self.layer = layer
+        self.worker = worker
+        self._reply: str | None = None
+        self._listener: asyncio.Task | None = None
+        self._keys = itertools.count(1)
+        self._waiting: dict[str, asyncio.Future] = {}
+        self._leases: dict[int, tuple[str, Lease]] = {}  # ticket id -> (key, lease)
+        self._sends: set[asyncio.Task] = set()
+
+    async def submit(self, request: TicketRequest) -> Lease:
+        reply = await self._reply_channel()
+        key = f"{reply}#{next(self._keys)}"
+        granted = asyncio.get_running_loop().create_future()
+        self._waiting[key] = granted
+        try:
+            await self.layer.send(self.worker, to_message(Submit(key, reply, request)))
+            answer: Granted = await granted
+        except asyncio.CancelledError:
+            if self._waiting.pop(key, None) is not None:
+                self._send_later(Cancel(key))
+            raise
+        lease = Lease(answer.ticket_id, request.model, answer.upstream, answer.decision)
+        self._leases[answer.ticket_id] = (key, lease)
+        return lease
+
+    def release(self, ticket_id: int, outcome: Outcome) -> None:
+        entry = self._leases.pop(ticket_id, None)
+        if entry is not None:
+            self._send_later(Release(entry[0], outcome))
+
+    async def close(self) -> None:
+        """Stop listening; requests still waiting are refused as the service shuts down."""
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1))
+        await asyncio.gather(*self._sends, return_exceptions=True)
+
+    async def _reply_channel(self) -> str:
+        if self._reply is None:
+            self._reply = await self.layer.new_channel("llamaswap.frontend.")
+            self._listener = asyncio.get_running_loop().create_task(self._listen(self._reply))
+        return self._reply
+
+    async def _listen(self, reply: str) -> None:
+        while True:
+            body = await self.layer.receive(reply)
+            try:
+                self._answer(from_message(body))
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("ignoring a message the front end cannot read (%s): %r", exc, body)
+
+    def _answer(self, message: Message) -> None:
+        if isinstance(message, Granted):
+            waiting = self._waiting.pop(message.key, None)
+            if waiting is None or waiting.done():
+                self._send_later(Release(message.key, LEFT_BEFORE_GRANT))  # the client left as it was granted
+            else:
+                waiting.set_result(message)
+        elif isinstance(message, Refused):
+            waiting = self._waiting.pop(message.key, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_exception(Rejected(message.status, message.code, message.message, message.retry_after))
+        elif isinstance(message, Cut):
+            for key, lease in self._leases.values():
+                if key == message.key:
+                    lease.revoke(Rejected(message.status, message.code, message.message))
+        else:
+            log.warning("a front end does not take %s messages", type(message).__name__)
+
+    def _send_later(self, message: Message) -> None:
+        """Send from synchronous code (a `finally`, a cancelled task): the send runs on its own."""
+        task = asyncio.get_running_loop().create_task(self.layer.send(self.worker, to_message(message)))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)

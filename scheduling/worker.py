@@ -1,0 +1,109 @@
+"""The scheduler worker's side of the channel layer: front ends' messages in, the runtime's answers out.
+
+One worker owns a GPU box: its runtime queues what every front end submits, so priority, affinity
+and aging hold across front ends. Each submitted request gets a task here that stands in for the
+front end's consumer: it waits in the runtime's queue, sends the grant, then holds the lease
+until the front end releases it (or cancels, or the GPU is taken back, which it reports as a cut).
+Streams never pass through here: the grant names the model server's address and the front end
+relays to it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from scheduling.runtime import Outcome, Rejected, SchedulerRuntime
+from scheduling.wire import WORKER_CHANNEL, Cancel, Cut, Granted, Message, Refused, Release, Submit, from_message, to_message
+
+log = logging.getLogger("llamaswap.worker")
+
+FRONT_END_GONE = Outcome(state="cancelled", error="the front end cancelled the request")
+
+
+@dataclass
+class _Remote:
+    """A request a front end submitted, until its lease is given back."""
+
+    reply: str
+    task: asyncio.Task | None = None
+    released: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class SchedulerWorker:
+    def __init__(
+        self, runtime: SchedulerRuntime, layer, *, advertise: str | None = None, channel: str = WORKER_CHANNEL
+    ) -> None:
+        self.runtime = runtime
+        self.layer = layer
+        self.channel = channel
+        self.advertise = advertise
+        self._remotes: dict[str, _Remote] = {}
+
+    async def run(self) -> None:
+        """Serve messages until cancelled."""
+        while True:
+            body = await self.layer.receive(self.channel)
+            try:
+                message = from_message(body)
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("ignoring a message the worker cannot read (%s): %r", exc, body)
+                continue
+            self.handle(message)
+
+    def handle(self, message: Message) -> None:
+        """Act on one message; never blocks, so messages are taken in the order they came."""
+        if isinstance(message, Submit):
+            if message.key in self._remotes:
+                return  # a repeated submit: the first one stands
+            remote = _Remote(message.reply)
+            self._remotes[message.key] = remote
+            remote.task = asyncio.get_running_loop().create_task(self._serve(message, remote))
+        elif isinstance(message, Cancel):
+            remote = self._remotes.get(message.key)
+            if remote is not None and remote.task is not None:
+                remote.task.cancel()
+        elif isinstance(message, Release):
+            remote = self._remotes.get(message.key)
+            if remote is not None and not remote.released.done():
+                remote.released.set_result(message.outcome)
+        else:
+            log.warning("a worker does not take %s messages", type(message).__name__)
+
+    async def _serve(self, submit: Submit, remote: _Remote) -> None:
+        try:
+            try:
+                lease = await self.runtime.submit(submit.request)
+            except Rejected as exc:
+                await self._send(remote.reply, Refused(submit.key, exc.status, exc.code, exc.message, exc.retry_after))
+                return
+            except asyncio.CancelledError:
+                return  # the runtime cancelled the queued request itself
+            outcome = FRONT_END_GONE
+            try:
+                lease.held_by(asyncio.current_task())
+                await self._send(
+                    remote.reply, Granted(submit.key, lease.ticket_id, self._advertised(lease.upstream), lease.decision)
+                )
+                outcome = await remote.released
+            except asyncio.CancelledError:
+                if lease.cut is not None and asyncio.current_task().uncancel() == 0:
+                    cut = lease.cut
+                    await self._send(remote.reply, Cut(submit.key, cut.status, cut.code, cut.message))
+            finally:
+                self.runtime.release(lease.ticket_id, outcome)
+        finally:
+            del self._remotes[submit.key]
+
+    def _advertised(self, upstream: str) -> str:
+        """The model server's address as front ends on other machines reach it."""
+        if not self.advertise:
+            return upstream
+        parts = urlsplit(upstream)
+        host = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
+        return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
+
+    async def _send(self, channel: str, message: Message) -> None:
+        await self.layer.send(channel, to_message(message))

@@ -1,0 +1,141 @@
+"""Front ends reaching a scheduler worker over a real Redis channel layer: one queue for all of them,
+leases given and taken back across the wire, and nothing leaked when a grant and a cancel cross."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from scheduling.remote import ChannelLayerFrontDoor
+from scheduling.runtime import Outcome, Rejected, TicketRequest
+from scheduling.worker import SchedulerWorker
+
+from .fakes import DEADLINE
+
+DONE = Outcome(state="completed", status_code=200)
+
+
+@pytest.fixture
+async def wired(gpu_for, redis_layer_factory):
+    """`wired(*models)`: (gpu, worker, two front ends) on one channel layer, the worker serving."""
+    tasks, doors = [], []
+
+    def make(*models: str):
+        gpu = gpu_for(*models)
+        worker = SchedulerWorker(gpu.runtime, redis_layer_factory(), advertise="10.0.0.7")
+        tasks.append(asyncio.get_running_loop().create_task(worker.run()))
+        doors.extend(ChannelLayerFrontDoor(None, redis_layer_factory()) for _ in range(2))
+        return gpu, worker, doors[-2], doors[-1]
+
+    yield make
+    for door in doors:
+        await door.close()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def submit(door: ChannelLayerFrontDoor, model: str, priority: int = 0) -> asyncio.Task:
+    request = TicketRequest(model=model, path="/v1/chat/completions", priority=priority)
+    return asyncio.get_running_loop().create_task(door.submit(request))
+
+
+async def until(condition, what: str) -> None:
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    try:
+        await asyncio.wait_for(poll(), DEADLINE)
+    except TimeoutError:
+        raise AssertionError(f"never happened: {what}") from None
+
+
+async def test_requests_through_two_front_ends_share_one_priority_order(wired):
+    gpu, _, first, second = wired("a")
+    holding = submit(first, "a")
+    await gpu.fleet.start("a")
+    lease = await asyncio.wait_for(holding, DEADLINE)
+    assert lease.upstream.startswith("http://10.0.0.7"), "front ends reach the model at the worker's address"
+
+    waiting = {
+        submit(second, "a", -100): second, submit(first, "a", 0): first,
+        submit(second, "a", 100): second, submit(first, "a", 0): first,
+    }
+    await until(lambda: len(gpu.recorder.rows) == 5, "every request queued at the worker")
+    owner, order = first, []
+    while len(order) < len(waiting):
+        owner.release(lease.ticket_id, DONE)
+        pending = [task for task in waiting if not task.done()]
+        done, _ = await asyncio.wait(pending, timeout=DEADLINE, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1, "the released slot went to exactly one request"
+        (task,) = done
+        lease, owner = task.result(), waiting[task]
+        order.append(lease.decision.priority)
+    owner.release(lease.ticket_id, DONE)
+    await until(lambda: not gpu.recorder.unfinished(), "every row ended")
+    assert order == [100, 0, 0, -100]
+
+
+async def test_a_client_that_leaves_while_queued_is_cancelled_at_the_worker(wired):
+    gpu, _, first, second = wired("a", "b")
+    holding = submit(first, "a")
+    await gpu.fleet.start("a")
+    lease = await asyncio.wait_for(holding, DEADLINE)
+    leaving = submit(second, "b")
+    await until(lambda: len(gpu.recorder.rows) == 2, "the second request queued")
+
+    leaving.cancel()
+    await until(lambda: gpu.recorder.rows[2]["state"] == "cancelled", "the worker cancelled the request")
+    first.release(lease.ticket_id, DONE)
+    await until(lambda: gpu.recorder.rows[1]["state"] == "completed", "the first request completed")
+    assert gpu.fleet.started() == [("a", ())], "the leaving client's model is never started"
+
+
+async def test_a_grant_that_crosses_a_cancel_is_given_back_and_the_slot_is_free(wired):
+    gpu, _, first, second = wired("a")
+    leaving = submit(first, "a")
+    start = await gpu.fleet.next_call("swap_in", "a")
+    start.succeed()  # the worker grants now, while the client leaves
+    leaving.cancel()
+    await until(lambda: gpu.recorder.rows[1]["state"] == "cancelled", "the crossed request ended cancelled")
+
+    lease = await asyncio.wait_for(submit(second, "a"), DEADLINE)
+    assert lease.ticket_id == 2, "the slot was free for the next request"
+    second.release(lease.ticket_id, DONE)
+    await until(lambda: gpu.recorder.rows[2]["state"] == "completed", "the next request completed")
+
+
+async def test_a_failed_start_is_refused_through_the_front_end(wired):
+    gpu, _, first, _ = wired("a")
+    refused = submit(first, "a")
+    (await gpu.fleet.next_call("swap_in", "a")).fail("exited with status 1")
+    with pytest.raises(Rejected) as raised:
+        await asyncio.wait_for(refused, DEADLINE)
+    assert (raised.value.status, raised.value.code) == (503, "model_start_failed")
+    assert "exited with status 1" in raised.value.message
+
+
+async def test_an_unload_cuts_the_lease_at_the_front_end(wired):
+    gpu, _, first, _ = wired("a")
+    lease = await asyncio.wait_for(asyncio.gather(submit(first, "a"), gpu.fleet.start("a")), DEADLINE)
+    lease = lease[0]
+    holder = asyncio.get_running_loop().create_task(asyncio.sleep(DEADLINE * 10))
+    lease.held_by(holder)
+
+    gpu.runtime.unload(["a"])
+    (await gpu.fleet.next_call("stop", "a")).succeed()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(holder, DEADLINE)
+    assert (lease.cut.status, lease.cut.code) == (503, "model_unloaded")
+    first.release(lease.ticket_id, Outcome(state="cancelled", status_code=503, error=lease.cut.message))
+    assert gpu.recorder.rows[1]["state"] == "cancelled"
+
+
+async def test_the_front_ends_outcome_ends_the_row(wired):
+    gpu, _, first, _ = wired("a")
+    lease = (await asyncio.wait_for(asyncio.gather(submit(first, "a"), gpu.fleet.start("a")), DEADLINE))[0]
+    first.release(lease.ticket_id, Outcome(state="failed", status_code=502, error="model stopped answering"))
+    await until(lambda: gpu.recorder.rows[1]["state"] == "failed", "the row took the front end's outcome")
+    assert gpu.recorder.rows[1]["status_code"] == 502
