@@ -91,6 +91,10 @@ class ModelFleet:
             await asyncio.gather(*(self.stop(m) for m in evict))
         await self.processes[model].start()
 
+    def check_exited(self, model: str) -> bool:
+        """Whether `model`'s ready process has died (then reported as a crash at once)."""
+        return self._current(model).check_exited()
+
     async def stop(self, model: str) -> None:
         retiring = self._retiring.get(model)
         process = retiring or self.processes.get(model)

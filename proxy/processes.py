@@ -329,7 +329,20 @@ class ModelProcess:
         returncode = await process.wait()
         if self._process is not process or self.state != "ready":
             return
-        logger.warning("model %r exited unexpectedly: %s", self.config.id, describe_exit(returncode))
+        self._exited(describe_exit(returncode), returncode)
+
+    def check_exited(self) -> bool:
+        """Whether a ready model's process group is gone, reported at once (as `_watch_exit` would,
+        later). Its clients see the connection drop before the exit is reaped; a request granted in
+        between would go to a dead server instead of starting the model again."""
+        if self.state != "ready" or self.pgid is None or process_group_alive(self.pgid):
+            return False
+        returncode = None if self._process is None else self._process.returncode  # None until reaped
+        self._exited("exited" if returncode is None else describe_exit(returncode), returncode)
+        return True
+
+    def _exited(self, how: str, returncode: int | None) -> None:
+        logger.warning("model %r exited unexpectedly: %s", self.config.id, how)
         self._signal_group(signal.SIGKILL)  # children left behind would keep holding GPU memory
         self._forget_process()
         self.state = "stopped"

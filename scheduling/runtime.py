@@ -45,6 +45,7 @@ class Fleet(Protocol):
     async def swap_in(self, model: str, evict: tuple[str, ...]) -> None: ...  # raises on failure
     async def stop(self, model: str) -> None: ...
     def upstream_url(self, model: str) -> str: ...
+    def check_exited(self, model: str) -> bool: ...  # a dead process is reported as a crash at once
 
 
 @dataclass(frozen=True)
@@ -252,6 +253,8 @@ class SchedulerRuntime:
         if outcome.usage:
             fields.update(outcome.usage)
         self.recorder.update(ticket_id, **fields)
+        if outcome.state == "failed":  # the model may have died: the next request must start it again
+            self.fleet.check_exited(request.model)
         self._observer(
             Finished(
                 model=request.model,

@@ -25,7 +25,7 @@ def start_failed(ticket_id: int, model: str, reason: str) -> Reject:
 
 def unloaded(ticket_id: int, model: str) -> Reject:
     return Reject(
-        ticket_id, 500, "model_unloaded", f"model {model!r} was unloaded while this request waited for it; retry"
+        ticket_id, 503, "model_unloaded", f"model {model!r} was unloaded while this request waited for it; retry"
     )
 
 

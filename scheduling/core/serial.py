@@ -41,7 +41,6 @@ class _Launch:
     ticket: Ticket | None
     slot: int
     started: bool = False  # StartModel sent; until then it waits for conflicting stops to finish
-    evict: frozenset[str] = frozenset()  # what the start stops first, once sent
 
 
 @dataclass(frozen=True)
@@ -76,6 +75,9 @@ class SerialScheduler:
         self._launches: dict[str, _Launch] = {}  # by model, in dispatch order
         self._slots: dict[str, dict[int, int]] = {}  # model -> {slot: ticket id} of jobs and launches
         self._waited: dict[int, str] = {}  # why a waiting request was last held back while work ran
+        # Models a start under way stops first (victim -> the model starting): they hold the GPU,
+        # stopping, until that start has ended, whichever way it ends.
+        self._evicting: dict[str, str] = {}
         self._shut_down = False
 
     # -- requests -----------------------------------------------------------------------------
@@ -125,8 +127,9 @@ class SerialScheduler:
     # -- models -------------------------------------------------------------------------------
 
     def model_ready(self, model: str, now: float) -> list[Effect]:
+        released = self._release_evicted(model)
         if self._fleet.state(model) is not ModelState.STARTING:
-            return []  # a start that was unloaded or shut down meanwhile
+            return self._start_launches() + self._dispatch(now) if released else []  # unloaded or shut down meanwhile
         self._fleet.mark_ready(model, now)
         launch = self._launches.pop(model)
         effects: list[Effect] = []
@@ -135,13 +138,14 @@ class SerialScheduler:
         else:
             self._free_slot(model, launch.slot)
             effects.append(self._grant(launch.ticket, launch.decision, launch.slot))
-        return effects + self._dispatch(now)
+        return effects + (self._start_launches() if released else []) + self._dispatch(now)
 
     def model_failed(self, model: str, reason: str, now: float) -> list[Effect]:
         """The start failed: its request and every request waiting for the same model would hit
         the same failure, so all of them get it now."""
+        released = self._release_evicted(model)
         if self._fleet.state(model) is not ModelState.STARTING:
-            return []
+            return self._start_launches() + self._dispatch(now) if released else []
         replaced_config = self._fleet.is_retiring(model)
         self._fleet.mark_stopped(model)
         launch = self._launches.pop(model)
@@ -401,20 +405,26 @@ class SerialScheduler:
             if self._evicted_by_start(launch.model) is not None:
                 continue  # and the end of the start that stops it
             for victim in victims:
-                self._fleet.mark_stopped(victim)
+                self._fleet.mark_stopping(victim)
+                self._evicting[victim] = launch.model
             self._fleet.mark_starting(launch.model)
             launch.started = True
-            launch.evict = victims
             effects.append(StartModel(launch.model, tuple(sorted(victims))))
         return effects
 
     def _evicted_by_start(self, model: str) -> str | None:
         """The model whose start under way stops `model` first: `model` may not start again
         until that start has ended, or the two would race for its process."""
-        for launch in self._launches.values():
-            if launch.started and model in launch.evict:
-                return launch.model
-        return None
+        return self._evicting.get(model)
+
+    def _release_evicted(self, model: str) -> bool:
+        """`model`'s start has ended: what it stopped first is gone. Returns whether it stopped any."""
+        victims = [victim for victim, target in self._evicting.items() if target == model]
+        for victim in victims:
+            del self._evicting[victim]
+            if self._fleet.state(victim) is ModelState.STOPPING:
+                self._fleet.mark_stopped(victim)
+        return bool(victims)
 
     def _holding(self) -> tuple[str, ...]:
         """Configured models holding the GPU: up, or still running jobs on a process that exited

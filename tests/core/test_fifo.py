@@ -282,7 +282,7 @@ def test_on_unload_releases_waiters_and_drops_queued_requests_for_those_models(t
     effects = scheduler.unload(["a", "b"], 1.0)
     rejected = rejects(effects)
     assert set(rejected) == {a.id, queued_b.id}
-    assert all((r.status, r.code) == (500, "model_unloaded") for r in rejected.values())
+    assert all((r.status, r.code) == (503, "model_unloaded") for r in rejected.values())
     assert stops(effects) == [StopModel("a", "unload")]
     assert scheduler.model_ready("a", 2.0) == []  # the aborted start is ignored
     assert grants(scheduler.model_ready("c", 2.0)) == [c.id]

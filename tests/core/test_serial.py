@@ -279,7 +279,7 @@ def test_unload_stops_the_starting_model_and_rejects_its_request_but_keeps_the_q
     assert stops(effects) == [StopModel("a", "unload")]
     rejected = rejects(effects)
     assert set(rejected) == {starting.id}
-    assert (rejected[starting.id].status, rejected[starting.id].code) == (500, "model_unloaded")
+    assert (rejected[starting.id].status, rejected[starting.id].code) == (503, "model_unloaded")
     assert scheduler.snapshot(2.0).waiting == 0  # the queued one was picked next...
     assert scheduler.model_stopped("a", 3.0) == [StartModel("a", evict=())]  # ...and restarts it after the stop
     assert grants(scheduler.model_ready("a", 4.0)) == [queued.id]

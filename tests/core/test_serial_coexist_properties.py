@@ -126,8 +126,13 @@ class CheckedRuntime(RuntimeDouble):
 
     def holding(self) -> set[str]:
         """Models holding the GPU by the double's account: up (even while being stopped), starting,
-        or still running jobs on a process that exited."""
-        return self.up | self.stops | set(self.starts) | set(self.running.values())
+        stopped by a start under way (until that start ends), or still running jobs on a process
+        that exited."""
+        return self.up | self.stops | set(self.starts) | self.evicting() | set(self.running.values())
+
+    def evicting(self) -> set[str]:
+        """Models the starts under way stop first."""
+        return set().union(*self.starts.values())
 
     def launching(self) -> set[str]:
         """Models of requests that left the queue without a grant yet: each holds a slot of its
@@ -264,8 +269,13 @@ class CoexistMachine(RuleBasedStateMachine):
 
     @invariant()
     def models_that_may_not_run_together_never_do(self):
+        """Only a start and what it stops first overlap: those stops end before its process runs."""
         holding = self.runtime.holding()
-        assert self.rules.may_hold_together(holding), f"{sorted(holding)} hold the GPU together"
+        for target, evicted in self.runtime.starts.items():
+            together = holding - {target}
+            assert self.rules.may_hold_together(together), f"{sorted(together)} hold the GPU together"
+        together = holding - self.runtime.evicting()
+        assert self.rules.may_hold_together(together), f"{sorted(together)} hold the GPU together"
 
     @invariant()
     def the_scheduler_agrees_on_what_runs(self):

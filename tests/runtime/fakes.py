@@ -47,6 +47,9 @@ class FakeFleet:
     def upstream_url(self, model: str) -> str:
         return f"http://upstream.invalid/{model}"
 
+    def check_exited(self, model: str) -> bool:
+        return False  # a fake process never dies on its own; tests report crashes with model_exited
+
     async def _carry_out(self, call: Call) -> None:
         self.calls.append(call)
         self._arrived.set()

@@ -86,7 +86,7 @@ async def test_unloading_a_starting_model_refuses_its_request_and_a_later_reques
 
     stops = gpu.runtime.unload(["a"])
     refused = await refusal(client)
-    assert (refused.status, refused.code) == (500, "model_unloaded")
+    assert (refused.status, refused.code) == (503, "model_unloaded")
     assert gpu.state(client) == "rejected"
 
     (await gpu.fleet.next_call("stop", "a")).succeed()
