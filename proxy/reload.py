@@ -43,7 +43,7 @@ async def reload_config(service, path: str) -> bool:
     for warning in new.warnings:
         log.warning("%s", warning)
     restart = sorted(m for m in new.models if m in old.models and process_changed(old.models[m], new.models[m]))
-    settings = await loop.run_in_executor(None, stored_serial_settings, new.scheduler.serial)
+    settings = await loop.run_in_executor(None, stored_serial_settings, new.scheduler.serial, new.models)
     service.apply_config(new, restart, settings)
     apply_log_level(new.log_level)
     added = sorted(set(new.models) - set(old.models))

@@ -17,6 +17,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from scheduling import frontdoor
+from scheduling.core.settings import slot_count_problem
 from scheduling.forms import PriorityForm, SlotsField
 from scheduling.history import CappedCountPaginator, HistoryQuerySet, search_requests
 from scheduling.models import (
@@ -27,7 +28,7 @@ from scheduling.models import (
     SettingsChange,
     WaitingRequest,
 )
-from scheduling.settings_store import as_text, override_source, save_settings
+from scheduling.settings_store import as_text, ignored_slots, override_source, save_settings
 
 
 _NO_ANSWER = "The scheduler did not answer within 5 s (its event loop is busy or stuck); try again, and check the log."
@@ -249,22 +250,39 @@ class SchedulerSettingsForm(forms.ModelForm):
         labels = SchedulerSettings.CONFIG_NAMES  # the config file's spelling, not capitalised
 
     def clean_slots(self) -> dict[str, object] | None:
-        """Aliases become model IDs, and every name must be a configured model."""
+        """The config file's checks, with its messages: whole numbers ≥ 1, configured models (aliases
+        become model IDs), one entry per model. An entry already stored for a model the config no
+        longer has may stay as it is (it is ignored until that model is configured again), so it
+        never blocks an edit of the other settings."""
         slots = self.cleaned_data["slots"]
         if slots is None:
             return None
         config, _ = _config_or_problem()
-        if config is None:  # nothing to check the names against; the model still checks the counts
-            return slots
+        stored = self.instance.slots or {}
+        stale = ignored_slots(stored, config.models) if config is not None else {}
         resolved: dict[str, object] = {}
+        set_by: dict[str, str] = {}
         for name, count in slots.items():
+            problem = slot_count_problem(name, count)
+            if problem is not None:
+                raise forms.ValidationError(f"{name}: {problem}")
+            if config is None:  # nothing to check the names against
+                resolved[name] = count
+                continue
             model = name if name in config.models else config.aliases.get(name)
-            if model is None:
+            if model is None and name in stale and stored[name] == count:
+                model = name
+            elif model is None:
+                known = ", ".join(sorted(config.models)) or "none"
                 raise forms.ValidationError(
-                    f"{name!r} is not a configured model — use a model ID or alias from `models`"
+                    f'no model or alias is called "{name}" — use a model ID or alias from `models:` '
+                    f"(defined models: {known})"
                 )
-            if model in resolved:
-                raise forms.ValidationError(f"{name!r} is model {model}, which is already listed — keep one line")
+            if model in set_by:
+                raise forms.ValidationError(
+                    f'"{name}" is model {model}, whose slots are already set by "{set_by[model]}" — keep one entry'
+                )
+            set_by[model] = name
             resolved[model] = count
         return resolved
 
@@ -320,6 +338,10 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
             "config_problem": problem,
             "setting_rows": rows,
             "service_running": door is not None,
+            "ignored_slots": [
+                f"{model}: {stored.slots[model]} — {why}"
+                for model, why in ignored_slots(stored.slots, config.models if config else None).items()
+            ],
             "audit_url": _changelist_url(SettingsChange),
         }
 

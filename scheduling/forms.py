@@ -11,6 +11,7 @@ from django import forms
 from scheduling.core import PRIORITY_ALIASES, parse_priority
 
 _SIGNED_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _SLOTS_EXAMPLE = "one `model: N` per line, e.g. chat: 4"
 _INT64_MAX = 2**63 - 1
 
@@ -49,7 +50,8 @@ class PriorityForm(forms.Form):
 class SlotsField(forms.CharField):
     """`slots` as an operator types it: one `model: N` per line, or a JSON object; blank: not overridden.
 
-    Only the shape is read here; whether the names are models and the counts whole
+    Only the shape is read here (a count reads as the config file would read it: 2 a whole
+    number, 2.0 a decimal, two text); whether the names are models and the counts whole
     numbers ≥ 1 is checked against the config by the form, with the config file's messages.
     """
 
@@ -70,13 +72,17 @@ class SlotsField(forms.CharField):
                 raise forms.ValidationError(f"line {number} ({line.strip()!r}) is not `model: N` — write {_SLOTS_EXAMPLE}")
             if name in slots:
                 raise forms.ValidationError(f"{name!r} is listed twice — keep one line per model")
-            slots[name] = int(count) if _SIGNED_INTEGER.fullmatch(count) else count
+            slots[name] = _typed(count)
         return slots
 
     @staticmethod
     def _from_json(text: str) -> dict[str, object]:
         try:
-            parsed = json.loads(text)
+            parsed = json.loads(text, object_pairs_hook=_refuse_repeated_keys)
+        except _RepeatedKey as exc:
+            raise forms.ValidationError(
+                f"{str(exc)!r} is listed twice — JSON would keep only the last one; keep one entry per model"
+            ) from None
         except ValueError as exc:
             raise forms.ValidationError(f"not valid JSON ({exc}) — write {_SLOTS_EXAMPLE}, or a JSON object") from None
         if not isinstance(parsed, dict):
@@ -87,3 +93,24 @@ class SlotsField(forms.CharField):
         if isinstance(value, Mapping):
             return "\n".join(f"{model}: {count}" for model, count in value.items())
         return value
+
+
+def _typed(count: str) -> int | float | str:
+    """A count as typed: a whole number, a decimal, or text (which the form then refuses)."""
+    if _SIGNED_INTEGER.fullmatch(count):
+        return int(count)
+    return float(count) if _DECIMAL.fullmatch(count) else count
+
+
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """json.loads keeps the last of repeated keys without a word; an operator should hear of it."""
+    table: dict[str, object] = {}
+    for key, value in pairs:
+        if key in table:
+            raise _RepeatedKey(key)
+        table[key] = value
+    return table

@@ -1,35 +1,58 @@
 """The serial scheduler's settings in force: the config file's values, overridden from the admin.
 
 An operator's override is stored (SchedulerSettings), audited (SettingsChange),
-applied when the service starts (`stored_serial_settings`) and pushed to the
-running scheduler as soon as the edit is committed, so the next pick uses it.
+applied when the service starts or reloads its config (`stored_serial_settings`) and
+pushed to the running scheduler as soon as the edit is committed, so the next pick uses it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from django.db import transaction
 from django.utils import timezone
 
 from scheduling import frontdoor
 from scheduling.core import SerialSettings
+from scheduling.core.settings import slot_count_problem
 from scheduling.models import SchedulerSettings, SettingsChange
 
 log = logging.getLogger("llamaswap.settings")
 
 
-def with_overrides(config: SerialSettings, stored: SchedulerSettings) -> SerialSettings:
-    """The config file's values, replaced by every field the operator has set."""
-    return dataclasses.replace(config, **stored.overrides())
+def ignored_slots(slots: Mapping[str, object] | None, models: Collection[str] | None) -> dict[str, str]:
+    """Entries of a stored `slots` override the scheduler leaves out, with why: a model the config
+    does not have (it applies again once that model is configured), or a count the config file
+    would refuse (an older admin took 2.0). Names are checked only when `models` is given."""
+    ignored = {}
+    for model, count in (slots or {}).items():
+        problem = slot_count_problem(model, count)
+        if problem is not None:
+            ignored[model] = problem
+        elif models is not None and model not in models:
+            ignored[model] = "not a configured model; it applies again once the config has it"
+    return ignored
 
 
-def stored_serial_settings(config: SerialSettings) -> SerialSettings:
-    """What the scheduler should use, given the config file's values: the overrides win."""
+def stored_serial_settings(config: SerialSettings, models: Collection[str] | None = None) -> SerialSettings:
+    """What the scheduler should use, given the config file's values and model IDs: the overrides win.
+
+    A `slots` entry that cannot apply is left out with a warning, not allowed to stop the
+    service or to block edits; it stays stored (and shown in the admin) until the operator
+    drops it. Without `models` only the counts are checked.
+    """
     stored = SchedulerSettings.objects.filter(pk=1).first()
-    return config if stored is None else with_overrides(config, stored)
+    if stored is None:
+        return config
+    overrides = stored.overrides()
+    if "slots" in overrides:
+        ignored = ignored_slots(overrides["slots"], models)
+        for model, why in ignored.items():
+            log.warning("ignoring the admin's slots override %s: %s: %s", model, overrides["slots"][model], why)
+        overrides["slots"] = {m: n for m, n in overrides["slots"].items() if m not in ignored}
+    return dataclasses.replace(config, **overrides)
 
 
 def as_text(value: float | int | Mapping[str, int] | None) -> str | None:
@@ -76,7 +99,7 @@ def push_to_running_scheduler() -> bool:
     door = frontdoor.installed()
     if door is None:
         return False
-    settings = stored_serial_settings(door.config.scheduler.serial)
+    settings = stored_serial_settings(door.config.scheduler.serial, door.config.models)
     try:
         door.retune(settings)
     except (TimeoutError, RuntimeError):

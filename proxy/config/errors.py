@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+
+from scheduling.core.settings import kind_of  # noqa: F401 (the config checks' wording, shared with the admin)
 
 
 @dataclass(frozen=True)
@@ -83,20 +84,3 @@ class ProblemLog:
     def raise_if_any(self) -> None:
         if self.problems:
             raise ConfigError(self.path, self.problems)
-
-
-def kind_of(value: Any) -> str:
-    """What the user wrote, in words, for "expected X, got Y" messages."""
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return f"the bool {'true' if value else 'false'}"
-    if isinstance(value, (int, float)):
-        return f"the number {value}"
-    if isinstance(value, str):
-        return f'the string "{value}"'
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return type(value).__name__

@@ -73,6 +73,15 @@ def _read_vars(table: Section | None, index: ModelIndex) -> dict[str, str]:
         if real is None:
             table.log.error(key, index.unknown(target))
             continue
+        shadowed = index.resolve(name)
+        if shadowed is not None and shadowed != real:
+            named = f"model {name}" if shadowed == name else f"alias {name} of model {shadowed}"
+            table.log.warn(
+                key,
+                f'"{name}" is also {named}, but this var stands for model {real}: in sets and evict_costs '
+                f'"{name}" means {real}, not {shadowed} (a var wins over a model ID or alias) — '
+                f"rename the var if you meant {shadowed}",
+            )
         variables[name] = real
     return variables
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from scheduling.core.settings import SerialSettings, serial_settings_problems
+from scheduling.core.settings import SerialSettings, serial_settings_problems, slots_example
 from scheduling.core.matrix import MatrixPolicy
 from scheduling.core.swap import DEFAULT_GROUP, SwapGroup
 
@@ -138,12 +138,29 @@ def read_scheduler(routing: Section | None, index: ModelIndex) -> SchedulerConfi
         scheduler.error("use", f'unknown scheduler "{use}" — valid schedulers are: {", ".join(SCHEDULERS)}')
         use = DEFAULT_SCHEDULER
     settings = scheduler.section("settings")
-    serial = _read_serial(settings.section("serial") if settings else None, index)
-    priority = _read_fifo_priority(settings.section("fifo") if settings else None, index)
+    serial_section = settings.section("serial") if settings else None
+    fifo_section = settings.section("fifo") if settings else None
+    serial = _read_serial(serial_section, index)
+    priority = _read_fifo_priority(fifo_section, index)
     if settings is not None:
         settings.warn_unread()
+    in_use = f"routing.scheduler.use is {use}" + ("" if scheduler.has("use") else " (the default)")
+    _warn_unused(serial_section, ("agingDivisor", "swapAffinityBonus", "slots"), "serial", use, in_use)
+    _warn_unused(fifo_section, ("priority",), "fifo", use, in_use)
     scheduler.warn_unread()
     return SchedulerConfig(use=use, serial=serial, fifo_priority=MappingProxyType(priority))
+
+
+def _warn_unused(section: Section | None, names: tuple[str, ...], owner: str, use: str, in_use: str) -> None:
+    """Settings of the scheduler not in use are checked but do nothing; say so rather than let them look applied."""
+    if section is None or use == owner:
+        return
+    for name in names:
+        if section.has(name):
+            section.log.warn(
+                section.path(name),
+                f"ignored because {in_use} — {owner} settings apply only to the {owner} scheduler (use: {owner})",
+            )
 
 
 def _read_serial(serial: Section | None, index: ModelIndex) -> SerialSettings:
@@ -171,7 +188,7 @@ def _read_slots(serial: Section, index: ModelIndex) -> dict[str, int]:
         return {}
     return table.model_integers(
         index.resolve, index.unknown, "slots are", default=None, minimum=1,
-        example=lambda name: f"{name}: 4 (and start its server with as many slots, e.g. llama-server -np 4)",
+        example=slots_example,
     )
 
 

@@ -90,8 +90,9 @@ class _Parser:
                 position = end
             else:
                 raise MatrixSyntaxError(
-                    f"unexpected character {char!r} (names use letters, digits, '_', '-' and '.'; "
-                    "give other model IDs a short name under vars)",
+                    f"unexpected character {char!r} (names in a set use letters, digits, '_', '-' and '.'; "
+                    "give a model ID with other characters a short name under vars, "
+                    "which uses only letters, digits, '-' and '.')",
                     position + 1,
                 )
         yield "end", "", len(text) + 1

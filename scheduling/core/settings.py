@@ -51,21 +51,48 @@ def _swap_affinity_bonus_problem(value: object) -> str | None:
     return None
 
 
-def _slots_problem(value: object, model_ids: Iterable[str] | None) -> str | None:
-    """`slots` maps model ids to whole numbers ≥ 1; ids are checked only when `model_ids` is given."""
+def kind_of(value: object) -> str:
+    """What the user wrote, in words, for "expected X, got Y" messages."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"the bool {'true' if value else 'false'}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f'the string "{value}"'
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def slots_example(model: str) -> str:
+    """The fix a slots message suggests; shared so the config file and the admin word it alike."""
+    return f"{model}: 4 (and start its server with as many slots, e.g. llama-server -np 4)"
+
+
+def slot_count_problem(model: str, count: object) -> str | None:
+    """What is wrong with `count` as the job slots of `model`, worded as the config file words it
+    (a whole number written 2.0 is refused there too), or None."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        return f"expected a whole number, got {kind_of(count)} — e.g. {slots_example(model)}"
+    if count < 1:
+        return f"{count} is below the minimum of 1 — e.g. {slots_example(model)}"
+    return None
+
+
+def _slots_problem(value: object) -> str | None:
+    """`slots` maps model ids to whole numbers ≥ 1; which ids are models is the caller's to check."""
     if not isinstance(value, Mapping):
         return f"{_shown(value)} is not a mapping — use model id: number of parallel slots, e.g. {{chat: 4}}"
-    known = None if model_ids is None else set(model_ids)
     for model, count in value.items():
         if not isinstance(model, str):
             return f"{_shown(model)} is not a model id — use model id: number of parallel slots"
-        if known is not None and model not in known:
-            return f"{model!r} is not a configured model — use a model id or alias from `models`"
-        allowed = f"use a whole number ≥ 1 (the server's parallel slots, e.g. llama-server -np 4)"
-        if not _is_number(count) or not math.isfinite(count) or count != int(count):
-            return f"{model}: {_shown(count)} is not a whole number — {allowed}"
-        if count < 1:
-            return f"{model}: {_shown(count)} is below 1 — {allowed}"
+        problem = slot_count_problem(model, count)
+        if problem is not None:
+            return f"{model}: {problem}"
     return None
 
 
@@ -73,10 +100,9 @@ def serial_settings_problems(
     aging_divisor: object,
     swap_affinity_bonus: object,
     slots: object = None,
-    model_ids: Iterable[str] | None = None,
 ) -> dict[str, str]:
     """Problems keyed by the llama-swap setting name; an empty dict means the values are usable.
-    `slots` (None: not set) is checked against `model_ids` when those are given."""
+    `slots` (None: not set) is checked only for its counts."""
     problems = {}
     aging = _aging_divisor_problem(aging_divisor)
     if aging is not None:
@@ -85,7 +111,7 @@ def serial_settings_problems(
     if bonus is not None:
         problems["swapAffinityBonus"] = bonus
     if slots is not None:
-        slots_problem = _slots_problem(slots, model_ids)
+        slots_problem = _slots_problem(slots)
         if slots_problem is not None:
             problems["slots"] = slots_problem
     return problems

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 from django.urls import reverse
+from django.utils.html import escape
 
 from proxy.config import load_config
 from proxy.service import prepare, reset_service
@@ -162,11 +163,17 @@ def test_slots_are_edited_by_alias_stored_by_model_id_and_audited(admin_client, 
 @pytest.mark.parametrize(
     "slots, expected",
     [
-        ("alpha: 0", "alpha: 0 is below 1"),
-        ("alpha: two", "alpha: &#x27;two&#x27; is not a whole number"),
-        ("ghost: 2", "&#x27;ghost&#x27; is not a configured model"),
+        ("alpha: 0", "alpha: 0 is below the minimum of 1 — e.g. alpha: 4"),
+        ("alpha: two", "alpha: expected a whole number, got the string &quot;two&quot;"),
+        ("alpha: 2.0", "alpha: expected a whole number, got the number 2.0"),
+        ('{"alpha": 2.0}', "alpha: expected a whole number, got the number 2.0"),
+        ('{"alpha": 1e2}', "alpha: expected a whole number, got the number 100.0"),
+        ('{"alpha": true}', "alpha: expected a whole number, got the bool true"),
+        ('{"alpha": 2, "alpha": 3}', "&#x27;alpha&#x27; is listed twice — JSON would keep only the last one"),
+        ("ghost: 2", "no model or alias is called &quot;ghost&quot; — use a model ID or alias from `models:`"),
+        ("alpha: 2\nfirst: 3", "&quot;first&quot; is model alpha, whose slots are already set by &quot;alpha&quot;"),
+        ("alpha: 2\nalpha: 3", "&#x27;alpha&#x27; is listed twice"),
         ("alpha 2", "is not `model: N`"),
-        ("alpha: 2\nfirst: 3", "&#x27;first&#x27; is model alpha, which is already listed"),
         ("[1, 2]", "not `model: N`"),
         ('{"alpha": 2', "not valid JSON"),
     ],
@@ -191,3 +198,72 @@ def test_a_slots_override_replaces_the_config_files_slots_and_blank_falls_back()
 def test_a_slots_edit_reaches_the_running_scheduler(admin_client, running_scheduler):
     post_settings(admin_client, slots="alpha: 2")
     assert [dict(settings.slots) for settings in running_scheduler.retuned] == [{"alpha": 2}]
+
+
+@pytest.mark.parametrize("count", ["0", "2.0", "two", "true"])
+def test_the_admin_refuses_a_slot_count_in_the_config_files_words(admin_client, config_error_for, count):
+    message = config_error_for(f"{{alpha: {count}}}")
+    response = post_settings(admin_client, slots=f"alpha: {count}" if count != "true" else '{"alpha": true}')
+    assert escape(f"alpha: {message}") in response.content.decode()
+
+
+@pytest.fixture
+def config_error_for(config_file):
+    """The config file's message (after the key path) for `slots` set to the given YAML mapping."""
+    from proxy.config import ConfigError
+
+    def message(slots: str) -> str:
+        text = config_file.read_text().replace("slots: {beta: 2}", f"slots: {slots}")
+        bad = config_file.with_name("bad.yaml")
+        bad.write_text(text)
+        with pytest.raises(ConfigError) as error:
+            load_config(str(bad))
+        line = next(line for line in str(error.value).splitlines() if ".serial.slots.alpha: " in line)
+        return line.split(".serial.slots.alpha: ", 1)[1]
+
+    return message
+
+
+STALE = {"alpha": 3, "gone": 2}  # `gone` was a model when the override was saved; the config has dropped it
+
+
+def test_an_override_entry_for_a_model_no_longer_configured_is_shown_as_not_applied(admin_client, config_file):
+    SchedulerSettings(slots=STALE).save()
+    page = admin_client.get(CHANGE_URL).content.decode()
+    assert 'id="ignored-slots"' in page
+    assert "gone: 2 — not a configured model; it applies again once the config has it" in page
+    assert "alpha: 3\ngone: 2</textarea>" in page
+
+
+def test_a_stale_override_entry_does_not_block_editing_other_settings(admin_client, config_file):
+    SchedulerSettings(slots=STALE).save()
+    assert post_settings(admin_client, aging="45", slots="alpha: 3\ngone: 2").status_code == 302
+    assert SchedulerSettings.load().slots == STALE  # kept: it applies again once `gone` is configured
+    assert [(c.setting, c.new_value) for c in SettingsChange.objects.all()] == [("agingDivisor", "45")]
+
+
+def test_a_stale_override_entry_can_be_dropped_but_not_changed_or_added(admin_client, config_file):
+    SchedulerSettings(slots=STALE).save()
+    response = post_settings(admin_client, slots="alpha: 3\ngone: 5")
+    assert "no model or alias is called &quot;gone&quot;" in response.content.decode()
+    assert post_settings(admin_client, slots="alpha: 3").status_code == 302
+    assert [(c.setting, c.old_value, c.new_value) for c in SettingsChange.objects.all()] == [
+        ("slots", "alpha: 3, gone: 2", "alpha: 3")
+    ]
+    assert 'id="ignored-slots"' not in admin_client.get(CHANGE_URL).content.decode()
+
+
+def test_the_scheduler_leaves_out_a_stale_or_invalid_entry_and_says_so(caplog):
+    SchedulerSettings(slots={**STALE, "beta": 2.0}).save()  # 2.0: what an older admin stored
+    in_force = settings_store.stored_serial_settings(CONFIGURED, models={"alpha", "beta"})
+    assert dict(in_force.slots) == {"alpha": 3}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("slots override gone: 2: not a configured model" in w for w in warnings), warnings
+    assert any("slots override beta: 2.0: expected a whole number" in w for w in warnings), warnings
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_entry_never_reaches_the_running_scheduler(admin_client, running_scheduler):
+    SchedulerSettings(slots=STALE).save()
+    post_settings(admin_client, bonus="2", slots="alpha: 3\ngone: 2")
+    assert [dict(settings.slots) for settings in running_scheduler.retuned] == [{"alpha": 3}]

@@ -105,7 +105,9 @@ routing:
     assert 'already set by "l"' in problem(error, f"{base}.evict_costs.llama")
     assert "missing ')' for the '(' at character 1" in problem(error, f"{base}.sets.broken")
     assert "found '&' at character 5" in problem(error, f"{base}.sets.stray")
-    assert "unexpected character ':' (names use letters" in problem(error, f"{base}.sets.symbol")
+    symbol = problem(error, f"{base}.sets.symbol")
+    assert "unexpected character ':' (names in a set use letters, digits, '_', '-' and '.'" in symbol
+    assert "a short name under vars, which uses only letters, digits, '-' and '.'" in symbol  # no '_' in var names
     assert "at character 9" in problem(error, f"{base}.sets.symbol")
     assert '"nobody" is neither a var nor a model ID' in problem(error, f"{base}.sets.unknown")
     assert '"+missing" names no set' in problem(error, f"{base}.sets.dangling")

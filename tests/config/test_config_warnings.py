@@ -98,3 +98,46 @@ def test_connect_and_response_header_timeouts_are_read(load):
     assert (config.models["m"].timeouts.connect, config.models["m"].timeouts.response_header) == (5, 120)
     assert (config.models["n"].timeouts.connect, config.models["n"].timeouts.response_header) == (30, None)
     assert config.models["n"].proxy.startswith("http://127.0.0.1:")
+
+
+def test_settings_of_the_scheduler_not_in_use_are_warned_by_key_path(load):
+    config = load(BASE + "routing: {scheduler: {use: fifo, settings: {serial: {slots: {m: 2}}}}}\n")
+    assert config.warnings == (
+        "config.yaml: routing.scheduler.settings.serial.slots: ignored because routing.scheduler.use is fifo — "
+        "serial settings apply only to the serial scheduler (use: serial)",
+    )
+    defaulted = load(BASE + "routing: {scheduler: {settings: {serial: {agingDivisor: 5}}}}\n")
+    assert any(
+        w.startswith("config.yaml: routing.scheduler.settings.serial.agingDivisor: ignored because "
+                     "routing.scheduler.use is fifo (the default)")
+        for w in defaulted.warnings
+    ), defaulted.warnings
+    serial = load(BASE + "routing: {scheduler: {use: serial, settings: {fifo: {priority: {m: 5}}, serial: {slots: {m: 2}}}}}\n")
+    assert serial.warnings == (
+        "config.yaml: routing.scheduler.settings.fifo.priority: ignored because routing.scheduler.use is serial — "
+        "fifo settings apply only to the fifo scheduler (use: fifo)",
+    )
+
+
+def test_a_matrix_var_named_like_another_model_is_warned(load):
+    config = load(
+        """
+        models:
+          a: {cmd: run, proxy: "http://h:1", aliases: [alpha]}
+          b: {cmd: run, proxy: "http://h:2"}
+        routing:
+          router:
+            use: matrix
+            settings:
+              matrix:
+                vars: {a: b, alpha: b, bee: b}
+                sets: {one: "a"}
+        """
+    )
+    key = "config.yaml: routing.router.settings.matrix.vars"
+    assert config.warnings == (
+        f'{key}.a: "a" is also model a, but this var stands for model b: in sets and evict_costs "a" means b, '
+        "not a (a var wins over a model ID or alias) — rename the var if you meant a",
+        f'{key}.alpha: "alpha" is also alias alpha of model a, but this var stands for model b: in sets and '
+        'evict_costs "alpha" means b, not a (a var wins over a model ID or alias) — rename the var if you meant a',
+    )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import sqlite3
 import threading
 
 import httpx
@@ -91,3 +93,21 @@ def test_sighup_reloads_and_restarts_a_model_whose_command_changed(tmp_path):
         wait_until(lambda: "restarting keep" in served.log(), timeout=10, what="the SIGHUP reload")
         assert chat(served, "keep").json()["usage"]["completion_tokens"] == 3
         served.check_settled("keep")
+
+
+def test_a_slots_override_for_a_model_the_reload_removed_is_ignored_with_a_warning(served):
+    # As the admin stores it: by model ID, every model not listed has 1 slot.
+    con = sqlite3.connect(served.data_dir / "llamaswap.sqlite3", timeout=5)
+    with con:
+        con.execute(
+            "INSERT OR REPLACE INTO scheduling_schedulersettings (id, aging_divisor, swap_affinity_bonus, slots) "
+            "VALUES (1, NULL, NULL, ?)", (json.dumps({"keep": 3, "gone": 2}),),
+        )
+    con.close()
+    rewrite(served, models_yaml(served.events, {"keep": "--tps 0"}))
+    wait_until(lambda: "config reloaded" in served.log(), timeout=15, what="the reload")
+    assert "ignoring the admin's slots override gone: 2: not a configured model" in served.log()
+    metrics = httpx.get(served.base + "/metrics").text
+    assert [line for line in metrics.splitlines() if line.startswith("llamaswap_model_slots{")] == [
+        'llamaswap_model_slots{model="keep"} 3.0'
+    ]
