@@ -14,7 +14,8 @@ class RuntimeDouble:
         self.running: dict[int, str] = {}  # granted and not yet finished -> model
         self.cancel_requested: set[int] = set()
         self.starts: dict[str, frozenset[str]] = {}  # start under way -> the models it evicts
-        self.aborted_starts: set[str] = set()  # starts cut short by a stop; they report failure first
+        # Starts cut short by a stop, with what they evicted: they report failure before the stop ends.
+        self.aborted_starts: dict[str, frozenset[str]] = {}
         self.stops: set[str] = set()
         self.up: set[str] = set()  # models whose process is running (started and not yet stopped)
         self.superseded: set[str] = set()  # models a reload replaced or removed, not started since
@@ -77,7 +78,7 @@ class RuntimeDouble:
 
     def answer_stop(self, model: str) -> list[Effect]:
         if model in self.aborted_starts:  # the aborted start reports before the stop completes
-            self.aborted_starts.discard(model)
+            del self.aborted_starts[model]
             aborted = self.call("model_failed", model, "aborted")  # may start what waited for its evictions
             assert not [e for e in aborted if isinstance(e, (Grant, Reject))], f"an aborted start answered {aborted}"
         self.stops.discard(model)
@@ -125,8 +126,7 @@ class RuntimeDouble:
                 assert effect.model not in self.running.values(), f"TTL unloaded {effect.model} mid-request"
             self.stops.add(effect.model)
             if effect.model in self.starts:
-                del self.starts[effect.model]
-                self.aborted_starts.add(effect.model)
+                self.aborted_starts[effect.model] = self.starts.pop(effect.model)
         else:
             raise AssertionError(f"unknown effect {effect!r}")
 

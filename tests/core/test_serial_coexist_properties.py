@@ -130,9 +130,12 @@ class CheckedRuntime(RuntimeDouble):
         that exited."""
         return self.up | self.stops | set(self.starts) | self.evicting() | set(self.running.values())
 
+    def evictions(self) -> dict[str, frozenset[str]]:
+        """What each start under way (or cut short, until it reports) stops first."""
+        return {**self.starts, **self.aborted_starts}
+
     def evicting(self) -> set[str]:
-        """Models the starts under way stop first."""
-        return set().union(*self.starts.values())
+        return set().union(*self.evictions().values())
 
     def launching(self) -> set[str]:
         """Models of requests that left the queue without a grant yet: each holds a slot of its
@@ -271,11 +274,13 @@ class CoexistMachine(RuleBasedStateMachine):
     def models_that_may_not_run_together_never_do(self):
         """Only a start and what it stops first overlap: those stops end before its process runs."""
         holding = self.runtime.holding()
-        for target, evicted in self.runtime.starts.items():
-            together = holding - {target}
-            assert self.rules.may_hold_together(together), f"{sorted(together)} hold the GPU together"
-        together = holding - self.runtime.evicting()
+        evicting = self.runtime.evicting()
+        together = holding - evicting
         assert self.rules.may_hold_together(together), f"{sorted(together)} hold the GPU together"
+        for target, evicted in self.runtime.evictions().items():
+            for victim in evicted:
+                beside = (together - {target}) | {victim}
+                assert self.rules.may_hold_together(beside), f"{victim} still stopping beside {sorted(beside)}"
 
     @invariant()
     def the_scheduler_agrees_on_what_runs(self):
