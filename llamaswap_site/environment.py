@@ -61,3 +61,22 @@ def database_from_url(url: str, sqlite_path: Path) -> dict:
         "PORT": str(parts.port or ""),
         "CONN_MAX_AGE": 0,
     }
+
+
+def channel_layers_from_url(redis_url: str, database: dict) -> dict:
+    """The channel layer between front ends and scheduler workers: Redis when REDIS_URL is set.
+
+    Distributed mode keeps every request row in one database that every front end and worker
+    reaches, so it needs PostgreSQL; without REDIS_URL there is no layer at all (one process).
+    """
+    if not redis_url:
+        return {}
+    if urlsplit(redis_url).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"REDIS_URL: unsupported scheme in {redis_url!r}; use redis://host:port/db")
+    if database["ENGINE"] != "django.db.backends.postgresql":
+        raise ValueError(
+            "REDIS_URL is set but DATABASE_URL is not a PostgreSQL database: front ends and workers on "
+            "several machines must share one database — set DATABASE_URL=postgres://user@host:port/name"
+        )
+    return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}}}
+

@@ -7,6 +7,8 @@ LLAMASWAP_ALLOWED_HOSTS  comma-separated Host names accepted (default: localhost
                      `llamaswap serve` adds the machine's own names when it listens beyond loopback
 LLAMASWAP_HTTPS      "1" when served behind a TLS proxy: Secure cookies, HSTS, redirect to HTTPS
 LLAMASWAP_CONFIG     path of the llama-swap config.yaml (set by `llamaswap serve --config`)
+REDIS_URL            optional redis://host:port/db: distributed mode (front ends + `llamaswap worker`),
+                     with a PostgreSQL DATABASE_URL
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from llamaswap_site.environment import database_from_url, load_or_create_secret_key
+from llamaswap_site.environment import channel_layers_from_url, database_from_url, load_or_create_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("LLAMASWAP_DATA_DIR", "data")).resolve()
@@ -30,8 +32,6 @@ ALLOWED_HOSTS = [
 ]
 
 LLAMASWAP_CONFIG = os.environ.get("LLAMASWAP_CONFIG", "")
-# How front ends reach the scheduler (see scheduling/frontdoor.py): in this process, by default.
-LLAMASWAP_SCHEDULER_FRONT_DOOR = "scheduling.in_process.InProcessFrontDoor"
 
 INSTALLED_APPS = [
     "daphne",
@@ -83,6 +83,14 @@ DATABASES = {
     "default": database_from_url(os.environ.get("DATABASE_URL", ""), DATA_DIR / "llamaswap.sqlite3")
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Distributed mode when REDIS_URL is set: front ends reach the scheduler worker over the channel layer.
+# Without it there is no layer (a layer makes every consumer open a channel of its own) and the
+# scheduler runs in the serving process. See scheduling/frontdoor.py.
+CHANNEL_LAYERS = channel_layers_from_url(os.environ.get("REDIS_URL", ""), DATABASES["default"])
+LLAMASWAP_SCHEDULER_FRONT_DOOR = (
+    "scheduling.remote.ChannelLayerFrontDoor" if CHANNEL_LAYERS else "scheduling.in_process.InProcessFrontDoor"
+)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

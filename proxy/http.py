@@ -25,6 +25,9 @@ log = logging.getLogger("llamaswap.proxy")
 class StreamingHttpConsumer(AsyncHttpConsumer):
     #: Bodies larger than this are answered with 413 without being kept in memory.
     max_body_bytes: int = 32 * 1024 * 1024
+    #: No channel of its own: the scheduler is reached through its front door. (With a layer
+    #: configured, Channels would otherwise open a channel and a receive loop per request.)
+    channel_layer_alias = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -14,6 +14,8 @@ import concurrent.futures
 import logging
 from dataclasses import dataclass
 
+from channels.layers import get_channel_layer
+
 from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
 from proxy.upstreams import ClientUse, UpstreamClients
@@ -63,8 +65,23 @@ def prepare(config=None) -> Prepared:
     config = config or load_configured()
     stop_orphaned_model_processes()
     next_id = recover_previous_run()
-    _prepared = Prepared(config, next_id, stored_serial_settings(config.scheduler.serial))
+    _prepared = Prepared(config, next_id, stored_serial_settings(config.scheduler.serial, config.models))
     return _prepared
+
+
+def prepare_front_end(config) -> Prepared:
+    """A front end in distributed mode recovers nothing: the worker owns the rows and the models."""
+    from scheduling.settings_store import stored_serial_settings
+
+    global _prepared
+    _prepared = Prepared(config, 0, stored_serial_settings(config.scheduler.serial, config.models))
+    return _prepared
+
+
+def serve_here(service: ProxyService) -> None:
+    """Make `service` this process's service (a worker builds its own, with the scheduler in it)."""
+    global _service
+    _service = service
 
 
 def get_service() -> ProxyService:
@@ -125,21 +142,30 @@ def swap_policy(config) -> SwapPolicy | MatrixPolicy:
 
 
 class ProxyService:
-    def __init__(self, config, first_ticket_id: int = 1, serial_settings: SerialSettings | None = None):
+    """What one process serves. Where the scheduler runs in this process (the embedded default, and a
+    `llamaswap worker`), it owns the recorder, the model processes and the runtime; a front end in
+    distributed mode has none of them and reaches the worker's scheduler through its front door."""
+
+    def __init__(
+        self, config, first_ticket_id: int = 1, serial_settings: SerialSettings | None = None, front_door=None
+    ):
         self.config = config
-        self.recorder = Recorder()
-        self.recorder.start()
-        self.fleet = ModelFleet(config, self.recorder, on_crash=self._model_crashed)
-        scheduler = build_scheduler(
-            config.scheduler.use, model_specs(config), swap_policy(config), serial_settings or config.scheduler.serial
-        )
-        self.runtime = SchedulerRuntime(
-            scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, observer=metrics.record_event
-        )
-        metrics.export_service(self.runtime, self.fleet, config)
-        # The front end's way to the scheduler: this process's runtime, or another transport the
-        # settings name; built with what this process runs.
-        self.door = frontdoor.front_door_class()(self.runtime, self.fleet, config)
+        door_class = front_door or frontdoor.front_door_class()
+        if door_class.runs_scheduler:
+            self.recorder = Recorder()
+            self.recorder.start()
+            self.fleet = ModelFleet(config, self.recorder, on_crash=self._model_crashed)
+            scheduler = build_scheduler(
+                config.scheduler.use, model_specs(config), swap_policy(config), serial_settings or config.scheduler.serial
+            )
+            self.runtime = SchedulerRuntime(
+                scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, observer=metrics.record_event
+            )
+            metrics.export_service(self.runtime, self.fleet, config)
+            self.door = door_class(self.runtime, self.fleet, config)
+        else:
+            self.recorder = self.fleet = self.runtime = None
+            self.door = door_class(config, get_channel_layer())
         frontdoor.install(self.door)
         self._clients = UpstreamClients()
 
@@ -164,16 +190,18 @@ class ProxyService:
         changed (or that was added or removed) gets a new client for its next request.
         """
         old = self.config.models
-        self.fleet.apply(config, restart)
         self.config = config
         self.door.config = config
-        self.runtime.reconfigure(model_specs(config), swap_policy(config), restart)
-        self.runtime.retune(serial_settings)
+        if self.runtime is not None:
+            self.fleet.apply(config, restart)
+            self.runtime.reconfigure(model_specs(config), swap_policy(config), restart)
+            self.runtime.retune(serial_settings)
         for model in set(old) | set(config.models):
             before, after = old.get(model), config.models.get(model)
             if model in restart or before is None or after is None or before.timeouts != after.timeouts:
                 self._clients.retire(model)
-        metrics.export_service(self.runtime, self.fleet, config)
+        if self.runtime is not None:
+            metrics.export_service(self.runtime, self.fleet, config)
 
     def _model_crashed(self, model: str) -> None:
         self.runtime.model_exited(model)
@@ -204,6 +232,10 @@ class ProxyService:
 
     async def shutdown(self, drain_seconds: float) -> None:
         """Drain in-flight work within the budget, stop every model, flush the rows."""
+        if self.runtime is None:
+            await self.door.close()
+            await self._clients.aclose()
+            return
         await self.runtime.shutdown(drain_seconds)
         await self.fleet.stop_all()
         await self._clients.aclose()

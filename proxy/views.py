@@ -46,10 +46,11 @@ def health(request: HttpRequest) -> HttpResponse:
 async def list_models(request: HttpRequest, service) -> JsonResponse:
     created = int(time.time())
     data = []
+    states = await service.door.processes()
     for model_id, model in service.config.models.items():
         if model.unlisted:
             continue
-        state = service.fleet.state(model_id)
+        state = states.get(model_id, "stopped")
         data.append(
             {
                 "id": model_id,
@@ -69,19 +70,16 @@ async def list_models(request: HttpRequest, service) -> JsonResponse:
 @api_key_required
 async def running(request: HttpRequest, service) -> JsonResponse:
     items = []
-    for model_id in service.fleet.running():
-        model = service.fleet.entry(model_id)  # a model a reload removed is listed until it has stopped
-        items.append(
-            {
-                "model": model_id,
-                "state": service.fleet.state(model_id),
-                "cmd": " ".join(model.cmd),
-                "proxy": model.proxy,
-                "ttl": model.ttl,
-                "name": model.name,
-                "description": model.description,
-            }
-        )
+    for model_id, state in (await service.door.processes()).items():
+        if state == "stopped":
+            continue
+        # A model a reload removed is listed until it has stopped, with the entry it was started with.
+        model = service.fleet.entry(model_id) if service.fleet is not None else service.config.models.get(model_id)
+        item = {"model": model_id, "state": state}
+        if model is not None:
+            item.update(cmd=" ".join(model.cmd), proxy=model.proxy, ttl=model.ttl, name=model.name,
+                        description=model.description)
+        items.append(item)
     return JsonResponse({"running": items})
 
 
@@ -118,13 +116,17 @@ async def unload_model(request: HttpRequest, service, model: str) -> HttpRespons
 @allow_methods("GET")
 @api_key_required
 async def logs(request: HttpRequest, service) -> HttpResponse:
-    parts = [f"=== {model_id} ===\n{ring.text()}" for model_id, ring in service.fleet.logs.items() if ring.text()]
-    return HttpResponse("\n".join(parts), content_type="text/plain; charset=utf-8")
+    return HttpResponse(await service.door.logs(), content_type="text/plain; charset=utf-8")
 
 
 @allow_methods("GET")
 @api_key_required
 async def logs_stream(request: HttpRequest, service, model: str | None = None) -> HttpResponse:
+    if service.fleet is None:
+        return json_error(
+            501, "model logs stream on the machine whose `llamaswap worker` runs the models; GET /logs here "
+            "returns what they wrote so far", "not_on_front_end",
+        )
     if model is None:
         rings = dict(service.fleet.logs)
     else:

@@ -77,6 +77,9 @@ class FrontDoor(Protocol):
     """What the rest of the service may ask of the scheduler."""
 
     config: Any  # the config the scheduler runs with
+    # Whether the scheduler runs in this process: the class is then built with (runtime, fleet,
+    # config), else with (config, channel layer).
+    runs_scheduler: bool
 
     # -- the request path, on the event loop -----------------------------------------------------
     async def submit(self, request: TicketRequest) -> Lease:
@@ -88,6 +91,13 @@ class FrontDoor(Protocol):
 
     async def unload(self, models: list[str] | None) -> None:
         """Stop these models (None: all), cutting the requests they serve; returns once stopped."""
+
+    async def processes(self) -> dict[str, str]:
+        """Each model's process state (stopped, starting, ready, stopping), including a model a
+        reload removed that is still stopping."""
+
+    async def logs(self) -> str:
+        """What the model processes wrote, model by model."""
 
     # -- operators, from any thread --------------------------------------------------------------
     def snapshot(self) -> SchedulerSnapshot:

@@ -15,6 +15,8 @@ from scheduling.runtime import Lease, Outcome, SchedulerRuntime, TicketRequest
 
 
 class InProcessFrontDoor:
+    runs_scheduler = True
+
     def __init__(self, runtime: SchedulerRuntime, fleet, config) -> None:
         self.runtime = runtime
         self.fleet = fleet
@@ -37,36 +39,40 @@ class InProcessFrontDoor:
         return self.runtime.snapshot[1]
 
     def waiting(self) -> list[WaitingEntry]:
-        runtime = self.runtime
-
-        def read() -> list[WaitingEntry]:
-            now = runtime.now()
-            entries = []
-            for ticket, terms in runtime.ranked():
-                request = runtime.waiting_request(ticket.id)
-                if request is None:  # its caller already left; it is no longer waiting
-                    continue
-                entries.append(
-                    WaitingEntry(
-                        position=len(entries) + 1,
-                        ticket_id=ticket.id,
-                        model=ticket.model,
-                        requested_model=request.requested_model,
-                        path=request.path,
-                        client=request.client,
-                        priority=ticket.priority,
-                        terms=terms,
-                        waited_s=max(0.0, now - ticket.arrival),
-                    )
-                )
-            return entries
-
-        return runtime.from_thread(read)
+        return self.runtime.from_thread(self.read_waiting)
 
     def running(self) -> list[BusyModel]:
-        runtime = self.runtime
+        return self.runtime.from_thread(self.read_running)
 
-        def entry(ticket_id: int, now: float) -> RunningEntry | None:
+    # -- read on the event loop (also what a worker answers front ends with) -----------------------
+    def read_waiting(self) -> list[WaitingEntry]:
+        runtime = self.runtime
+        now = runtime.now()
+        entries = []
+        for ticket, terms in runtime.ranked():
+            request = runtime.waiting_request(ticket.id)
+            if request is None:  # its caller already left; it is no longer waiting
+                continue
+            entries.append(
+                WaitingEntry(
+                    position=len(entries) + 1,
+                    ticket_id=ticket.id,
+                    model=ticket.model,
+                    requested_model=request.requested_model,
+                    path=request.path,
+                    client=request.client,
+                    priority=ticket.priority,
+                    terms=terms,
+                    waited_s=max(0.0, now - ticket.arrival),
+                )
+            )
+        return entries
+
+    def read_running(self) -> list[BusyModel]:
+        runtime = self.runtime
+        now = runtime.now()
+
+        def entry(ticket_id: int) -> RunningEntry | None:
             granted = runtime.granted_request(ticket_id)
             if granted is not None:
                 _, decision, since = granted
@@ -74,18 +80,22 @@ class InProcessFrontDoor:
             request = runtime.waiting_request(ticket_id)  # its model is starting for it
             return None if request is None else RunningEntry(ticket_id, request.priority, None, None)
 
-        def read() -> list[BusyModel]:
-            now = runtime.now()
-            _, snapshot = runtime.snapshot
-            busy = []
-            for model, tickets in sorted(snapshot.running.items()):
-                entries = [found for ticket_id in tickets if (found := entry(ticket_id, now)) is not None]
-                entries.sort(key=lambda e: -1.0 if e.running_s is None else -e.running_s)
-                if entries:
-                    busy.append(BusyModel(model, snapshot.slots.get(model), tuple(entries)))
-            return busy
+        _, snapshot = runtime.snapshot
+        busy = []
+        for model, tickets in sorted(snapshot.running.items()):
+            entries = [found for ticket_id in tickets if (found := entry(ticket_id)) is not None]
+            entries.sort(key=lambda e: -1.0 if e.running_s is None else -e.running_s)
+            if entries:
+                busy.append(BusyModel(model, snapshot.slots.get(model), tuple(entries)))
+        return busy
 
-        return runtime.from_thread(read)
+    async def processes(self) -> dict[str, str]:
+        fleet = self.fleet
+        return {model: fleet.state(model) for model in dict.fromkeys([*self.config.models, *fleet.running()])}
+
+    async def logs(self) -> str:
+        rings = self.fleet.logs.items()
+        return "\n".join(f"=== {model_id} ===\n{ring.text()}" for model_id, ring in rings if ring.text())
 
     def model_states(self) -> dict[str, str]:
         fleet, models = self.fleet, self.config.models

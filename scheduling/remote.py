@@ -11,9 +11,33 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from typing import Any
 
+from scheduling.core import SchedulerSnapshot, SerialSettings
+from scheduling.frontdoor import BusyModel, WaitingEntry
 from scheduling.runtime import Lease, Outcome, Rejected, TicketRequest
-from scheduling.wire import WORKER_CHANNEL, Cancel, Cut, Granted, Message, Refused, Release, Submit, from_message, to_message
+from scheduling.wire import (
+    WORKER_CHANNEL,
+    receive_or_retry,
+    Answer,
+    Ask,
+    Cancel,
+    Cut,
+    Granted,
+    Message,
+    Refused,
+    Release,
+    Submit,
+    from_message,
+    running_from,
+    settings_data,
+    snapshot_from,
+    to_message,
+    waiting_from,
+)
+
+# How long a question to the worker may take before the caller is told it did not answer.
+ANSWER_TIMEOUT_S = 5.0
 
 log = logging.getLogger("llamaswap.frontend")
 
@@ -21,6 +45,8 @@ LEFT_BEFORE_GRANT = Outcome(state="cancelled", error="client disconnected while 
 
 
 class ChannelLayerFrontDoor:
+    runs_scheduler = False
+
     def __init__(self, config, layer, *, worker: str = WORKER_CHANNEL) -> None:
         self.config = config
         self.layer = layer
@@ -31,6 +57,8 @@ class ChannelLayerFrontDoor:
         self._waiting: dict[str, asyncio.Future] = {}
         self._leases: dict[int, tuple[str, Lease]] = {}  # ticket id -> (key, lease)
         self._sends: set[asyncio.Task] = set()
+        self._answers: dict[str, asyncio.Future] = {}
+        self._loop = asyncio.get_running_loop()
 
     async def submit(self, request: TicketRequest) -> Lease:
         reply = await self._reply_channel()
@@ -53,6 +81,40 @@ class ChannelLayerFrontDoor:
         if entry is not None:
             self._send_later(Release(entry[0], outcome))
 
+    async def unload(self, models: list[str] | None) -> None:
+        await self.ask("unload", models=models)
+
+    async def processes(self) -> dict[str, str]:
+        return await self.ask("processes")
+
+    async def logs(self) -> str:
+        return await self.ask("logs")
+
+    # -- operators, from the admin's threads ----------------------------------------------------
+    def snapshot(self) -> SchedulerSnapshot:
+        return snapshot_from(self._ask_from_thread("snapshot"))
+
+    def waiting(self) -> list[WaitingEntry]:
+        return waiting_from(self._ask_from_thread("waiting"))
+
+    def running(self) -> list[BusyModel]:
+        return running_from(self._ask_from_thread("running"))
+
+    def model_states(self) -> dict[str, str]:
+        return self._ask_from_thread("processes")
+
+    def cancel_waiting(self, ticket_ids: list[int]) -> list[int]:
+        return self._ask_from_thread("cancel_waiting", ticket_ids=ticket_ids)
+
+    def reprioritize_waiting(self, ticket_ids: list[int], priority: int) -> list[int]:
+        return self._ask_from_thread("reprioritize_waiting", ticket_ids=ticket_ids, priority=priority)
+
+    def unload_now(self, models: list[str]) -> None:
+        self._ask_from_thread("unload", models=models)
+
+    def retune(self, settings: SerialSettings) -> None:
+        self._ask_from_thread("retune", settings=settings_data(settings))
+
     async def close(self) -> None:
         """Stop listening; requests still waiting are refused as the service shuts down."""
         if self._listener is not None:
@@ -63,6 +125,27 @@ class ChannelLayerFrontDoor:
                 future.set_exception(Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1))
         await asyncio.gather(*self._sends, return_exceptions=True)
 
+    async def ask(self, question: str, **arguments: Any) -> Any:
+        """Ask the worker; raises TimeoutError when it does not answer in time, RuntimeError when it
+        could not answer."""
+        reply = await self._reply_channel()
+        key = f"{reply}?{next(self._keys)}"
+        answer = self._loop.create_future()
+        self._answers[key] = answer
+        try:
+            await self.layer.send(self.worker, to_message(Ask(key, reply, question, arguments)))
+            result: Answer = await asyncio.wait_for(answer, ANSWER_TIMEOUT_S)
+        except TimeoutError:
+            raise TimeoutError(f"the scheduler worker did not answer {question!r} within {ANSWER_TIMEOUT_S:g} s") from None
+        finally:
+            self._answers.pop(key, None)
+        if result.error:
+            raise RuntimeError(f"the scheduler worker could not answer {question!r}: {result.error}")
+        return result.value
+
+    def _ask_from_thread(self, question: str, **arguments: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(self.ask(question, **arguments), self._loop).result()
+
     async def _reply_channel(self) -> str:
         if self._reply is None:
             self._reply = await self.layer.new_channel("llamaswap.frontend.")
@@ -71,7 +154,7 @@ class ChannelLayerFrontDoor:
 
     async def _listen(self, reply: str) -> None:
         while True:
-            body = await self.layer.receive(reply)
+            body = await receive_or_retry(self.layer, reply)
             try:
                 self._answer(from_message(body))
             except (ValueError, TypeError, KeyError) as exc:
@@ -88,6 +171,10 @@ class ChannelLayerFrontDoor:
             waiting = self._waiting.pop(message.key, None)
             if waiting is not None and not waiting.done():
                 waiting.set_exception(Rejected(message.status, message.code, message.message, message.retry_after))
+        elif isinstance(message, Answer):
+            answer = self._answers.get(message.key)
+            if answer is not None and not answer.done():
+                answer.set_result(message)
         elif isinstance(message, Cut):
             for key, lease in self._leases.values():
                 if key == message.key:

@@ -9,14 +9,20 @@ about a request carries that key, so a grant and a cancel may cross on the wire 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from scheduling.core import Band, Decision, ScoreTerms
+from scheduling.core import Band, Decision, SchedulerSnapshot, ScoreTerms, SerialSettings
+from scheduling.frontdoor import BusyModel, RunningEntry, WaitingEntry
 from scheduling.runtime import Outcome, TicketRequest
 
 WORKER_CHANNEL = "llamaswap.worker"
+RECEIVE_RETRY_S = 1.0  # after the layer failed to deliver (Redis restarting, a network blip)
+
+log = logging.getLogger("llamaswap.wire")
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,27 @@ class Cut:
     message: str
 
 
-Message = Submit | Cancel | Release | Granted | Refused | Cut
+@dataclass(frozen=True)
+class Ask:
+    """Front end → worker: a question about, or an operator action on, the scheduler and its models
+    (`question` names a method of `scheduling.worker.Answers`); the answer goes to `reply`."""
+
+    key: str
+    reply: str
+    question: str
+    arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Worker → front end: the value (plain data) or, when it could not answer, why."""
+
+    key: str
+    value: Any = None
+    error: str = ""
+
+
+Message = Submit | Cancel | Release | Granted | Refused | Cut | Ask | Answer
 _TYPES: dict[str, type] = {
     "ticket.submit": Submit,
     "ticket.cancel": Cancel,
@@ -82,6 +108,8 @@ _TYPES: dict[str, type] = {
     "ticket.granted": Granted,
     "ticket.refused": Refused,
     "ticket.cut": Cut,
+    "scheduler.ask": Ask,
+    "scheduler.answer": Answer,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
@@ -110,3 +138,68 @@ def from_message(body: dict[str, Any]) -> Message:
         decision["terms"] = ScoreTerms(**decision["terms"])
         fields["decision"] = Decision(**decision)
     return cls(**fields)
+
+
+async def receive_or_retry(layer, channel: str) -> dict[str, Any]:
+    """The next message on `channel`; a failure of the layer is logged and the receive tried again,
+    so one Redis hiccup does not leave a front end or a worker deaf for good."""
+    while True:
+        try:
+            return await layer.receive(channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("the channel layer failed to deliver on %s (%s: %s); retrying", channel, type(exc).__name__, exc)
+            await asyncio.sleep(RECEIVE_RETRY_S)
+
+
+# -- what answers carry -----------------------------------------------------------------------
+
+
+def settings_data(settings: SerialSettings) -> dict[str, Any]:
+    return {"aging_divisor": settings.aging_divisor, "swap_affinity_bonus": settings.swap_affinity_bonus,
+            "slots": dict(settings.slots)}
+
+
+def settings_from(data: dict[str, Any]) -> SerialSettings:
+    return SerialSettings(data["aging_divisor"], data["swap_affinity_bonus"], data["slots"])
+
+
+def snapshot_data(snapshot: SchedulerSnapshot) -> dict[str, Any]:
+    return {
+        "depth_by_band": {str(band): depth for band, depth in snapshot.depth_by_band.items()},
+        "oldest_wait_by_band": {str(band): wait for band, wait in snapshot.oldest_wait_by_band.items()},
+        "running_tickets": list(snapshot.running_tickets),
+        "loaded": list(snapshot.loaded),
+        "starting": list(snapshot.starting),
+        "waiting": snapshot.waiting,
+        "settings": settings_data(snapshot.settings),
+        "running": {model: list(tickets) for model, tickets in snapshot.running.items()},
+        "slots": dict(snapshot.slots),
+    }
+
+
+def snapshot_from(data: dict[str, Any]) -> SchedulerSnapshot:
+    return SchedulerSnapshot(
+        depth_by_band={Band(band): depth for band, depth in data["depth_by_band"].items()},
+        oldest_wait_by_band={Band(band): wait for band, wait in data["oldest_wait_by_band"].items()},
+        running_tickets=tuple(data["running_tickets"]),
+        loaded=tuple(data["loaded"]),
+        starting=tuple(data["starting"]),
+        waiting=data["waiting"],
+        settings=settings_from(data["settings"]),
+        running={model: tuple(tickets) for model, tickets in data["running"].items()},
+        slots=dict(data["slots"]),
+    )
+
+
+def waiting_from(data: list[dict[str, Any]]) -> list[WaitingEntry]:
+    return [WaitingEntry(**{**entry, "terms": ScoreTerms(**entry["terms"])}) for entry in data]
+
+
+def running_from(data: list[dict[str, Any]]) -> list[BusyModel]:
+    return [
+        BusyModel(busy["model"], busy["slots"], tuple(RunningEntry(**entry) for entry in busy["requests"]))
+        for busy in data
+    ]
+

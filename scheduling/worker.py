@@ -11,12 +11,31 @@ relays to it directly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from scheduling.runtime import Outcome, Rejected, SchedulerRuntime
-from scheduling.wire import WORKER_CHANNEL, Cancel, Cut, Granted, Message, Refused, Release, Submit, from_message, to_message
+from scheduling.in_process import InProcessFrontDoor
+from scheduling.runtime import Outcome, Rejected
+from scheduling.wire import (
+    WORKER_CHANNEL,
+    receive_or_retry,
+    Answer,
+    Ask,
+    Cancel,
+    Cut,
+    Granted,
+    Message,
+    Refused,
+    Release,
+    Submit,
+    from_message,
+    settings_from,
+    snapshot_data,
+    to_message,
+)
 
 log = logging.getLogger("llamaswap.worker")
 
@@ -32,11 +51,47 @@ class _Remote:
     released: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
+class Answers:
+    """The questions front ends may ask the worker, each answered with plain data from this
+    process's front door (on the event loop, between two scheduling steps)."""
+
+    def __init__(self, door: InProcessFrontDoor) -> None:
+        self.door = door
+
+    async def processes(self) -> dict[str, str]:
+        return await self.door.processes()
+
+    def snapshot(self) -> dict[str, Any]:
+        return snapshot_data(self.door.snapshot())
+
+    def waiting(self) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(entry) for entry in self.door.read_waiting()]
+
+    def running(self) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(busy) for busy in self.door.read_running()]
+
+    def cancel_waiting(self, ticket_ids: list[int]) -> list[int]:
+        return [tid for tid in ticket_ids if self.door.runtime.operator_cancel(tid)]
+
+    def reprioritize_waiting(self, ticket_ids: list[int], priority: int) -> list[int]:
+        return [tid for tid in ticket_ids if self.door.runtime.reprioritize(tid, priority)]
+
+    async def unload(self, models: list[str] | None) -> None:
+        await self.door.unload(models)
+
+    def retune(self, settings: dict[str, Any]) -> None:
+        self.door.runtime.retune(settings_from(settings))
+
+    async def logs(self) -> str:
+        return await self.door.logs()
+
+
 class SchedulerWorker:
     def __init__(
-        self, runtime: SchedulerRuntime, layer, *, advertise: str | None = None, channel: str = WORKER_CHANNEL
+        self, door: InProcessFrontDoor, layer, *, advertise: str | None = None, channel: str = WORKER_CHANNEL
     ) -> None:
-        self.runtime = runtime
+        self.runtime = door.runtime
+        self.answers = Answers(door)
         self.layer = layer
         self.channel = channel
         self.advertise = advertise
@@ -45,7 +100,7 @@ class SchedulerWorker:
     async def run(self) -> None:
         """Serve messages until cancelled."""
         while True:
-            body = await self.layer.receive(self.channel)
+            body = await receive_or_retry(self.layer, self.channel)
             try:
                 message = from_message(body)
             except (ValueError, TypeError, KeyError) as exc:
@@ -69,6 +124,8 @@ class SchedulerWorker:
             remote = self._remotes.get(message.key)
             if remote is not None and not remote.released.done():
                 remote.released.set_result(message.outcome)
+        elif isinstance(message, Ask):
+            asyncio.get_running_loop().create_task(self._answer(message))
         else:
             log.warning("a worker does not take %s messages", type(message).__name__)
 
@@ -96,6 +153,21 @@ class SchedulerWorker:
                 self.runtime.release(lease.ticket_id, outcome)
         finally:
             del self._remotes[submit.key]
+
+    async def _answer(self, ask: Ask) -> None:
+        question = getattr(self.answers, ask.question, None) if not ask.question.startswith("_") else None
+        if question is None:
+            await self._send(ask.reply, Answer(ask.key, error=f"a worker does not answer {ask.question!r}"))
+            return
+        try:
+            value = question(**ask.arguments)
+            if asyncio.iscoroutine(value):
+                value = await value
+        except Exception as exc:  # the asker gets the failure; the worker keeps serving
+            log.exception("answering %s failed", ask.question)
+            await self._send(ask.reply, Answer(ask.key, error=f"{type(exc).__name__}: {exc}"))
+            return
+        await self._send(ask.reply, Answer(ask.key, value))
 
     def _advertised(self, upstream: str) -> str:
         """The model server's address as front ends on other machines reach it."""

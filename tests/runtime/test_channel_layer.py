@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from scheduling.in_process import InProcessFrontDoor
 from scheduling.remote import ChannelLayerFrontDoor
 from scheduling.runtime import Outcome, Rejected, TicketRequest
 from scheduling.worker import SchedulerWorker
@@ -23,7 +24,8 @@ async def wired(gpu_for, redis_layer_factory):
 
     def make(*models: str):
         gpu = gpu_for(*models)
-        worker = SchedulerWorker(gpu.runtime, redis_layer_factory(), advertise="10.0.0.7")
+        door = InProcessFrontDoor(gpu.runtime, gpu.fleet, None)
+        worker = SchedulerWorker(door, redis_layer_factory(), advertise="10.0.0.7")
         tasks.append(asyncio.get_running_loop().create_task(worker.run()))
         doors.extend(ChannelLayerFrontDoor(None, redis_layer_factory()) for _ in range(2))
         return gpu, worker, doors[-2], doors[-1]
@@ -139,3 +141,40 @@ async def test_the_front_ends_outcome_ends_the_row(wired):
     first.release(lease.ticket_id, Outcome(state="failed", status_code=502, error="model stopped answering"))
     await until(lambda: gpu.recorder.rows[1]["state"] == "failed", "the row took the front end's outcome")
     assert gpu.recorder.rows[1]["status_code"] == 502
+
+
+async def test_operators_on_a_front_end_see_and_change_the_workers_queue(wired):
+    gpu, _, first, second = wired("a")
+    holding = submit(first, "a")
+    await gpu.fleet.start("a")
+    lease = await asyncio.wait_for(holding, DEADLINE)
+    queued = [submit(second, "a", 0), submit(second, "a", -100)]
+    await until(lambda: len(gpu.recorder.rows) == 3, "both requests queued at the worker")
+
+    def operate():
+        """What the admin does, from a worker thread of the front end."""
+        before = [(entry.ticket_id, entry.priority) for entry in first.waiting()]
+        assert [busy.model for busy in first.running()] == ["a"]
+        moved = first.reprioritize_waiting([3], 100)
+        cancelled = first.cancel_waiting([2, 99])
+        return before, moved, cancelled, first.snapshot()
+
+    before, moved, cancelled, snapshot = await asyncio.to_thread(operate)
+    assert before == [(2, 0), (3, -100)]
+    assert (moved, cancelled) == ([3], [2])
+    assert snapshot.running == {"a": (1,)} and snapshot.waiting == 1
+    with pytest.raises(Rejected) as refused:
+        await asyncio.wait_for(queued[0], DEADLINE)
+    assert refused.value.code == "cancelled_by_operator"
+    first.release(lease.ticket_id, DONE)
+    lease = await asyncio.wait_for(queued[1], DEADLINE)
+    assert lease.decision.priority == 100
+    second.release(lease.ticket_id, DONE)
+    await until(lambda: not gpu.recorder.unfinished(), "every row ended")
+
+
+async def test_a_question_the_worker_does_not_know_is_answered_with_an_error(wired):
+    _, _, first, _ = wired("a")
+    with pytest.raises(RuntimeError, match="does not answer 'shutdown'"):
+        await first.ask("shutdown")
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import signal
 import sys
 
@@ -47,25 +48,14 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        from proxy.config import ConfigError, load_config
         from proxy.log_level import apply_log_level
+        from proxy.management.config_file import read_config, serve_config_from
 
-        path = os.path.abspath(options["config"])
-        try:
-            config = load_config(path)
-        except ConfigError as exc:
-            self.stderr.write(str(exc))
-            sys.exit(2)
-        except OSError as exc:
-            self.stderr.write(f"{path}: cannot read the config file: {exc.strerror}")
-            sys.exit(2)
-        for warning in config.warnings:
-            self.stderr.write(f"warning: {warning}")
-        self.stdout.write(config.describe())
+        config = read_config(self, options["config"])
         if options["check"]:
             return
-        settings.LLAMASWAP_CONFIG = path
-        os.environ["LLAMASWAP_CONFIG"] = path
+        path = os.path.abspath(options["config"])
+        serve_config_from(path)
         host, port = parse_listen(options["listen"])
         if options["client_timeout"] <= 0:
             raise CommandError(f"--client-timeout {options['client_timeout']:g}: it must be above 0 seconds")
@@ -73,12 +63,17 @@ class Command(BaseCommand):
         from llamaswap_site.asgi import application
 
         apply_log_level(config.log_level)
-        self._hold_instance_lock()
-        if not options["no_migrate"]:
-            call_command("migrate", interactive=False, verbosity=0)
-        from proxy.service import prepare
+        if settings.CHANNEL_LAYERS:  # a front end: the worker owns the rows, the models and the migrations
+            from proxy.service import prepare_front_end
 
-        prepare(config)
+            prepare_front_end(config)
+        else:
+            self._hold_instance_lock()
+            if not options["no_migrate"]:
+                call_command("migrate", interactive=False, verbosity=0)
+            from proxy.service import prepare
+
+            prepare(config)
         self._suggest_admin_user()
         self._accept_host_names(host, bool(config.api_keys))
         self._run_daphne(
@@ -121,7 +116,8 @@ class Command(BaseCommand):
         from django.contrib.auth import get_user_model
 
         if not get_user_model().objects.filter(is_superuser=True).exists():
-            self.stdout.write("No admin user yet: create one with `llamaswap createsuperuser`, then open /admin/.")
+            command = shlex.quote(os.path.relpath(sys.argv[0])) if os.path.sep in sys.argv[0] else "llamaswap"
+            self.stdout.write(f"No admin user yet: create one with `{command} createsuperuser`, then open /admin/.")
 
     def _run_daphne(
         self, application, host: str, port: int, drain_seconds: float, client_timeout: float, watch: str | None

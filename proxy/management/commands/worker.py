@@ -1,0 +1,81 @@
+"""`llamaswap worker --config FILE [--advertise HOST]`: the scheduler and the model processes of one GPU
+box, serving the front ends of distributed mode over the channel layer."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = "Run this machine's scheduler and model processes for the front ends (distributed mode: REDIS_URL)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--config", required=True, help="llama-swap config.yaml (the same file the front ends serve)")
+        parser.add_argument(
+            "--advertise", default=None, metavar="HOST",
+            help="the name or address front ends reach this machine's model servers at "
+            "(default: the addresses in the config, e.g. 127.0.0.1 when front ends run on this machine)",
+        )
+        parser.add_argument("--no-migrate", action="store_true", help="do not apply database migrations first")
+        parser.add_argument(
+            "--drain-seconds", type=float, default=30.0,
+            help="on SIGTERM/SIGINT, how long running requests may finish before models are stopped (default 30)",
+        )
+
+    def handle(self, *args, **options):
+        from proxy.log_level import apply_log_level
+        from proxy.management.config_file import read_config, serve_config_from
+
+        if not settings.CHANNEL_LAYERS:
+            raise CommandError(
+                "llamaswap worker serves front ends over Redis: set REDIS_URL=redis://host:6379/0 and a PostgreSQL "
+                "DATABASE_URL (the same for the front ends); without them, `llamaswap serve` runs everything in one process"
+            )
+        config = read_config(self, options["config"])
+        serve_config_from(options["config"])
+        apply_log_level(config.log_level)
+        from proxy.instance_lock import InstanceLockError, hold_instance_lock
+
+        try:
+            hold_instance_lock()
+        except InstanceLockError as exc:
+            raise CommandError(str(exc)) from None
+        if not options["no_migrate"]:
+            call_command("migrate", interactive=False, verbosity=0)
+        from proxy.service import prepare
+
+        prepared = prepare(config)
+        asyncio.run(self._work(prepared, options["advertise"], options["drain_seconds"]))
+
+    async def _work(self, prepared, advertise: str | None, drain_seconds: float) -> None:
+        from channels.layers import get_channel_layer
+
+        from proxy.reload import reload_config
+        from proxy.service import ProxyService, serve_here
+        from scheduling.in_process import InProcessFrontDoor
+        from scheduling.worker import SchedulerWorker
+
+        loop = asyncio.get_running_loop()
+        service = ProxyService(
+            prepared.config, prepared.first_ticket_id, prepared.serial_settings, front_door=InProcessFrontDoor
+        )
+        serve_here(service)
+        worker = SchedulerWorker(service.door, get_channel_layer(), advertise=advertise)
+        serving = loop.create_task(worker.run())
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload_config(service, settings.LLAMASWAP_CONFIG)))
+        service.start()
+        self.stdout.write(f"llamaswap worker serving the front ends (scheduler: {service.config.scheduler.use})")
+        self.stdout.flush()
+        await stop.wait()
+        self.stdout.write(f"finishing in-flight requests (up to {drain_seconds:g}s), stopping models")
+        await service.shutdown(drain_seconds)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)

@@ -1,0 +1,151 @@
+"""Distributed mode with real processes: one `llamaswap worker` owning the models and two `llamaswap
+serve` front ends, over the local Redis and a PostgreSQL database of the test's own."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+
+import httpx
+import pytest
+
+from tests.conftest import REDIS_URL
+from tests.e2e.held import HeldStream
+from tests.served import REPO, Served, fake_cmd, model_ports, read_events, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+class Worker:
+    """One `llamaswap worker` process."""
+
+    def __init__(self, tmp, config_text: str, env: dict) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.config_path = tmp / "config.yaml"
+        self.config_path.write_text(config_text)
+        self.log_path = tmp / "worker.log"
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Worker:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "manage.py"), "worker", "--config", str(self.config_path)],
+            cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+        def serving():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the worker exited with {self.proc.returncode}:\n{self.log()}")
+            return "llamaswap worker serving" in self.log()
+
+        wait_until(serving, 60, 0.05, "the worker to serve")
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def distributed(tmp_path, postgres):
+    """The environment of every process: the test's database and a Redis database emptied for it."""
+    redis = pytest.importorskip("redis")
+    url, _ = postgres
+    index = random.randrange(1, 16)
+    redis_url = REDIS_URL.rsplit("/", 1)[0] + f"/{index}"
+    try:
+        redis.Redis.from_url(redis_url, socket_connect_timeout=5).flushdb()
+    except redis.exceptions.ConnectionError as exc:
+        pytest.skip(f"no Redis at {redis_url}: {exc}")
+    env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": redis_url, "PYTHONPATH": str(REPO),
+           "LLAMASWAP_DATA_DIR": str(tmp_path / "worker-data")}
+    yield env, postgres[1]
+    redis.Redis.from_url(redis_url).flushdb()
+
+
+def config_text(events) -> str:
+    return textwrap.dedent(f"""
+        startPort: {model_ports(2)}
+        models:
+          chat: {{cmd: "{fake_cmd('chat', events)}"}}
+          coder: {{cmd: "{fake_cmd('coder', events)}"}}
+        routing:
+          scheduler:
+            use: serial
+    """)
+
+
+def queued_rows(psycopg, url: str) -> int:
+    with psycopg.connect(url) as connection:
+        return connection.execute("SELECT count(*) FROM scheduling_queuedrequest WHERE state = 'queued'").fetchone()[0]
+
+
+def test_two_front_ends_share_one_worker_queue_in_priority_order(tmp_path, distributed):
+    env, psycopg = distributed
+    events = tmp_path / "events.jsonl"
+    text = config_text(events)
+    with Worker(tmp_path / "worker", text, env):
+        front = []
+        for name in ("fe1", "fe2"):
+            (tmp_path / name).mkdir()
+            front.append(Served(tmp_path / name, text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / name / "data")}))
+        with front[0] as first, front[1] as second:
+            models = httpx.get(first.base + "/v1/models", timeout=10).json()
+            assert [m["id"] for m in models["data"]] == ["chat", "coder"]
+
+            held = HeldStream(first, "chat", tokens=10_000, tps=50, request_id="held")
+            answers: dict[str, httpx.Response] = {}
+
+            def ask(served, request_id: str, priority: str) -> threading.Thread:
+                def post():
+                    answers[request_id] = httpx.post(
+                        served.base + "/v1/chat/completions", timeout=60,
+                        headers={"X-LlamaSwap-Priority": priority},
+                        json={"model": "chat", "messages": [], "fake": {"id": request_id, "tokens": 2}},
+                    )
+                thread = threading.Thread(target=post)
+                thread.start()
+                return thread
+
+            plan = [(second, "batch", "batch"), (first, "normal-1", "normal"), (second, "interactive", "interactive"),
+                    (first, "normal-2", "normal")]
+            threads = []
+            for count, (served, request_id, priority) in enumerate(plan, start=1):
+                threads.append(ask(served, request_id, priority))
+                wait_until(lambda: queued_rows(psycopg, env["DATABASE_URL"]) == count, 20, 0.05,
+                           f"{request_id} to queue at the worker")
+
+            running = httpx.get(second.base + "/running", timeout=10).json()["running"]
+            assert [(m["model"], m["state"]) for m in running] == [("chat", "ready")]
+            held.close()
+            for thread in threads:
+                thread.join(60)
+            assert all(answer.status_code == 200 for answer in answers.values()), answers
+            started = [e["id"] for e in read_events(events) if e["event"] == "start" and e["id"] != "held"]
+            assert started == ["interactive", "normal-1", "normal-2", "batch"]
+
+
+def test_a_worker_without_redis_says_what_to_set(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key not in ("REDIS_URL", "DATABASE_URL")}
+    env.update(PYTHONPATH=str(REPO), LLAMASWAP_DATA_DIR=str(tmp_path / "data"))
+    config = tmp_path / "config.yaml"
+    config.write_text(config_text(tmp_path / "events.jsonl"))
+    result = subprocess.run(
+        [sys.executable, str(REPO / "manage.py"), "worker", "--config", str(config)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert "set REDIS_URL=redis://" in result.stderr and "DATABASE_URL" in result.stderr

@@ -1,0 +1,31 @@
+"""Settings read from the environment: distributed mode needs both Redis and PostgreSQL, and says so."""
+
+from pathlib import Path
+
+import pytest
+
+from llamaswap_site.environment import channel_layers_from_url, database_from_url
+
+SQLITE = database_from_url("", Path("/tmp/llamaswap-test.sqlite3"))
+POSTGRES = database_from_url("postgres://llamaswap@db.example:5432/llamaswap", Path("/unused"))
+
+
+def test_without_redis_there_is_no_channel_layer():
+    assert channel_layers_from_url("", SQLITE) == {}
+    assert channel_layers_from_url("", POSTGRES) == {}
+
+
+def test_redis_with_postgres_gives_the_redis_layer():
+    layers = channel_layers_from_url("redis://cache.example:6379/2", POSTGRES)
+    assert layers["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    assert layers["default"]["CONFIG"]["hosts"] == ["redis://cache.example:6379/2"]
+
+
+def test_redis_without_postgres_names_what_to_set():
+    with pytest.raises(ValueError, match="DATABASE_URL=postgres://"):
+        channel_layers_from_url("redis://127.0.0.1:6379/0", SQLITE)
+
+
+def test_a_redis_url_that_is_not_redis_is_refused():
+    with pytest.raises(ValueError, match="REDIS_URL: unsupported scheme"):
+        channel_layers_from_url("http://127.0.0.1:6379", POSTGRES)
