@@ -20,8 +20,11 @@ $(TEST_STAMP): $(STAMP)
 
 venv: $(STAMP)
 
+# `make run LISTEN=0.0.0.0:9090` to listen elsewhere.
+LISTEN ?= 127.0.0.1:8080
+
 run: $(STAMP)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/llamaswap serve --config examples/config.yaml
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/llamaswap serve --config examples/config.yaml --listen $(LISTEN)
 
 test: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest
