@@ -1,5 +1,5 @@
-"""SerialScheduler with job slots and models that share the GPU: who gets a slot, which one, and
-what a pending swap keeps idle."""
+"""SerialScheduler with job slots and models that share the GPU: who gets a slot, which one, what a
+pending swap keeps idle, and why a request waited while slots stood idle (the decision record)."""
 
 import pytest
 
@@ -143,3 +143,33 @@ def test_cancel_of_a_request_waiting_for_a_slot_is_dequeued_and_frees_no_slot(ti
     scheduler.submit(waiting, 1.0)
     assert scheduler.cancel(waiting.id, 2.0) == [Dequeued(waiting.id, "cancelled")]
     assert scheduler.snapshot(2.0).running == {"chat": (busy.ticket_id,)}
+
+def test_waited_because_names_the_full_model_while_another_model_stood_idle(ticket):
+    scheduler = scheduler_with()
+    scheduler.finished(running_job(scheduler, ticket, "embed").ticket_id, 0.0)  # embed up and idle
+    busy = running_job(scheduler, ticket, "chat", now=1.0)
+    waiting = ticket("chat", arrival=2.0)
+    scheduler.submit(waiting, 2.0)
+    decision = grant_of(scheduler.finished(busy.ticket_id, 3.0)).decision
+    assert (decision.slot, decision.waited_because) == (1, "model chat was busy (1/1 slots)")
+
+
+def test_waited_because_names_the_swap_that_reserved_the_model(ticket):
+    scheduler = scheduler_with(slots={"chat": 2})
+    running_job(scheduler, ticket, "chat")
+    swap = ticket("coder", 100, arrival=1.0)
+    scheduler.submit(swap, 1.0)
+    held = ticket("chat", 0, arrival=2.0)
+    scheduler.submit(held, 2.0)  # chat has a free slot, but coder's swap will evict chat
+    decision = grant_of(scheduler.cancel(swap.id, 3.0)).decision
+    assert (decision.slot, decision.waited_because) == (2, f"reserved for #{swap.id}'s swap to coder")
+
+
+def test_waited_because_names_the_busy_model_a_swap_waits_for(ticket):
+    scheduler = scheduler_with(slots={"chat": 2})
+    busy = running_job(scheduler, ticket, "chat")
+    swap = ticket("coder", 100, arrival=1.0)
+    scheduler.submit(swap, 1.0)
+    scheduler.finished(busy.ticket_id, 2.0)
+    decision = grant_of(scheduler.model_ready("coder", 3.0)).decision
+    assert decision.waited_because == "model chat was busy, and starting coder stops it"
