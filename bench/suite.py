@@ -63,8 +63,10 @@ class Sizes:
     cpu_tokens: int  # tokens a stream for CPU per chunk
 
 
-FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 2, 200, 4, 5, 2, 10_000)
-QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 2, 100, 2, 3, 1, 5_000)
+# Queue capacity drains through one model: with several in one swap group the drain is bound by the
+# swaps (one whenever the next request's model differs), which swap thrash measures, not the queue.
+FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 1, 200, 4, 5, 2, 10_000)
+QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 1, 100, 2, 3, 1, 5_000)
 
 
 @dataclass(frozen=True)
