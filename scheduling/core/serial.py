@@ -334,8 +334,8 @@ class SerialScheduler:
         reserved = round_.reserved.get(model)
         if reserved is not None:
             return f"reserved for #{reserved[0]}'s swap to {reserved[1]}"
-        used, slots = len(self._slots.get(model, ())), self._settings.slots_for(model)
         if model in loaded:
+            used, slots = len(self._slots.get(model, ())), self._settings.slots_for(model)
             return None if used < slots else f"model {model} was busy ({used}/{slots} slots)"
         if model in self._launches or self._fleet.state(model) is ModelState.STARTING:
             return f"model {model} was starting"

@@ -136,6 +136,10 @@ class SlotTable(Mapping[str, int]):
     def get(self, model: str, default: int | None = None) -> int | None:  # the Mapping mixin's is slow
         return self._table.get(model, default)
 
+    def count(self, model: str) -> int:
+        """Job slots of `model`: 1 unless listed (the scheduler asks this for every request it weighs)."""
+        return self._table.get(model, 1)
+
     def __len__(self) -> int:
         return len(self._table)
 
@@ -165,4 +169,4 @@ class SerialSettings:
 
     def slots_for(self, model: str) -> int:
         """Jobs `model` may run at once."""
-        return self.slots.get(model, 1)
+        return self.slots.count(model)
