@@ -78,5 +78,15 @@ def channel_layers_from_url(redis_url: str, database: dict) -> dict:
             "REDIS_URL is set but DATABASE_URL is not a PostgreSQL database: front ends and workers on "
             "several machines must share one database — set DATABASE_URL=postgres://user@host:port/name"
         )
-    return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}}}
+    return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_host(redis_url)]}}}
+
+
+# channels_redis waits for messages with a 5 s BZPOPMIN; redis-py's default read timeout is 5 s too, so a
+# quiet channel would end in "Timeout reading" (and a connection left mid-command) about every 5 s.
+REDIS_READ_TIMEOUT_S = 30
+
+
+def redis_host(redis_url: str) -> dict:
+    """channels_redis's host entry for `redis_url`, with a read timeout longer than its blocking waits."""
+    return {"address": redis_url, "socket_timeout": REDIS_READ_TIMEOUT_S}
 

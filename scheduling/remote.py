@@ -27,6 +27,7 @@ from scheduling.wire import (
     Message,
     Refused,
     Release,
+    Stop,
     Submit,
     from_message,
     running_from,
@@ -38,6 +39,7 @@ from scheduling.wire import (
 
 # How long a question to the worker may take before the caller is told it did not answer.
 ANSWER_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 5.0  # for the listener to take its stop message
 
 log = logging.getLogger("llamaswap.frontend")
 
@@ -118,8 +120,10 @@ class ChannelLayerFrontDoor:
     async def close(self) -> None:
         """Stop listening; requests still waiting are refused as the service shuts down."""
         if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.gather(self._listener, return_exceptions=True)
+            await self.layer.send(self._reply, to_message(Stop()))
+            done, _ = await asyncio.wait([self._listener], timeout=CLOSE_TIMEOUT_S)
+            if not done:
+                self._listener.cancel()
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1))
@@ -156,7 +160,10 @@ class ChannelLayerFrontDoor:
         while True:
             body = await receive_or_retry(self.layer, reply)
             try:
-                self._answer(from_message(body))
+                message = from_message(body)
+                if isinstance(message, Stop):
+                    return
+                self._answer(message)
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("ignoring a message the front end cannot read (%s): %r", exc, body)
 

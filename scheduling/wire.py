@@ -100,7 +100,13 @@ class Answer:
     error: str = ""
 
 
-Message = Submit | Cancel | Release | Granted | Refused | Cut | Ask | Answer
+@dataclass(frozen=True)
+class Stop:
+    """A process to its own channel: end the receive loop. Cancelling a receive that is blocked in
+    Redis can leave the task hanging in the client's cleanup; a message always ends it."""
+
+
+Message = Submit | Cancel | Release | Granted | Refused | Cut | Ask | Answer | Stop
 _TYPES: dict[str, type] = {
     "ticket.submit": Submit,
     "ticket.cancel": Cancel,
@@ -110,6 +116,7 @@ _TYPES: dict[str, type] = {
     "ticket.cut": Cut,
     "scheduler.ask": Ask,
     "scheduler.answer": Answer,
+    "llamaswap.stop": Stop,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 

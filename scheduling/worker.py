@@ -30,6 +30,7 @@ from scheduling.wire import (
     Message,
     Refused,
     Release,
+    Stop,
     Submit,
     from_message,
     settings_from,
@@ -98,7 +99,7 @@ class SchedulerWorker:
         self._remotes: dict[str, _Remote] = {}
 
     async def run(self) -> None:
-        """Serve messages until cancelled."""
+        """Serve messages until `stop()`."""
         while True:
             body = await receive_or_retry(self.layer, self.channel)
             try:
@@ -106,7 +107,13 @@ class SchedulerWorker:
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("ignoring a message the worker cannot read (%s): %r", exc, body)
                 continue
+            if isinstance(message, Stop):
+                return
             self.handle(message)
+
+    async def stop(self) -> None:
+        """End `run()` once the messages sent before this one are handled."""
+        await self._send(self.channel, Stop())
 
     def handle(self, message: Message) -> None:
         """Act on one message; never blocks, so messages are taken in the order they came."""

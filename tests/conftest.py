@@ -13,6 +13,8 @@ import uuid
 
 import pytest
 
+from llamaswap_site.environment import redis_host
+
 
 def skips_fail() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
@@ -83,7 +85,7 @@ async def redis_layer_factory():
     made = []
 
     def make():
-        layer = core.RedisChannelLayer(hosts=[REDIS_URL], prefix=prefix)
+        layer = core.RedisChannelLayer(hosts=[redis_host(REDIS_URL)], prefix=prefix)
         made.append(layer)
         return layer
 

@@ -18,7 +18,9 @@ def test_without_redis_there_is_no_channel_layer():
 def test_redis_with_postgres_gives_the_redis_layer():
     layers = channel_layers_from_url("redis://cache.example:6379/2", POSTGRES)
     assert layers["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
-    assert layers["default"]["CONFIG"]["hosts"] == ["redis://cache.example:6379/2"]
+    (host,) = layers["default"]["CONFIG"]["hosts"]
+    assert host["address"] == "redis://cache.example:6379/2"
+    assert host["socket_timeout"] > 5, "longer than channels_redis's 5 s blocking waits"
 
 
 def test_redis_without_postgres_names_what_to_set():

@@ -20,12 +20,13 @@ DONE = Outcome(state="completed", status_code=200)
 @pytest.fixture
 async def wired(gpu_for, redis_layer_factory):
     """`wired(*models)`: (gpu, worker, two front ends) on one channel layer, the worker serving."""
-    tasks, doors = [], []
+    workers, tasks, doors = [], [], []
 
     def make(*models: str):
         gpu = gpu_for(*models)
         door = InProcessFrontDoor(gpu.runtime, gpu.fleet, None)
         worker = SchedulerWorker(door, redis_layer_factory(), advertise="10.0.0.7")
+        workers.append(worker)
         tasks.append(asyncio.get_running_loop().create_task(worker.run()))
         doors.extend(ChannelLayerFrontDoor(None, redis_layer_factory()) for _ in range(2))
         return gpu, worker, doors[-2], doors[-1]
@@ -33,9 +34,9 @@ async def wired(gpu_for, redis_layer_factory):
     yield make
     for door in doors:
         await door.close()
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    for worker in workers:
+        await worker.stop()
+    await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE)
 
 
 def submit(door: ChannelLayerFrontDoor, model: str, priority: int = 0) -> asyncio.Task:
@@ -148,8 +149,10 @@ async def test_operators_on_a_front_end_see_and_change_the_workers_queue(wired):
     holding = submit(first, "a")
     await gpu.fleet.start("a")
     lease = await asyncio.wait_for(holding, DEADLINE)
-    queued = [submit(second, "a", 0), submit(second, "a", -100)]
-    await until(lambda: len(gpu.recorder.rows) == 3, "both requests queued at the worker")
+    queued = []
+    for priority in (0, -100):
+        queued.append(submit(second, "a", priority))
+        await until(lambda: len(gpu.recorder.rows) == len(queued) + 1, "the request queued at the worker")
 
     def operate():
         """What the admin does, from a worker thread of the front end."""

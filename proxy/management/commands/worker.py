@@ -77,5 +77,5 @@ class Command(BaseCommand):
         await stop.wait()
         self.stdout.write(f"finishing in-flight requests (up to {drain_seconds:g}s), stopping models")
         await service.shutdown(drain_seconds)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        await worker.stop()
+        await serving
