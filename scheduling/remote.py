@@ -17,7 +17,9 @@ from scheduling.core import SchedulerSnapshot, SerialSettings
 from scheduling.frontdoor import BusyModel, WaitingEntry
 from scheduling.runtime import Lease, Outcome, Rejected, TicketRequest
 from scheduling.wire import (
+    HEARTBEAT_S,
     WORKER_CHANNEL,
+    Heartbeat,
     receive_or_retry,
     Answer,
     Ask,
@@ -49,12 +51,14 @@ LEFT_BEFORE_GRANT = Outcome(state="cancelled", error="client disconnected while 
 class ChannelLayerFrontDoor:
     runs_scheduler = False
 
-    def __init__(self, config, layer, *, worker: str = WORKER_CHANNEL) -> None:
+    def __init__(self, config, layer, *, worker: str = WORKER_CHANNEL, heartbeat_s: float = HEARTBEAT_S) -> None:
         self.config = config
         self.layer = layer
         self.worker = worker
+        self.heartbeat_s = heartbeat_s
         self._reply: str | None = None
         self._listener: asyncio.Task | None = None
+        self._heartbeat: asyncio.Task | None = None
         self._keys = itertools.count(1)
         self._waiting: dict[str, asyncio.Future] = {}
         self._leases: dict[int, tuple[str, Lease]] = {}  # ticket id -> (key, lease)
@@ -119,6 +123,8 @@ class ChannelLayerFrontDoor:
 
     async def close(self) -> None:
         """Stop listening; requests still waiting are refused as the service shuts down."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         if self._listener is not None:
             await self.layer.send(self._reply, to_message(Stop()))
             done, _ = await asyncio.wait([self._listener], timeout=CLOSE_TIMEOUT_S)
@@ -153,8 +159,21 @@ class ChannelLayerFrontDoor:
     async def _reply_channel(self) -> str:
         if self._reply is None:
             self._reply = await self.layer.new_channel("llamaswap.frontend.")
-            self._listener = asyncio.get_running_loop().create_task(self._listen(self._reply))
+            loop = asyncio.get_running_loop()
+            self._listener = loop.create_task(self._listen(self._reply))
+            self._heartbeat = loop.create_task(self._beat(self._reply))
         return self._reply
+
+    async def _beat(self, reply: str) -> None:
+        """Tell the worker this front end lives, so it never waits on the leases of a dead one."""
+        while True:
+            try:
+                await self.layer.send(self.worker, to_message(Heartbeat(reply)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the next beat tries again
+                log.warning("could not send a heartbeat to the scheduler worker: %s", exc)
+            await asyncio.sleep(self.heartbeat_s)
 
     async def _listen(self, reply: str) -> None:
         while True:

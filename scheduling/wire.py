@@ -21,6 +21,8 @@ from scheduling.runtime import Outcome, TicketRequest
 
 WORKER_CHANNEL = "llamaswap.worker"
 RECEIVE_RETRY_S = 1.0  # after the layer failed to deliver (Redis restarting, a network blip)
+HEARTBEAT_S = 1.0
+FRONT_END_TIMEOUT_S = 5.0  # a front end silent this long is taken for dead
 
 log = logging.getLogger("llamaswap.wire")
 
@@ -101,12 +103,20 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """Front end → worker, every `HEARTBEAT_S`: this front end (its reply channel) is alive. A worker
+    that hears nothing from a front end for `FRONT_END_TIMEOUT_S` drops its requests."""
+
+    reply: str
+
+
+@dataclass(frozen=True)
 class Stop:
     """A process to its own channel: end the receive loop. Cancelling a receive that is blocked in
     Redis can leave the task hanging in the client's cleanup; a message always ends it."""
 
 
-Message = Submit | Cancel | Release | Granted | Refused | Cut | Ask | Answer | Stop
+Message = Submit | Cancel | Release | Granted | Refused | Cut | Ask | Answer | Heartbeat | Stop
 _TYPES: dict[str, type] = {
     "ticket.submit": Submit,
     "ticket.cancel": Cancel,
@@ -116,6 +126,7 @@ _TYPES: dict[str, type] = {
     "ticket.cut": Cut,
     "scheduler.ask": Ask,
     "scheduler.answer": Answer,
+    "frontend.heartbeat": Heartbeat,
     "llamaswap.stop": Stop,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}

@@ -20,7 +20,9 @@ from urllib.parse import urlsplit, urlunsplit
 from scheduling.in_process import InProcessFrontDoor
 from scheduling.runtime import Outcome, Rejected
 from scheduling.wire import (
+    FRONT_END_TIMEOUT_S,
     WORKER_CHANNEL,
+    Heartbeat,
     receive_or_retry,
     Answer,
     Ask,
@@ -89,27 +91,50 @@ class Answers:
 
 class SchedulerWorker:
     def __init__(
-        self, door: InProcessFrontDoor, layer, *, advertise: str | None = None, channel: str = WORKER_CHANNEL
+        self, door: InProcessFrontDoor, layer, *, advertise: str | None = None, channel: str = WORKER_CHANNEL,
+        front_end_timeout_s: float = FRONT_END_TIMEOUT_S,
     ) -> None:
         self.runtime = door.runtime
         self.answers = Answers(door)
         self.layer = layer
         self.channel = channel
         self.advertise = advertise
+        self.front_end_timeout_s = front_end_timeout_s
         self._remotes: dict[str, _Remote] = {}
+        self._heard: dict[str, float] = {}  # front end (reply channel) -> when it was last heard from
 
     async def run(self) -> None:
         """Serve messages until `stop()`."""
+        reaper = asyncio.get_running_loop().create_task(self._drop_silent_front_ends())
+        try:
+            while True:
+                body = await receive_or_retry(self.layer, self.channel)
+                try:
+                    message = from_message(body)
+                except (ValueError, TypeError, KeyError) as exc:
+                    log.warning("ignoring a message the worker cannot read (%s): %r", exc, body)
+                    continue
+                if isinstance(message, Stop):
+                    return
+                self.handle(message)
+        finally:
+            reaper.cancel()
+
+    async def _drop_silent_front_ends(self) -> None:
+        """Cancel the requests of front ends not heard from for `front_end_timeout_s`: their
+        clients are gone with them, and their leases would hold slots for ever."""
+        loop = asyncio.get_running_loop()
         while True:
-            body = await receive_or_retry(self.layer, self.channel)
-            try:
-                message = from_message(body)
-            except (ValueError, TypeError, KeyError) as exc:
-                log.warning("ignoring a message the worker cannot read (%s): %r", exc, body)
-                continue
-            if isinstance(message, Stop):
-                return
-            self.handle(message)
+            await asyncio.sleep(self.front_end_timeout_s / 4)
+            silent_since = loop.time() - self.front_end_timeout_s
+            for reply in [reply for reply, heard in self._heard.items() if heard < silent_since]:
+                del self._heard[reply]
+                dropped = [remote for remote in self._remotes.values() if remote.reply == reply]
+                if dropped:
+                    log.warning("front end %s went silent: cancelling its %d requests", reply, len(dropped))
+                for remote in dropped:
+                    if remote.task is not None:
+                        remote.task.cancel()
 
     async def stop(self) -> None:
         """End `run()` once the messages sent before this one are handled."""
@@ -117,6 +142,10 @@ class SchedulerWorker:
 
     def handle(self, message: Message) -> None:
         """Act on one message; never blocks, so messages are taken in the order they came."""
+        if isinstance(message, (Submit, Heartbeat)):
+            self._heard[message.reply] = asyncio.get_running_loop().time()
+        if isinstance(message, Heartbeat):
+            return
         if isinstance(message, Submit):
             if message.key in self._remotes:
                 return  # a repeated submit: the first one stands

@@ -10,6 +10,7 @@ import pytest
 from scheduling.in_process import InProcessFrontDoor
 from scheduling.remote import ChannelLayerFrontDoor
 from scheduling.runtime import Outcome, Rejected, TicketRequest
+from scheduling.wire import FRONT_END_TIMEOUT_S, HEARTBEAT_S
 from scheduling.worker import SchedulerWorker
 
 from .fakes import DEADLINE
@@ -22,13 +23,15 @@ async def wired(gpu_for, redis_layer_factory):
     """`wired(*models)`: (gpu, worker, two front ends) on one channel layer, the worker serving."""
     workers, tasks, doors = [], [], []
 
-    def make(*models: str):
+    def make(*models: str, front_end_timeout_s: float = FRONT_END_TIMEOUT_S, heartbeat_s: float = HEARTBEAT_S):
         gpu = gpu_for(*models)
         door = InProcessFrontDoor(gpu.runtime, gpu.fleet, None)
-        worker = SchedulerWorker(door, redis_layer_factory(), advertise="10.0.0.7")
+        worker = SchedulerWorker(
+            door, redis_layer_factory(), advertise="10.0.0.7", front_end_timeout_s=front_end_timeout_s
+        )
         workers.append(worker)
         tasks.append(asyncio.get_running_loop().create_task(worker.run()))
-        doors.extend(ChannelLayerFrontDoor(None, redis_layer_factory()) for _ in range(2))
+        doors.extend(ChannelLayerFrontDoor(None, redis_layer_factory(), heartbeat_s=heartbeat_s) for _ in range(2))
         return gpu, worker, doors[-2], doors[-1]
 
     yield make
@@ -180,4 +183,21 @@ async def test_a_question_the_worker_does_not_know_is_answered_with_an_error(wir
     _, _, first, _ = wired("a")
     with pytest.raises(RuntimeError, match="does not answer 'shutdown'"):
         await first.ask("shutdown")
+
+
+async def test_the_leases_of_a_front_end_that_went_silent_are_given_back(wired):
+    gpu, _, first, second = wired("a", front_end_timeout_s=0.4, heartbeat_s=0.05)
+    holding = submit(first, "a")
+    await gpu.fleet.start("a")
+    await asyncio.wait_for(holding, DEADLINE)
+    waiting = submit(second, "a")
+    await until(lambda: len(gpu.recorder.rows) == 2, "the second front end's request queued")
+
+    first._heartbeat.cancel()  # the first front end dies holding its lease: no release will come
+    lease = await asyncio.wait_for(waiting, DEADLINE)
+    assert gpu.recorder.rows[1]["state"] == "cancelled"
+    await asyncio.sleep(3 * 0.4)  # three silence timeouts: a front end that keeps beating keeps its lease
+    assert gpu.recorder.rows[2]["state"] == "dispatched"
+    second.release(lease.ticket_id, DONE)
+    await until(lambda: gpu.recorder.rows[2]["state"] == "completed", "the next request completed")
 
