@@ -89,17 +89,19 @@ class InProcessFrontDoor:
                 busy.append(BusyModel(model, snapshot.slots.get(model), tuple(entries)))
         return busy
 
-    async def processes(self) -> dict[str, str]:
+    def read_processes(self) -> dict[str, str]:
         fleet = self.fleet
         return {model: fleet.state(model) for model in dict.fromkeys([*self.config.models, *fleet.running()])}
+
+    async def processes(self) -> dict[str, str]:
+        return self.read_processes()
 
     async def logs(self) -> str:
         rings = self.fleet.logs.items()
         return "\n".join(f"=== {model_id} ===\n{ring.text()}" for model_id, ring in rings if ring.text())
 
     def model_states(self) -> dict[str, str]:
-        fleet, models = self.fleet, self.config.models
-        return self.runtime.from_thread(lambda: {model: fleet.state(model) for model in models})
+        return self.runtime.from_thread(self.read_processes)
 
     def cancel_waiting(self, ticket_ids: list[int]) -> list[int]:
         runtime = self.runtime

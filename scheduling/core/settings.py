@@ -133,9 +133,6 @@ class SlotTable(Mapping[str, int]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._table)
 
-    def get(self, model: str, default: int | None = None) -> int | None:  # the Mapping mixin's is slow
-        return self._table.get(model, default)
-
     def count(self, model: str) -> int:
         """Job slots of `model`: 1 unless listed (the scheduler asks this for every request it weighs)."""
         return self._table.get(model, 1)
