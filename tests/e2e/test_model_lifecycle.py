@@ -198,7 +198,11 @@ def test_preload_starts_models_through_the_scheduler_at_start_up(tmp_path, rows)
             aliases: [c]
     """
     with Served(tmp_path, text) as served:
-        running = wait_until(lambda: httpx.get(served.base + "/running").json()["running"], what="the preload")
+        def settled():
+            running = httpx.get(served.base + "/running").json()["running"]
+            return running if running and all(m["state"] != "starting" for m in running) else None
+
+        running = wait_until(settled, what="the preload to finish starting")
         assert [(m["model"], m["state"]) for m in running] == [("warm", "ready")]
         preload = wait_until(lambda: rows(served.data_dir, "state='completed'"), what="the preload's row")
         assert [(r["model"], r["path"], r["needed_swap"]) for r in preload] == [("warm", "(preload)", 1)]
