@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 LOCK_FILE = "llamaswap.lock"
@@ -41,30 +42,32 @@ class InstanceLockError(Exception):
     """Another live service holds the data dir or the database (or the database cannot be reached)."""
 
 
-def hold_instance_lock() -> None:
+def hold_instance_lock(*, role: str = "serve", standby: Callable[[str], None] | None = None) -> None:
     """Lock this process's data dir and database for the rest of its life. Idempotent.
 
-    Raises InstanceLockError, naming what is held and by which process, when another service holds it.
+    Raises InstanceLockError, naming what is held and by which process, when another service holds it;
+    with `standby`, tells it so instead and waits for the other one to end (a standby worker, which
+    takes over the moment the active one dies: the kernel and the database server free its locks).
     """
     if _held:
         return
     from django.conf import settings
 
-    lock_file = _lock_data_dir(Path(settings.DATA_DIR))
+    lock_file = _lock_data_dir(Path(settings.DATA_DIR), standby)
     try:
-        connection = _lock_database(settings.DATABASES["default"])
+        connection = _lock_database(settings.DATABASES["default"], role, standby)
     except BaseException:
         os.close(lock_file)
         raise
     _held.extend([lock_file, connection])
     if connection is not None:
         threading.Thread(
-            target=_watch_database_lock, args=(settings.DATABASES["default"],), name="llamaswap-lock-watchdog",
+            target=_watch_database_lock, args=(settings.DATABASES["default"], role), name="llamaswap-lock-watchdog",
             daemon=True,
         ).start()
 
 
-def _watch_database_lock(database: dict) -> None:
+def _watch_database_lock(database: dict, role: str) -> None:
     """Keep the advisory lock for the process's life, even when its connection is dropped under it."""
     import psycopg
 
@@ -80,7 +83,7 @@ def _watch_database_lock(database: dict) -> None:
         except psycopg.Error:
             pass
         try:
-            _held[1] = _lock_database(database)
+            _held[1] = _lock_database(database, role)
         except InstanceLockError as exc:
             if "cannot connect" in str(exc):
                 log.error("%s; trying again in %gs", exc, WATCH_INTERVAL_S)
@@ -91,25 +94,28 @@ def _watch_database_lock(database: dict) -> None:
         log.warning("took the database lock again")
 
 
-def _lock_data_dir(data_dir: Path) -> int:
+def _lock_data_dir(data_dir: Path, standby: Callable[[str], None] | None) -> int:
     """flock the data dir's lock file and write our pid into it (for the message a second service prints)."""
     fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by model processes
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        os.close(fd)
         by = f" (pid {holder})" if holder.isdigit() else ""
-        raise InstanceLockError(
-            f"another llamaswap{by} is already serving the data dir {data_dir}: stop it first, or give this one "
-            "its own LLAMASWAP_DATA_DIR"
-        ) from None
+        if standby is None:
+            os.close(fd)
+            raise InstanceLockError(
+                f"another llamaswap{by} is already serving the data dir {data_dir}: stop it first, or give this one "
+                "its own LLAMASWAP_DATA_DIR"
+            ) from None
+        standby(f"another llamaswap{by} is serving the data dir {data_dir}: standing by to take over when it stops")
+        fcntl.flock(fd, fcntl.LOCK_EX)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
 
 
-def _lock_database(database: dict):
+def _lock_database(database: dict, role: str, standby: Callable[[str], None] | None = None):
     """With PostgreSQL, a session advisory lock on a connection of our own; None for SQLite (the file lock covers it)."""
     if database["ENGINE"] != "django.db.backends.postgresql":
         return None
@@ -122,7 +128,7 @@ def _lock_database(database: dict):
     try:
         connection = psycopg.connect(
             **params, autocommit=True, connect_timeout=10,
-            application_name=f"llamaswap serve pid {os.getpid()} on {socket.gethostname()}"[:63],
+            application_name=f"llamaswap {role} pid {os.getpid()} on {socket.gethostname()}"[:63],
         )
     except psycopg.Error as exc:
         raise InstanceLockError(f"cannot connect to {where} (DATABASE_URL): {exc}") from None
@@ -132,9 +138,17 @@ def _lock_database(database: dict):
     except BaseException:
         connection.close()
         raise
+    by = f" ({holder})" if holder else ""
+    if not locked and standby is not None:
+        standby(f"another llamaswap{by} is serving {where}: standing by to take over when it stops")
+        try:
+            connection.execute("SELECT pg_advisory_lock(%s::int4, %s::int4)", ADVISORY_KEY)
+        except psycopg.Error as exc:
+            connection.close()
+            raise InstanceLockError(f"lost the connection to {where} while standing by: {exc}") from None
+        locked = True
     if not locked:
         connection.close()
-        by = f" ({holder})" if holder else ""
         raise InstanceLockError(
             f"another llamaswap{by} is already serving {where}: stop it first, or give this one its own "
             "DATABASE_URL"

@@ -47,6 +47,11 @@ class QueuedRequest(models.Model):
     path = models.TextField()
     stream = models.BooleanField(default=False)
     client = models.CharField(max_length=100, blank=True)
+    # In distributed mode, the front end's key for the request (its reply channel, "#", a number) and
+    # the route label of its metrics: a worker that takes over rebuilds the queue from these rows and
+    # answers the front end that still holds the client's connection.
+    origin = models.CharField(max_length=200, blank=True)
+    route = models.CharField(max_length=40, blank=True)
     priority = models.BigIntegerField(default=0)
     band = models.CharField(max_length=12, choices=BandChoice.choices, default=BandChoice.NORMAL)
     state = models.CharField(max_length=12, choices=RequestState.choices, default=RequestState.QUEUED)

@@ -12,15 +12,22 @@ from django.db.models import Max
 from django.utils import timezone
 
 from scheduling.models import TERMINAL_STATES, QueuedRequest, RequestState
+from scheduling.runtime import Carried, TicketRequest
 
 log = logging.getLogger("llamaswap.recovery")
 
 
-def recover_previous_run() -> int:
-    """Close unfinished rows as `interrupted`; return the next ticket id."""
+def recover_previous_run(*, keep_queued_from_front_ends: bool = False) -> int:
+    """Close unfinished rows as `interrupted`; return the next ticket id.
+
+    A worker in distributed mode keeps the queued rows of front ends (`origin` set): their clients
+    still wait, and `carried_requests()` queues them again.
+    """
     now = timezone.now()
     with transaction.atomic():
         unfinished = QueuedRequest.objects.exclude(state__in=TERMINAL_STATES)
+        if keep_queued_from_front_ends:
+            unfinished = unfinished.exclude(state=RequestState.QUEUED, origin__gt="")
         for state in (RequestState.QUEUED, RequestState.DISPATCHED):
             count = unfinished.filter(state=state).update(
                 state=RequestState.INTERRUPTED,
@@ -31,3 +38,20 @@ def recover_previous_run() -> int:
                 log.warning("marked %d requests left %s by a previous run as interrupted", count, state.value)
         last = QueuedRequest.objects.aggregate(last=Max("id"))["last"] or 0
     return last + 1
+
+
+def carried_requests() -> list[Carried]:
+    """The requests front ends queued with a worker that is gone, oldest first, as their rows say
+    (an operator's re-prioritisation included)."""
+    rows = QueuedRequest.objects.filter(state=RequestState.QUEUED, origin__gt="").order_by("arrived_at", "id")
+    return [
+        Carried(
+            TicketRequest(
+                model=row.model, path=row.path, priority=row.priority, requested_model=row.requested_model,
+                method=row.method, stream=row.stream, client=row.client, route=row.route or "other", origin=row.origin,
+            ),
+            row.arrived_at,
+            row.id,
+        )
+        for row in rows
+    ]

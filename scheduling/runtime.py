@@ -13,7 +13,7 @@ import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Protocol
@@ -60,6 +60,21 @@ class TicketRequest:
     stream: bool = False
     client: str = ""
     route: str = "other"  # the path as a bounded metrics label, which only the front end can tell
+    origin: str = ""  # distributed mode: the front end's key for it (see QueuedRequest.origin)
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A request queued before this runtime started (a worker that took over): when it arrived, so
+    aging carries on, and the row the previous worker wrote for it, if it wrote one."""
+
+    request: TicketRequest
+    arrived_at: datetime
+    ticket_id: int | None = None
+
+
+class HandedOver(Exception):
+    """The request stays queued for the worker that takes over from this one: answer nothing."""
 
 
 @dataclass(eq=False)
@@ -160,31 +175,75 @@ class SchedulerRuntime:
         if self._closing:
             raise Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1)
         now = self.now()
-        ticket = Ticket(id=self._next_id, model=request.model, priority=request.priority, arrival=now)
-        self._next_id += 1
-        future = self._loop.create_future()
-        self._waiting[ticket.id] = _Waiter(future, ticket, request)
+        waiter = self._queue(request, now, now, None)
+        self._run(lambda: self.scheduler.submit(waiter.ticket, now))
+        return await self._wait(waiter)
+
+    def requeue(self, carried: list[Carried]) -> list[Coroutine[Any, Any, Lease]]:
+        """Queue requests a previous worker had queued, all at once, and return what to await for
+        each one's lease (as `submit`). Their waits so far count for aging."""
+        if self._closing:
+            raise Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1)
+        now = self.now()
+        wall = datetime.now(timezone.utc)
+        waiters = [
+            self._queue(c.request, now, now - max(0.0, (wall - c.arrived_at).total_seconds()), c.ticket_id)
+            for c in carried
+        ]
+        self._run(lambda: self.scheduler.submit_all([w.ticket for w in waiters], now))
+        return [self._wait(waiter) for waiter in waiters]
+
+    def hand_over(self) -> int:
+        """Stop serving the queue without answering it: the rows stay queued for the worker that takes
+        over, which rebuilds the queue from them. Returns how many requests were handed over."""
+        waiters = list(self._waiting.values())
+        self._waiting.clear()
+        now = self.now()
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(HandedOver())
+                waiter.future.exception()
+            self._run(lambda ticket_id=waiter.ticket.id: self.scheduler.cancel(ticket_id, now))
+        return len(waiters)
+
+    def _queue(self, request: TicketRequest, now: float, arrival: float, ticket_id: int | None) -> _Waiter:
+        """Hold a place for `request`; a new request (no `ticket_id`) gets its row here."""
+        if ticket_id is None:
+            ticket_id = self._next_id
+            self._next_id += 1
+            record = True
+        else:
+            self._next_id = max(self._next_id, ticket_id + 1)
+            record = False
+        ticket = Ticket(id=ticket_id, model=request.model, priority=request.priority, arrival=arrival)
+        waiter = _Waiter(self._loop.create_future(), ticket, request)
+        self._waiting[ticket.id] = waiter
         band = band_of(request.priority)
-        self.recorder.create(
-            ticket.id,
-            model=request.model,
-            requested_model=request.requested_model,
-            method=request.method,
-            path=request.path,
-            stream=request.stream,
-            client=request.client,
-            priority=request.priority,
-            band=band.value,
-            state="queued",
-            scheduler=self.scheduler.name,
-            arrived_at=self._wall(now),
-        )
+        if record:
+            self.recorder.create(
+                ticket.id,
+                model=request.model,
+                requested_model=request.requested_model,
+                method=request.method,
+                path=request.path,
+                stream=request.stream,
+                client=request.client,
+                origin=request.origin,
+                route=request.route,
+                priority=request.priority,
+                band=band.value,
+                state="queued",
+                scheduler=self.scheduler.name,
+                arrived_at=self._wall(arrival),
+            )
         self._observer(Queued(request.model, band))
-        self._run(lambda: self.scheduler.submit(ticket, now))
+        return waiter
+
+    async def _wait(self, waiter: _Waiter) -> Lease:
         try:
-            return await future
+            return await waiter.future
         except asyncio.CancelledError:
-            self.cancel(ticket.id, "client disconnected while queued")
+            self.cancel(waiter.ticket.id, "client disconnected while queued")
             raise
 
     def cancel(self, ticket_id: int, reason: str) -> None:

@@ -29,11 +29,23 @@ log = logging.getLogger("llamaswap.wire")
 
 @dataclass(frozen=True)
 class Submit:
-    """Front end → worker: queue this request; answer on `reply`."""
+    """Front end → worker: queue this request; answer on `reply`. A request submitted again to a
+    worker that took over (see `Hello`) carries when it first arrived (Unix time), so its wait so
+    far counts for aging; a first submit arrives when the worker reads it."""
 
     key: str
     reply: str
     request: TicketRequest
+    arrived_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Worker → front end, the first time this worker hears from it: submit again every request
+    still waiting for a grant. One queued with a worker that died may have reached it unrecorded;
+    the worker drops the ones it already has."""
+
+    worker: str
 
 
 @dataclass(frozen=True)
@@ -116,9 +128,10 @@ class Stop:
     Redis can leave the task hanging in the client's cleanup; a message always ends it."""
 
 
-Message = Submit | Cancel | Release | Granted | Refused | Cut | Ask | Answer | Heartbeat | Stop
+Message = Submit | Hello | Cancel | Release | Granted | Refused | Cut | Ask | Answer | Heartbeat | Stop
 _TYPES: dict[str, type] = {
     "ticket.submit": Submit,
+    "worker.hello": Hello,
     "ticket.cancel": Cancel,
     "ticket.release": Release,
     "ticket.granted": Granted,
@@ -156,6 +169,12 @@ def from_message(body: dict[str, Any]) -> Message:
         decision["terms"] = ScoreTerms(**decision["terms"])
         fields["decision"] = Decision(**decision)
     return cls(**fields)
+
+
+def front_end_of(key: str) -> str:
+    """The reply channel of the front end that made `key` (a front end's keys are its reply channel,
+    "#" and a number)."""
+    return key.rpartition("#")[0]
 
 
 async def receive_or_retry(layer, channel: str) -> dict[str, Any]:

@@ -82,6 +82,10 @@ class FifoScheduler:
             self._enqueue(item)
         return effects
 
+    def submit_all(self, tickets: Iterable[Ticket], now: float) -> list[Effect]:
+        """A rebuilt queue: first come, first served, so submitting in arrival order is enough."""
+        return [effect for ticket in sorted(tickets, key=lambda t: t.arrival) for effect in self.submit(ticket, now)]
+
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
         """The client left: free its slot wherever it waits (a start it waited on carries on).
         A running request ends as if finished. Idempotent."""

@@ -83,14 +83,32 @@ class SerialScheduler:
     # -- requests -----------------------------------------------------------------------------
 
     def submit(self, ticket: Ticket, now: float) -> list[Effect]:
-        if self._shut_down:
-            return [rejections.shutting_down(ticket.id)]
-        if ticket.model not in self._fleet:
-            return [rejections.unknown_model(ticket.id, ticket.model)]
-        if self._holds(ticket.id):
-            raise ValueError(f"ticket #{ticket.id} was already submitted; ticket ids must be unique")
+        refusal = self._refusal(ticket)
+        if refusal is not None:
+            return [refusal]
         self._enqueue(ticket)
         return self._dispatch(now)
+
+    def submit_all(self, tickets: Iterable[Ticket], now: float) -> list[Effect]:
+        """A rebuilt queue: every ticket queues before any is dispatched, so an idle GPU goes to the
+        best-scoring of them, not to whichever came first."""
+        effects: list[Effect] = []
+        for ticket in tickets:
+            refusal = self._refusal(ticket)
+            if refusal is None:
+                self._enqueue(ticket)
+            else:
+                effects.append(refusal)
+        return effects + self._dispatch(now)
+
+    def _refusal(self, ticket: Ticket) -> Effect | None:
+        if self._shut_down:
+            return rejections.shutting_down(ticket.id)
+        if ticket.model not in self._fleet:
+            return rejections.unknown_model(ticket.id, ticket.model)
+        if self._holds(ticket.id):
+            raise ValueError(f"ticket #{ticket.id} was already submitted; ticket ids must be unique")
+        return None
 
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
         """The client left (or an operator cancelled): drop it wherever it is. Idempotent. What

@@ -368,3 +368,10 @@ def test_snapshot_counts_queued_requests_by_band(ticket):
     assert dict(snapshot.depth_by_band) == {Band.INTERACTIVE: 1, Band.NORMAL: 0, Band.BATCH: 1}
     assert dict(snapshot.oldest_wait_by_band) == {Band.INTERACTIVE: 2.0, Band.NORMAL: 0.0, Band.BATCH: 4.0}
     assert snapshot.running_tickets == (busy.id,) and snapshot.waiting == 2
+
+
+def test_a_rebuilt_queue_is_served_in_arrival_order(ticket):
+    scheduler = fifo("a")
+    later, earlier = ticket("a", arrival=5.0), ticket("a", arrival=1.0)
+    assert scheduler.submit_all([later, earlier], 6.0) == [StartModel("a", evict=())]
+    assert grants(scheduler.model_ready("a", 7.0)) == [earlier.id, later.id]  # fifo sends both to the ready model, in order

@@ -408,3 +408,13 @@ def test_grant_effects_carry_model_and_decision(ticket):
     (effect,) = scheduler.model_ready("a", 1.0)
     assert isinstance(effect, Grant) and effect.decision.band is Band.INTERACTIVE
     assert dequeued([effect]) == []
+
+
+def test_a_rebuilt_queue_is_ranked_as_a_whole_before_an_idle_gpu_is_given_out(ticket):
+    scheduler = serial("a", "b", settings=NO_BONUS)
+    batch, interactive, unknown = ticket("a", priority=-100, arrival=0.0), ticket("b", priority=100, arrival=1.0), ticket("zz")
+    effects = scheduler.submit_all([batch, interactive, unknown], 2.0)
+    assert list(rejects(effects)) == [unknown.id]
+    assert starts(effects) == [StartModel("b", evict=())]  # one at a time submitted, the batch request would have taken the GPU
+    assert grants(scheduler.model_ready("b", 3.0)) == [interactive.id]
+    assert [t.id for t, _ in scheduler.ranked(3.0)] == [batch.id]

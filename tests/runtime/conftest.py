@@ -67,17 +67,21 @@ class Gpu:
 
 @pytest.fixture
 async def gpu_for():
-    """`gpu_for(*models, groups=(), slots=None)`: a runtime serving `models`, which share one swap
-    group unless `groups` (SwapGroups) say otherwise."""
+    """`gpu_for(*models, groups=(), slots=None, recorder=None)`: a runtime serving `models`, which share
+    one swap group unless `groups` (SwapGroups) say otherwise; a second runtime given the first's
+    `recorder` shares its rows, as a worker that takes over shares the database."""
     made: list[Gpu] = []
 
-    def make(*models: str, groups: tuple[SwapGroup, ...] = (), slots: dict[str, int] | None = None) -> Gpu:
+    def make(
+        *models: str, groups: tuple[SwapGroup, ...] = (), slots: dict[str, int] | None = None,
+        recorder: FakeRecorder | None = None,
+    ) -> Gpu:
         scheduler = SerialScheduler(
             {model: ModelSpec(model) for model in models},
             SwapPolicy(groups, models),
             SerialSettings(slots=slots or {}),
         )
-        fleet, recorder = FakeFleet(), FakeRecorder()
+        fleet, recorder = FakeFleet(), recorder or FakeRecorder()
         gpu = Gpu(SchedulerRuntime(scheduler, fleet, recorder), fleet, recorder)
         made.append(gpu)
         return gpu

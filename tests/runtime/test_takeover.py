@@ -1,0 +1,145 @@
+"""A scheduler worker taking over from one that stopped or died, over a real Redis channel layer: the
+queue rebuilt from the rows and from the front ends' second submits, every request served exactly
+once (the shared recorder checks each row ends once), in priority order."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timezone
+
+import pytest
+
+from scheduling.in_process import InProcessFrontDoor
+from scheduling.remote import ChannelLayerFrontDoor
+from scheduling.runtime import Carried, Outcome, TicketRequest
+from scheduling.worker import SchedulerWorker
+
+from .fakes import DEADLINE
+
+DONE = Outcome(state="completed", status_code=200)
+
+
+class Deaf(SchedulerWorker):
+    """A worker that dies with the submits it read before recording them."""
+
+    def handle(self, message) -> None:
+        if type(message).__name__ != "Submit":
+            super().handle(message)
+
+
+@pytest.fixture
+async def workers(redis_layer_factory):
+    """`start(gpu, cls=SchedulerWorker, carried=())`: a worker serving `gpu` on the test's channel layer;
+    `stop(worker)`: end it. Everything still running is stopped after the test."""
+    running: dict[SchedulerWorker, asyncio.Task] = {}
+
+    def start(gpu, cls=SchedulerWorker, carried=()):
+        worker = cls(InProcessFrontDoor(gpu.runtime, gpu.fleet, None), redis_layer_factory())
+        worker.rebuild(list(carried))
+        running[worker] = asyncio.get_running_loop().create_task(worker.run())
+        return worker
+
+    async def stop(worker):
+        await worker.stop()
+        await asyncio.wait_for(running.pop(worker), DEADLINE)
+
+    yield start, stop
+    for worker in list(running):
+        await stop(worker)
+
+
+@pytest.fixture
+async def front_ends(redis_layer_factory):
+    made = [ChannelLayerFrontDoor(None, redis_layer_factory(), heartbeat_s=0.05) for _ in range(2)]
+    yield made
+    for door in made:
+        await door.close()
+
+
+def submit(door: ChannelLayerFrontDoor, model: str, priority: int = 0) -> asyncio.Task:
+    request = TicketRequest(model=model, path="/v1/chat/completions", priority=priority, route="/v1/chat/completions")
+    return asyncio.get_running_loop().create_task(door.submit(request))
+
+
+async def until(condition, what: str) -> None:
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    try:
+        await asyncio.wait_for(poll(), DEADLINE)
+    except TimeoutError:
+        raise AssertionError(f"never happened: {what}") from None
+
+
+def carried_from(recorder) -> list[Carried]:
+    """What `scheduling.recovery.carried_requests` reads from the database, read from the fake rows."""
+    queued = sorted((row["arrived_at"], ticket_id) for ticket_id, row in recorder.rows.items() if row["state"] == "queued")
+    carried = []
+    for arrived_at, ticket_id in queued:
+        row = recorder.rows[ticket_id]
+        request = TicketRequest(model=row["model"], path=row["path"], priority=row["priority"], route=row["route"],
+                                origin=row["origin"])
+        carried.append(Carried(request, arrived_at, ticket_id))
+    return carried
+
+
+async def serve_in_order(gpu, waiting: dict[asyncio.Task, ChannelLayerFrontDoor]) -> list[int]:
+    """Start the model, then finish each granted request in turn; the priorities in grant order."""
+    await gpu.fleet.start("a")
+    order = []
+    while len(order) < len(waiting):
+        pending = [task for task in waiting if not task.done()]
+        done, _ = await asyncio.wait(pending, timeout=DEADLINE, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1, "one slot, one grant at a time"
+        (task,) = done
+        lease = task.result()
+        order.append(lease.decision.priority)
+        waiting[task].release(lease.ticket_id, DONE)
+    return order
+
+
+async def test_a_worker_that_takes_over_serves_the_queue_from_the_rows_once_in_priority_order(
+    gpu_for, workers, front_ends
+):
+    start, stop = workers
+    first, second = front_ends
+    gpu = gpu_for("a")
+    old = start(gpu)
+    holding = submit(first, "a")
+    await gpu.fleet.start("a")
+    held = await asyncio.wait_for(holding, DEADLINE)
+    waiting = {submit(second, "a", -100): second, submit(first, "a", 0): first,
+               submit(second, "a", 100): second, submit(first, "a", 0): first}
+    await until(lambda: len(gpu.recorder.rows) == 5, "every request queued at the first worker")
+
+    assert old.hand_over() == 4
+    first.release(held.ticket_id, DONE)
+    await until(lambda: gpu.recorder.rows[held.ticket_id]["state"] == "completed", "the running request to end")
+    await stop(old)
+    assert not any(task.done() for task in waiting), "handed over, not answered"
+
+    successor = gpu_for("a", recorder=gpu.recorder)
+    start(successor, carried=carried_from(gpu.recorder))
+    assert await serve_in_order(successor, waiting) == [100, 0, 0, -100]
+    assert len(gpu.recorder.rows) == 5, "the front ends' second submits were recognised, not queued again"
+    await until(lambda: not gpu.recorder.unfinished(), "every row ended")
+
+
+async def test_requests_a_dead_worker_never_recorded_are_submitted_again_with_their_arrival(
+    gpu_for, workers, front_ends
+):
+    start, stop = workers
+    first, second = front_ends
+    dead = start(gpu_for("a"), cls=Deaf)
+    waiting = {submit(first, "a", 0): first, submit(second, "a", 100): second, submit(first, "a", -100): first}
+    await until(lambda: len(dead._heard) == 2, "the first worker to read from both front ends")
+    await stop(dead)
+    took_over_at = datetime.now(timezone.utc)
+
+    gpu = gpu_for("a")
+    start(gpu)
+    await until(lambda: len(gpu.recorder.rows) == 3, "the front ends to submit their requests again")
+    assert all(row["arrived_at"] < took_over_at for row in gpu.recorder.rows.values()), "arrival kept for aging"
+    assert await serve_in_order(gpu, waiting) == [100, 0, -100]
+    await until(lambda: not gpu.recorder.unfinished(), "every row ended")
