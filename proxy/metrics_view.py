@@ -6,12 +6,13 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django_prometheus.exports import ExportToDjangoView
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.auth import is_authorized
 from proxy.errors import error_body
 from proxy.responses import allow_methods
 from proxy.service import load_configured
-from scheduling import frontdoor
+from scheduling import frontdoor, metrics
 
 
 @csrf_exempt
@@ -33,6 +34,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             )
             response["WWW-Authenticate"] = 'Basic realm="llamaswap"'
             return response
+    door = frontdoor.installed()
+    if door is not None and not door.runs_scheduler:  # a front end: the worker exports the scheduler's series
+        return HttpResponse(generate_latest(metrics.FRONT_END), content_type=CONTENT_TYPE_LATEST)
     return ExportToDjangoView(request)
 
 

@@ -165,7 +165,8 @@ class ProxyService:
             self.door = door_class(self.runtime, self.fleet, config)
         else:
             self.recorder = self.fleet = self.runtime = None
-            self.door = door_class(config, get_channel_layer())
+            self.door = door_class(config, get_channel_layer(), observer=metrics.record_event)
+            metrics.export_front_end(config)
         frontdoor.install(self.door)
         self._clients = UpstreamClients()
 
@@ -202,6 +203,8 @@ class ProxyService:
                 self._clients.retire(model)
         if self.runtime is not None:
             metrics.export_service(self.runtime, self.fleet, config)
+        else:
+            metrics.export_front_end(config)
 
     def _model_crashed(self, model: str) -> None:
         self.runtime.model_exited(model)

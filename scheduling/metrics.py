@@ -8,6 +8,10 @@ Counters and histograms are fed by the runtime's observer (`record_event`) on th
 event-loop thread; prometheus_client makes those updates thread-safe.
 
 Labels stay bounded: band, a fixed route list, configured model IDs, status codes.
+
+In distributed mode each series has one exporter, so summing it over every scrape target counts
+each thing once: the worker exports the scheduler's series (queue, dispatches, models, slots) on
+its own port, and each front end exports the requests it served (requests, durations, tokens).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -253,10 +257,51 @@ def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
     for model in config.models:
         MODEL_LOADS.labels(model)
         MODEL_LOAD_SECONDS.labels(model)
+    export_front_end(config)
+
+
+def export_front_end(config) -> None:
+    """Create the per-model series of the requests this process serves at zero (see `export_service`)."""
+    for model in config.models:
         REQUEST_DURATION.labels(model)
         FIRST_BYTE.labels(model)
         for direction in TOKEN_DIRECTIONS:
             TOKENS.labels(model, direction)
+
+
+class _Without:
+    """The process's registry less some families: what one side of distributed mode exports."""
+
+    def __init__(self, left_out: Iterable[Any]) -> None:
+        self.names = frozenset(family.name for collector in left_out for family in collector.describe())
+
+    def collect(self) -> Iterator[Metric]:
+        for family in REGISTRY.collect():
+            if family.name not in self.names:
+                yield family
+
+
+def _registry_without(*left_out: Any) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(_Without(left_out))
+    return registry
+
+
+# What the scheduler observes, and what the process that served a request observes.
+SCHEDULER_SERIES = (
+    DISPATCHED, REORDERS, QUEUE_WAIT, MODEL_LOADS, MODEL_LOAD_SECONDS, EXPORT.scheduler, EXPORT.model_states,
+    EXPORT.model_slots,
+)
+REQUEST_SERIES = (REQUESTS, REQUEST_DURATION, FIRST_BYTE, TOKENS)
+# A front end's /metrics: no queue or model series, which only the worker knows.
+FRONT_END = _registry_without(*SCHEDULER_SERIES)
+# A worker's metrics port: no request series, which each front end counts for the requests it served.
+WORKER = _registry_without(*REQUEST_SERIES)
+
+
+def serve_worker_metrics(host: str, port: int) -> None:
+    """Serve the worker's series over HTTP from a thread of their own; raises OSError if it cannot listen."""
+    start_http_server(port, host, registry=WORKER)
 
 
 def record_event(event: RuntimeEvent) -> None:

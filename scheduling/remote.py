@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from scheduling import events
 from scheduling.core import SchedulerSnapshot, SerialSettings
 from scheduling.frontdoor import BusyModel, WaitingEntry
 from scheduling.runtime import Lease, Outcome, Rejected, TicketRequest
@@ -48,11 +51,34 @@ log = logging.getLogger("llamaswap.frontend")
 LEFT_BEFORE_GRANT = Outcome(state="cancelled", error="client disconnected while queued")
 
 
+@dataclass
+class _Held:
+    """A lease this front end holds, with what its metrics need when it ends."""
+
+    key: str
+    lease: Lease
+    route: str
+    granted_at: float  # on this front end's event loop clock, as the relay's first byte
+
+    def finished(self, outcome: Outcome, now: float) -> events.Finished:
+        first_byte = outcome.first_byte_monotonic
+        return events.Finished(
+            model=self.lease.model, route=self.route, band=self.lease.decision.band, state=outcome.state,
+            status=outcome.status_code, seconds=now - self.granted_at,
+            ttfb_s=None if first_byte is None else first_byte - self.granted_at, usage=outcome.usage or {},
+        )
+
+
 class ChannelLayerFrontDoor:
     runs_scheduler = False
 
-    def __init__(self, config, layer, *, worker: str = WORKER_CHANNEL, heartbeat_s: float = HEARTBEAT_S) -> None:
+    def __init__(
+        self, config, layer, *, worker: str = WORKER_CHANNEL, heartbeat_s: float = HEARTBEAT_S,
+        observer: Callable[[events.RuntimeEvent], None] | None = None,
+    ) -> None:
         self.config = config
+        # The requests this front end served are counted here, not at the worker (see scheduling.metrics).
+        self._observer = observer or (lambda event: None)
         self.layer = layer
         self.worker = worker
         self.heartbeat_s = heartbeat_s
@@ -61,7 +87,7 @@ class ChannelLayerFrontDoor:
         self._heartbeat: asyncio.Task | None = None
         self._keys = itertools.count(1)
         self._waiting: dict[str, asyncio.Future] = {}
-        self._leases: dict[int, tuple[str, Lease]] = {}  # ticket id -> (key, lease)
+        self._leases: dict[int, _Held] = {}  # by ticket id
         self._sends: set[asyncio.Task] = set()
         self._answers: dict[str, asyncio.Future] = {}
         self._loop = asyncio.get_running_loop()
@@ -74,18 +100,23 @@ class ChannelLayerFrontDoor:
         try:
             await self.layer.send(self.worker, to_message(Submit(key, reply, request)))
             answer: Granted = await granted
+        except Rejected as exc:
+            self._observer(events.Refused(request.model, request.route, exc.status))
+            raise
         except asyncio.CancelledError:
             if self._waiting.pop(key, None) is not None:
                 self._send_later(Cancel(key))
+            self._observer(events.Refused(request.model, request.route, 499, cancelled=True))
             raise
         lease = Lease(answer.ticket_id, request.model, answer.upstream, answer.decision)
-        self._leases[answer.ticket_id] = (key, lease)
+        self._leases[answer.ticket_id] = _Held(key, lease, request.route, self._loop.time())
         return lease
 
     def release(self, ticket_id: int, outcome: Outcome) -> None:
-        entry = self._leases.pop(ticket_id, None)
-        if entry is not None:
-            self._send_later(Release(entry[0], outcome))
+        held = self._leases.pop(ticket_id, None)
+        if held is not None:
+            self._send_later(Release(held.key, outcome))
+            self._observer(held.finished(outcome, self._loop.time()))
 
     async def unload(self, models: list[str] | None) -> None:
         await self.ask("unload", models=models)
@@ -202,9 +233,11 @@ class ChannelLayerFrontDoor:
             if answer is not None and not answer.done():
                 answer.set_result(message)
         elif isinstance(message, Cut):
-            for key, lease in self._leases.values():
-                if key == message.key:
-                    lease.revoke(Rejected(message.status, message.code, message.message))
+            for ticket_id, held in list(self._leases.items()):
+                if held.key == message.key:
+                    # Ended as the worker ended it (as the in-process runtime does), not as the client then sees it.
+                    self.release(ticket_id, Outcome(state="cancelled", status_code=message.status, error=message.message))
+                    held.lease.revoke(Rejected(message.status, message.code, message.message))
         else:
             log.warning("a front end does not take %s messages", type(message).__name__)
 

@@ -305,9 +305,10 @@ def test_exporting_a_service_shows_its_runtime_fleet_and_zeroed_per_model_series
         assert got[("llamaswap_tokens_total", frozenset({("model", "zeta"), ("direction", direction)}))] == 0
 
 
-def serving(monkeypatch, served_config) -> None:
-    """As if this process served `served_config` (None: as if it served nothing)."""
-    door = None if served_config is None else SimpleNamespace(config=served_config)
+def serving(monkeypatch, served_config, *, runs_scheduler: bool = True) -> None:
+    """As if this process served `served_config` (None: as if it served nothing); a front end of
+    distributed mode when not `runs_scheduler`."""
+    door = None if served_config is None else SimpleNamespace(config=served_config, runs_scheduler=runs_scheduler)
     monkeypatch.setattr(frontdoor, "_installed", door)
 
 
@@ -358,6 +359,46 @@ def test_metrics_output_passes_promtool(client, exported):
         pytest.skip("promtool is not installed (Debian package 'prometheus'); .ci/run installs it")
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- distributed mode: each series exported once ----------------------------------------------------
+
+SCHEDULER_NAMES = {
+    "llamaswap_scheduler_queue_depth", "llamaswap_scheduler_queue_oldest_wait_seconds",
+    "llamaswap_scheduler_dispatched_total", "llamaswap_scheduler_reorders_total",
+    "llamaswap_scheduler_queue_wait_seconds_count", "llamaswap_model_state", "llamaswap_model_slots_in_use",
+    "llamaswap_model_slots", "llamaswap_model_loads_total", "llamaswap_model_load_seconds_count",
+}
+REQUEST_NAMES = {
+    "llamaswap_requests_total", "llamaswap_request_duration_seconds_count",
+    "llamaswap_request_first_byte_seconds_count", "llamaswap_tokens_total",
+}
+
+
+def llamaswap_names(registry) -> set[str]:
+    return {name for name in series_names(generate_latest(registry).decode()) if name.startswith("llamaswap_")}
+
+
+def test_front_ends_export_the_request_series_and_the_worker_the_schedulers_each_once():
+    front_end, worker = llamaswap_names(metrics.FRONT_END), llamaswap_names(metrics.WORKER)
+    assert REQUEST_NAMES <= front_end and not front_end & SCHEDULER_NAMES
+    assert SCHEDULER_NAMES <= worker and not worker & REQUEST_NAMES
+    assert front_end | worker == llamaswap_names(REGISTRY), "every series has an exporter"
+    assert not front_end & worker, "summed over every target, no series counts twice"
+
+
+def test_a_front_ends_metrics_page_has_its_requests_and_no_queue(client, monkeypatch):
+    served = config("""
+        models:
+          eta:
+            cmd: llama-server --port ${PORT}
+    """)
+    serving(monkeypatch, served, runs_scheduler=False)
+    metrics.export_front_end(served)
+    got = samples(scrape(client))
+    assert got[("llamaswap_tokens_total", frozenset({("model", "eta"), ("direction", "output")}))] == 0
+    assert not {name for name, _ in got} & SCHEDULER_NAMES
+    assert any(name.startswith("django_http_") for name, _ in got)
 
 
 # -- the Grafana dashboard -----------------------------------------------------------------------

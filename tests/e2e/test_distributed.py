@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 
 
 class Worker:
-    """One `llamaswap worker` process."""
+    """One `llamaswap worker` process, its metrics on a free loopback port."""
 
     def __init__(self, tmp, config_text: str, env: dict) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
@@ -29,12 +29,15 @@ class Worker:
         self.config_path.write_text(config_text)
         self.log_path = tmp / "worker.log"
         self.env = env
+        self.metrics_listen = f"127.0.0.1:{model_ports(1)}"
+        self.metrics_url = f"http://{self.metrics_listen}/metrics"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Worker:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO / "manage.py"), "worker", "--config", str(self.config_path)],
+            [sys.executable, str(REPO / "manage.py"), "worker", "--config", str(self.config_path),
+             "--metrics-listen", self.metrics_listen],
             cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 

@@ -7,6 +7,8 @@ import asyncio
 
 import pytest
 
+from scheduling.core import Band
+from scheduling.events import Finished, Refused
 from scheduling.in_process import InProcessFrontDoor
 from scheduling.remote import ChannelLayerFrontDoor
 from scheduling.runtime import Outcome, Rejected, TicketRequest
@@ -23,7 +25,10 @@ async def wired(gpu_for, redis_layer_factory):
     """`wired(*models)`: (gpu, worker, two front ends) on one channel layer, the worker serving."""
     workers, tasks, doors = [], [], []
 
-    def make(*models: str, front_end_timeout_s: float = FRONT_END_TIMEOUT_S, heartbeat_s: float = HEARTBEAT_S):
+    def make(
+        *models: str, front_end_timeout_s: float = FRONT_END_TIMEOUT_S, heartbeat_s: float = HEARTBEAT_S,
+        observers=(None, None),
+    ):
         gpu = gpu_for(*models)
         door = InProcessFrontDoor(gpu.runtime, gpu.fleet, None)
         worker = SchedulerWorker(
@@ -31,7 +36,10 @@ async def wired(gpu_for, redis_layer_factory):
         )
         workers.append(worker)
         tasks.append(asyncio.get_running_loop().create_task(worker.run()))
-        doors.extend(ChannelLayerFrontDoor(None, redis_layer_factory(), heartbeat_s=heartbeat_s) for _ in range(2))
+        doors.extend(
+            ChannelLayerFrontDoor(None, redis_layer_factory(), heartbeat_s=heartbeat_s, observer=observer)
+            for observer in observers
+        )
         return gpu, worker, doors[-2], doors[-1]
 
     yield make
@@ -201,3 +209,43 @@ async def test_the_leases_of_a_front_end_that_went_silent_are_given_back(wired):
     second.release(lease.ticket_id, DONE)
     await until(lambda: gpu.recorder.rows[2]["state"] == "completed", "the next request completed")
 
+
+
+async def test_each_front_end_counts_the_requests_it_served_as_they_ended(wired):
+    served = {"first": [], "second": []}
+    gpu, _, first, second = wired("a", observers=(served["first"].append, served["second"].append))
+    holding = submit(first, "a")
+    await gpu.fleet.start("a")
+    lease = await asyncio.wait_for(holding, DEADLINE)
+    leaving = submit(second, "a")
+    await until(lambda: len(gpu.recorder.rows) == 2, "the second request queued")
+    leaving.cancel()
+    await asyncio.wait([leaving])
+    first.release(lease.ticket_id, Outcome(
+        state="completed", status_code=200, usage={"output_tokens": 5},
+        first_byte_monotonic=asyncio.get_running_loop().time(),
+    ))
+
+    cut = await asyncio.wait_for(submit(second, "a"), DEADLINE)
+    gpu.runtime.unload(["a"])
+    (await gpu.fleet.next_call("stop", "a")).succeed()
+    await until(lambda: len(served["second"]) == 2, "the cut request counted")
+    second.release(cut.ticket_id, Outcome(state="cancelled", error="client disconnected mid-response"))
+
+    (finished,) = served["first"]
+    assert isinstance(finished, Finished)
+    assert (finished.model, finished.route, finished.band, finished.status) == ("a", "other", Band.NORMAL, 200)
+    assert finished.usage == {"output_tokens": 5} and 0 <= finished.ttfb_s <= finished.seconds
+    refused, cut_short = served["second"]
+    assert refused == Refused("a", "other", 499, cancelled=True)
+    assert (cut_short.state, cut_short.status) == ("cancelled", 503), "counted as the worker ended it"
+
+
+async def test_a_front_end_counts_a_refusal_with_the_workers_status(wired):
+    seen = []
+    gpu, _, first, _ = wired("a", observers=(seen.append, None))
+    refused = submit(first, "a")
+    (await gpu.fleet.next_call("swap_in", "a")).fail("exited with status 1")
+    with pytest.raises(Rejected):
+        await asyncio.wait_for(refused, DEADLINE)
+    assert seen == [Refused("a", "other", 503)]

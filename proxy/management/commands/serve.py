@@ -16,12 +16,12 @@ from django.core.management.base import BaseCommand, CommandError
 log = logging.getLogger("llamaswap.serve")
 
 
-def parse_listen(value: str) -> tuple[str, int]:
+def parse_listen(value: str, option: str = "--listen") -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep:
-        raise CommandError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+        raise CommandError(f"{option} {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
     if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise CommandError(f"--listen {value!r}: the port must be a number from 1 to 65535")
+        raise CommandError(f"{option} {value!r}: the port must be a number from 1 to 65535")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 

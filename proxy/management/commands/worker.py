@@ -10,6 +10,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+# Loopback: the port has no API key; a Prometheus on another machine needs 0.0.0.0:9101 (or the box's address).
+METRICS_LISTEN = "127.0.0.1:9101"
+
 
 class Command(BaseCommand):
     help = "Run this machine's scheduler and model processes for the front ends (distributed mode: REDIS_URL)."
@@ -25,6 +28,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--drain-seconds", type=float, default=30.0,
             help="on SIGTERM/SIGINT, how long running requests may finish before models are stopped (default 30)",
+        )
+        parser.add_argument(
+            "--metrics-listen", default=METRICS_LISTEN, metavar="HOST:PORT",
+            help=f"where Prometheus scrapes the scheduler's series: queue, dispatches, models, slots (default "
+            f"{METRICS_LISTEN}; 0.0.0.0:PORT for a Prometheus on another machine; 'off' to serve none)",
         )
 
     def handle(self, *args, **options):
@@ -50,9 +58,9 @@ class Command(BaseCommand):
         from proxy.service import prepare
 
         prepared = prepare(config)
-        asyncio.run(self._work(prepared, options["advertise"], options["drain_seconds"]))
+        asyncio.run(self._work(prepared, options["advertise"], options["drain_seconds"], options["metrics_listen"]))
 
-    async def _work(self, prepared, advertise: str | None, drain_seconds: float) -> None:
+    async def _work(self, prepared, advertise: str | None, drain_seconds: float, metrics_listen: str) -> None:
         from channels.layers import get_channel_layer
 
         from proxy.reload import reload_config
@@ -60,6 +68,7 @@ class Command(BaseCommand):
         from scheduling.in_process import InProcessFrontDoor
         from scheduling.worker import SchedulerWorker
 
+        self._serve_metrics(metrics_listen)
         loop = asyncio.get_running_loop()
         service = ProxyService(
             prepared.config, prepared.first_ticket_id, prepared.serial_settings, front_door=InProcessFrontDoor
@@ -79,3 +88,20 @@ class Command(BaseCommand):
         await service.shutdown(drain_seconds)
         await worker.stop()
         await serving
+
+    def _serve_metrics(self, listen: str) -> None:
+        """The worker has no HTTP server, so its Prometheus series get a port of their own."""
+        from proxy.management.commands.serve import parse_listen
+        from scheduling.metrics import serve_worker_metrics
+
+        if listen.lower() in ("off", ""):
+            return
+        host, port = parse_listen(listen, "--metrics-listen")
+        try:
+            serve_worker_metrics(host, port)
+        except OSError as exc:
+            raise CommandError(
+                f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
+                "(choose another port with --metrics-listen HOST:PORT, or --metrics-listen off)"
+            ) from None
+        self.stdout.write(f"metrics for Prometheus at http://{host}:{port}/metrics")
