@@ -9,8 +9,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 
-def load_or_create_secret_key(path: Path) -> str:
-    """Read the install's SECRET_KEY, generating it (mode 0600) on first start."""
+def load_or_create_secret_key(path: Path, given: str = "") -> str:
+    """The SECRET_KEY: `given` (LLAMASWAP_SECRET_KEY, the same for every front end behind one load balancer,
+    so an admin's session is valid on each), else the install's own, generated (mode 0600) on first start."""
+    if given.strip():
+        return given.strip()
     try:
         return path.read_text().strip()
     except FileNotFoundError:

@@ -2,6 +2,7 @@
 
 LLAMASWAP_DATA_DIR   where the SQLite file and the generated SECRET_KEY live (default ./data)
 DATABASE_URL         optional postgres://user@host:port/name for scale-out; SQLite otherwise
+LLAMASWAP_SECRET_KEY optional: the SECRET_KEY, for front ends that must share one (sessions); else generated
 LLAMASWAP_DEBUG      "1" turns Django's DEBUG on (off by default)
 LLAMASWAP_ALLOWED_HOSTS  comma-separated Host names accepted (default: localhost names only; `*`: any);
                      `llamaswap serve` adds the machine's own names when it listens beyond loopback
@@ -23,7 +24,7 @@ DATA_DIR = Path(os.environ.get("LLAMASWAP_DATA_DIR", "data")).resolve()
 # Private to the service's user: it holds the secret key and the request history.
 DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
 
-SECRET_KEY = load_or_create_secret_key(DATA_DIR / "secret_key")
+SECRET_KEY = load_or_create_secret_key(DATA_DIR / "secret_key", os.environ.get("LLAMASWAP_SECRET_KEY", ""))
 DEBUG = os.environ.get("LLAMASWAP_DEBUG", "") == "1"
 ALLOWED_HOSTS = [
     h.strip()

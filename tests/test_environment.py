@@ -31,3 +31,12 @@ def test_redis_without_postgres_names_what_to_set():
 def test_a_redis_url_that_is_not_redis_is_refused():
     with pytest.raises(ValueError, match="REDIS_URL: unsupported scheme"):
         channel_layers_from_url("http://127.0.0.1:6379", POSTGRES)
+
+
+def test_front_ends_given_one_secret_key_share_it_and_the_generated_one_is_kept(tmp_path):
+    from llamaswap_site.environment import load_or_create_secret_key
+
+    assert load_or_create_secret_key(tmp_path / "secret_key", " shared-key ") == "shared-key"
+    assert not (tmp_path / "secret_key").exists(), "a given key is not written into the data dir"
+    generated = load_or_create_secret_key(tmp_path / "secret_key", "")
+    assert len(generated) > 40 and load_or_create_secret_key(tmp_path / "secret_key") == generated

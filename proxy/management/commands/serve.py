@@ -66,6 +66,7 @@ class Command(BaseCommand):
         if settings.CHANNEL_LAYERS:  # a front end: the worker owns the rows, the models and the migrations
             from proxy.service import prepare_front_end
 
+            self._require_migrated_database()
             prepare_front_end(config)
         else:
             self._hold_instance_lock()
@@ -80,6 +81,22 @@ class Command(BaseCommand):
             application, host, port, options["drain_seconds"], options["client_timeout"],
             path if options["watch_config"] else None,
         )
+
+    def _require_migrated_database(self) -> None:
+        """A front end never migrates (several at once would race): it needs the worker to have done so."""
+        from django.db import DatabaseError, connection
+        from django.db.migrations.executor import MigrationExecutor
+
+        try:
+            executor = MigrationExecutor(connection)
+            missing = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        except DatabaseError as exc:
+            raise CommandError(f"cannot read the database (DATABASE_URL): {exc}") from None
+        if missing:
+            raise CommandError(
+                f"the database (DATABASE_URL) lacks {len(missing)} of llamaswap's migrations: start `llamaswap worker` "
+                "first (it migrates the database), or run `llamaswap migrate`, then start the front ends"
+            )
 
     def _hold_instance_lock(self) -> None:
         """Before migrating or recovering: a second service on this data dir or database would undo this one's work."""
