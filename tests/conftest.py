@@ -9,7 +9,10 @@ covers every test, including skips declared by markers or raised at import time.
 from __future__ import annotations
 
 import os
+import random
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -59,16 +62,38 @@ def postgres():
         admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
         pytest.skip(f"no PostgreSQL at {POSTGRES_ADMIN_URL}: {exc}")
+    with admin, scratch_database(admin, POSTGRES_ADMIN_URL) as url:
+        yield url, psycopg
+
+
+@contextmanager
+def scratch_database(admin, admin_url: str) -> Iterator[str]:
+    """A fresh database on the server `admin` (an autocommit connection to `admin_url`) reaches, dropped
+    afterwards: its URL. The tests' fixture and the distributed benchmark both make theirs here."""
     name = f"llamaswap_test_{uuid.uuid4().hex[:12]}"
     admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + name, psycopg
+        yield admin_url.rsplit("/", 1)[0] + "/" + name
     finally:
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
 
 
 REDIS_URL = os.environ.get("LLAMASWAP_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def fresh_redis_db(redis_url: str) -> str:
+    """`redis_url` with a database index of 1-15 that holds no keys, for one run's processes (flush it after).
+
+    Whole processes share it, so it cannot be told apart by a key prefix; an index another run is using
+    (it holds keys) is passed over. Raises redis's ConnectionError when no Redis answers."""
+    import redis
+
+    base = redis_url.rsplit("/", 1)[0]
+    for index in random.sample(range(1, 16), 15):
+        with redis.Redis.from_url(f"{base}/{index}", socket_connect_timeout=5) as connection:
+            if connection.dbsize() == 0:
+                return f"{base}/{index}"
+    raise RuntimeError(f"every Redis database index 1-15 at {base} holds keys: none is free")
 
 
 @pytest.fixture

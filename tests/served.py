@@ -191,3 +191,45 @@ class Served:
             self.stop()
             if self.proc.poll() is None:
                 self.kill()
+
+
+class Worker:
+    """One `llamaswap worker` process, its metrics on a free loopback port."""
+
+    def __init__(self, tmp, config_text: str, env: dict) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.config_path = tmp / "config.yaml"
+        self.config_path.write_text(config_text)
+        self.log_path = tmp / "worker.log"
+        self.env = env
+        self.metrics_listen = f"127.0.0.1:{model_ports(1)}"
+        self.metrics_url = f"http://{self.metrics_listen}/metrics"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Worker:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "manage.py"), "worker", "--config", str(self.config_path),
+             "--metrics-listen", self.metrics_listen],
+            cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+        def serving():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the worker exited with {self.proc.returncode}:\n{self.log()}")
+            return "llamaswap worker serving" in self.log()
+
+        wait_until(serving, 60, 0.05, "the worker to serve")
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()

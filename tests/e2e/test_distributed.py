@@ -4,7 +4,6 @@ serve` front ends, over the local Redis and a PostgreSQL database of the test's 
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -13,53 +12,11 @@ import threading
 import httpx
 import pytest
 
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, fresh_redis_db
 from tests.e2e.held import HeldStream
-from tests.served import REPO, Served, fake_cmd, model_ports, read_events, wait_until
+from tests.served import REPO, Served, Worker, fake_cmd, model_ports, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
-
-
-class Worker:
-    """One `llamaswap worker` process, its metrics on a free loopback port."""
-
-    def __init__(self, tmp, config_text: str, env: dict) -> None:
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.config_path = tmp / "config.yaml"
-        self.config_path.write_text(config_text)
-        self.log_path = tmp / "worker.log"
-        self.env = env
-        self.metrics_listen = f"127.0.0.1:{model_ports(1)}"
-        self.metrics_url = f"http://{self.metrics_listen}/metrics"
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> Worker:
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(REPO / "manage.py"), "worker", "--config", str(self.config_path),
-             "--metrics-listen", self.metrics_listen],
-            cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-
-        def serving():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the worker exited with {self.proc.returncode}:\n{self.log()}")
-            return "llamaswap worker serving" in self.log()
-
-        wait_until(serving, 60, 0.05, "the worker to serve")
-        return self
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
 
 
 @pytest.fixture
@@ -67,12 +24,10 @@ def distributed(tmp_path, postgres):
     """The environment of every process: the test's database and a Redis database emptied for it."""
     redis = pytest.importorskip("redis")
     url, _ = postgres
-    index = random.randrange(1, 16)
-    redis_url = REDIS_URL.rsplit("/", 1)[0] + f"/{index}"
     try:
-        redis.Redis.from_url(redis_url, socket_connect_timeout=5).flushdb()
+        redis_url = fresh_redis_db(REDIS_URL)
     except redis.exceptions.ConnectionError as exc:
-        pytest.skip(f"no Redis at {redis_url}: {exc}")
+        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
     env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": redis_url, "PYTHONPATH": str(REPO),
            "LLAMASWAP_DATA_DIR": str(tmp_path / "worker-data")}
     yield env, postgres[1]
