@@ -196,8 +196,9 @@ class Served:
 class Worker:
     """One `llamaswap worker` process, its metrics on a free loopback port."""
 
-    def __init__(self, tmp, config_text: str, env: dict) -> None:
+    def __init__(self, tmp, config_text: str, env: dict, *, ready: str = "llamaswap worker serving") -> None:
         tmp.mkdir(parents=True, exist_ok=True)
+        self.ready = ready  # what its log says once it is up: a standby says "llamaswap worker standing by"
         self.config_path = tmp / "config.yaml"
         self.config_path.write_text(config_text)
         self.log_path = tmp / "worker.log"
@@ -217,9 +218,9 @@ class Worker:
         def serving():
             if self.proc.poll() is not None:
                 raise AssertionError(f"the worker exited with {self.proc.returncode}:\n{self.log()}")
-            return "llamaswap worker serving" in self.log()
+            return self.ready in self.log()
 
-        wait_until(serving, 60, 0.05, "the worker to serve")
+        wait_until(serving, 60, 0.05, f"the worker to log {self.ready!r}")
         return self
 
     def log(self) -> str:
