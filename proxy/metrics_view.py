@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -18,26 +20,28 @@ from scheduling import frontdoor, metrics
 @csrf_exempt
 @allow_methods("GET", "HEAD")
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    config = _served_config()
-    if config is not None and config.metrics_require_api_key:
-        headers = {name.lower(): value for name, value in request.headers.items()}
-        if not is_authorized(headers, config.api_keys):
-            response = HttpResponse(
-                error_body(
-                    401,
-                    "/metrics needs an API key (metricsRequireApiKey is on): "
-                    "send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                    "invalid_api_key",
-                ),
-                status=401,
-                content_type="application/json",
-            )
-            response["WWW-Authenticate"] = 'Basic realm="llamaswap"'
-            return response
+    refused = refusal({name.lower(): value for name, value in request.headers.items()})
+    if refused is not None:
+        response = HttpResponse(refused, status=401, content_type="application/json")
+        response["WWW-Authenticate"] = 'Basic realm="llamaswap"'
+        return response
     door = frontdoor.installed()
     if door is not None and not door.runs_scheduler:  # a front end: the worker exports the scheduler's series
         return HttpResponse(generate_latest(metrics.FRONT_END), content_type=CONTENT_TYPE_LATEST)
     return ExportToDjangoView(request)
+
+
+def refusal(headers: Mapping[str, str]) -> bytes | None:
+    """The 401 body for a scrape without a valid API key while `metricsRequireApiKey` is on, else None.
+    A worker's metrics port applies the same rule (`proxy.worker_metrics`); `headers` have lower-case names."""
+    config = _served_config()
+    if config is None or not config.metrics_require_api_key or is_authorized(headers, config.api_keys):
+        return None
+    return error_body(
+        401,
+        "/metrics needs an API key (metricsRequireApiKey is on): send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+        "invalid_api_key",
+    )
 
 
 def _served_config():

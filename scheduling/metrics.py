@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -295,13 +295,8 @@ SCHEDULER_SERIES = (
 REQUEST_SERIES = (REQUESTS, REQUEST_DURATION, FIRST_BYTE, TOKENS)
 # A front end's /metrics: no queue or model series, which only the worker knows.
 FRONT_END = _registry_without(*SCHEDULER_SERIES)
-# A worker's metrics port: no request series, which each front end counts for the requests it served.
+# A worker's metrics port (proxy.worker_metrics): no request series; each front end counts those it served.
 WORKER = _registry_without(*REQUEST_SERIES)
-
-
-def serve_worker_metrics(host: str, port: int) -> None:
-    """Serve the worker's series over HTTP from a thread of their own; raises OSError if it cannot listen."""
-    start_http_server(port, host, registry=WORKER)
 
 
 def record_event(event: RuntimeEvent) -> None:

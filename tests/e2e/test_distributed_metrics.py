@@ -111,3 +111,14 @@ def test_a_worker_whose_metrics_port_is_taken_says_so(tmp_path, distributed):
     assert result.returncode == 1
     assert f"cannot serve metrics on {listen}: Address already in use" in result.stderr
     assert "--metrics-listen" in result.stderr
+
+
+def test_the_workers_metrics_port_asks_for_an_api_key_when_the_config_does(tmp_path, distributed):
+    env, _ = distributed
+    text = "apiKeys: [s3cret]\nmetricsRequireApiKey: true\n" + config_text(tmp_path / "events.jsonl")
+    with Worker(tmp_path / "worker", text, env) as worker:
+        refused = httpx.get(worker.metrics_url, timeout=10)
+        assert refused.status_code == 401 and "metricsRequireApiKey" in refused.json()["error"]["message"]
+        assert refused.headers["WWW-Authenticate"].startswith("Basic")
+        for headers in ({"Authorization": "Bearer s3cret"}, {"x-api-key": "s3cret"}):
+            assert "llamaswap_scheduler_queue_depth" in httpx.get(worker.metrics_url, headers=headers, timeout=10).text

@@ -91,14 +91,14 @@ class Command(BaseCommand):
 
     def _serve_metrics(self, listen: str) -> None:
         """The worker has no HTTP server, so its Prometheus series get a port of their own."""
+        from proxy import worker_metrics
         from proxy.management.commands.serve import parse_listen
-        from scheduling.metrics import serve_worker_metrics
 
         if listen.lower() in ("off", ""):
             return
         host, port = parse_listen(listen, "--metrics-listen")
         try:
-            serve_worker_metrics(host, port)
+            worker_metrics.serve(host, port)
         except OSError as exc:
             raise CommandError(
                 f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
