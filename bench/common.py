@@ -61,31 +61,42 @@ def versions() -> dict[str, str]:
 class Stats:
     n: int
     p50: float
+    p95: float
     p99: float
     mean: float
     max: float
 
 
 def stats(samples: list[float]) -> Stats:
-    """Median and nearest-rank p99 (with fewer than 100 samples the p99 is the maximum or next to it)."""
+    """Median and nearest-rank p95 and p99 (with fewer than 100 samples the p99 is the maximum or next to it)."""
     if not samples:
         raise ValueError("no samples to summarise")
     ordered = sorted(samples)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    return Stats(len(ordered), statistics.median(ordered), p99, statistics.fmean(ordered), ordered[-1])
+
+    def rank(share: float) -> float:
+        return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+    return Stats(len(ordered), statistics.median(ordered), rank(0.95), rank(0.99), statistics.fmean(ordered),
+                 ordered[-1])
 
 
-def timed_rounds(calls: dict[str, Callable[[], None]], rounds: int, warmup: int = 20) -> dict[str, list[float]]:
+def timed_rounds(calls: dict[str, Callable[[], None]], rounds: int, warmup: int = 20,
+                 shift: int = 0) -> dict[str, list[float]]:
     """Milliseconds per call for each named call, run in turn `rounds` times after a warm-up.
 
     Running the targets back to back within a round means drift on a shared machine hits them all
-    alike, so per-round differences compare like with like."""
+    alike, so per-round differences compare like with like. Each round starts `shift` calls further
+    along the order: with several (direct, through) pairs and `shift` 2, every pair's calls follow
+    each pair's trailing work in turn, not always the same one's."""
     for _ in range(warmup):
         for call in calls.values():
             call()
     samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
+    names = list(calls)
+    for index in range(rounds):
+        start = index * shift % len(names)
+        for name in names[start:] + names[:start]:
+            call = calls[name]
             started = time.perf_counter()
             call()
             samples[name].append((time.perf_counter() - started) * 1000)

@@ -1,6 +1,6 @@
 """Every benchmark in one run, side by side, written into BENCHMARKS.md.
 
-    .venv/bin/python bench/suite.py [--quick] [--no-peer] [--write BENCHMARKS.md]
+    .venv/bin/python bench/suite.py [--quick] [--no-peer] [--only PART ...] [--write BENCHMARKS.md]
 
 Runs, in order: the scheduling core; added latency, first SSE chunk and streaming throughput
 through llamaswap against straight to the model, alternating, and the serial dispatch gap; the
@@ -8,13 +8,16 @@ same requests again with LiteLLM's proxy (the peer, installed into `.bench-venv/
 in the rotation, all three in front of one fake model; interactive wait under batch saturation
 (serial, then fifo); swap thrash (swapAffinityBonus 10, then 0); models that coexist and models with
 several slots (embeddings beside a batch job, concurrent streams on slots, service CPU per streamed
-chunk); and queue capacity. The targets
+chunk); queue capacity; and distributed mode beside one process (grant and dispatch gap over Redis,
+added latency through a front end, throughput through one and two front ends; skipped, saying why,
+without PostgreSQL and Redis). The targets
 for llamaswap alone are judged on the first data-path run, with no third server on the machine.
 Prints one markdown report and, with `--write`, replaces the text between that file's results
-markers with it. About 4 minutes (plus about one to install LiteLLM the first time).
+markers with it. About 6 minutes (plus about one to install LiteLLM the first time).
 
 A part that fails is reported as failed (its traceback on stderr) and the rest still runs; the
-exit status is then 1. `--quick` runs every part at a smaller size, in about 2.5 minutes.
+exit status is then 1. `--quick` runs every part at a smaller size, in about 3.5 minutes. `--only`
+runs the parts named (e.g. `--only distributed-mode`) and prints their report without writing it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import interactive, load, peer, proxy, scheduler_core, slots, streaming, thrash  # noqa: E402
+from bench import distributed, interactive, load, peer, proxy, scheduler_core, slots, streaming, thrash  # noqa: E402
 from bench.common import REPO, Stats, added, direct_base, load_average, machine, stats, versions  # noqa: E402
 
 BEGIN = "<!-- bench:results -->"
@@ -61,12 +64,14 @@ class Sizes:
     single_slot_rounds: int  # embeddings requests behind a job in one swap group
     slot_rounds: int  # rounds of concurrent streams on slots, and of CPU per chunk
     cpu_tokens: int  # tokens a stream for CPU per chunk
+    throughput_requests: int  # tiny chats a distributed-mode throughput run
+    throughput_rounds: int
 
 
 # Queue capacity drains through one model: with several in one swap group the drain is bound by the
 # swaps (one whenever the next request's model differs), which swap thrash measures, not the queue.
-FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 1, 200, 4, 5, 2, 10_000)
-QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 1, 100, 2, 3, 1, 5_000)
+FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 1, 200, 4, 5, 2, 10_000, 300, 3)
+QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 1, 100, 2, 3, 1, 5_000, 150, 2)
 
 
 @dataclass(frozen=True)
@@ -293,6 +298,42 @@ def capacity_part(report: Report, sizes: Sizes) -> None:
                    [load.HEADER, load.row(result)])
 
 
+def distributed_part(report: Report, sizes: Sizes) -> None:
+    """A worker and front ends over Redis and PostgreSQL beside one process; skipped without those two."""
+    what = f"added latency through a front end, distributed mode, tiny chat, {sizes.requests} rounds"
+    bound = f"≤ {distributed.ADDED_TARGET_MS:g} ms"
+    try:
+        run = distributed.measure(sizes.requests, sizes.jobs, sizes.requests, sizes.throughput_requests,
+                                  sizes.throughput_rounds)
+    except distributed.Unavailable as exc:
+        print(f"[bench] distributed mode skipped: {exc}", file=sys.stderr, flush=True)
+        report.not_measured(what, "added p50", bound, str(exc))
+        return
+    extra = stats(run.added(distributed.FRONT_END, distributed.DIRECT))
+    alone = stats(run.added(distributed.ALONE, distributed.ALONE_DIRECT))
+    report.judge(what, "added p50", bound, f"{extra.p50:+.2f} ms", extra.p50 <= distributed.ADDED_TARGET_MS)
+    report.figure(f"{what}: added p95, and one process's in the same rotation",
+                  f"{extra.p95:+.2f} ms (one process: p50 {alone.p50:+.2f} ms, p95 {alone.p95:+.2f} ms)")
+    grant, gap = run.scheduling.grant, run.scheduling.gap
+    for name, samples in (("grant round trip", grant), ("dispatch gap", gap)):
+        over, one = stats(samples[distributed.OVER_REDIS]), stats(samples[distributed.ONE_PROCESS])
+        report.figure(f"distributed mode: {name} over Redis against in-process, runtime-level (both ends in the "
+                      f"bench's process), {over.n} a side",
+                      f"p50 {over.p50:.2f} ms ({over.p50 / one.p50:.0f}× one process's {one.p50 * 1000:.0f} µs)")
+    two = run.rps_ratio(distributed.TWO_FRONT_ENDS, distributed.ONE_FRONT_END)
+    one = run.rps_ratio(distributed.ONE_FRONT_END, distributed.ONE_PROCESS)
+    report.figure(f"distributed mode: tiny chats/s, {distributed.CLIENTS} clients, {sizes.throughput_requests:,} "
+                  f"requests, {sizes.throughput_rounds} rounds", f"two front ends {two:.2f}× one front end; "
+                  f"one front end {one:.2f}× one process")
+    report.section(
+        "Distributed mode: one worker and front ends over Redis and PostgreSQL, beside one process",
+        distributed.comparison_table(distributed.comparisons(run)),
+        distributed.scheduling_table(run.scheduling),
+        distributed.latency_table(run),
+        distributed.throughput_table(run, sizes.throughput_requests),
+    )
+
+
 # -- the report --------------------------------------------------------------------------------
 
 def render(report: Report, command: str, load_before: str, seconds: float, peer_version: str) -> str:
@@ -334,9 +375,12 @@ def write_between_markers(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="every part at a smaller size (about 2.5 minutes)")
+    parser.add_argument("--quick", action="store_true", help="every part at a smaller size (about 3.5 minutes)")
     parser.add_argument("--no-peer", action="store_true", help="skip LiteLLM (no install, no start)")
     parser.add_argument("--write", type=Path, metavar="FILE", help="put the report between FILE's results markers")
+    parser.add_argument("--only", nargs="+", metavar="PART",
+                        help="run only these parts (their names with hyphens: data-path, distributed-mode, …) "
+                        "and write nothing")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     command = " ".join([".venv/bin/python bench/suite.py", *(argv if argv is not None else sys.argv[1:])])
@@ -344,13 +388,23 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     load_before = load_average()
     report = Report()
-    report.part("scheduling core", lambda: core_part(report))
-    report.part("data path", lambda: data_path_part(report, sizes))
-    report.part("peer", lambda: peer_part(report, sizes, not args.no_peer))
-    report.part("interactive wait", lambda: interactive_part(report, sizes))
-    report.part("swap thrash", lambda: thrash_part(report, sizes))
-    report.part("coexisting models and slots", lambda: slots_part(report, sizes))
-    report.part("queue capacity", lambda: capacity_part(report, sizes))
+    parts = {
+        "scheduling core": lambda: core_part(report),
+        "data path": lambda: data_path_part(report, sizes),
+        "peer": lambda: peer_part(report, sizes, not args.no_peer),
+        "interactive wait": lambda: interactive_part(report, sizes),
+        "swap thrash": lambda: thrash_part(report, sizes),
+        "coexisting models and slots": lambda: slots_part(report, sizes),
+        "queue capacity": lambda: capacity_part(report, sizes),
+        "distributed mode": lambda: distributed_part(report, sizes),
+    }
+    chosen = {name.replace(" ", "-"): name for name in parts}
+    if args.only and (unknown := [name for name in args.only if name not in chosen]):
+        parser.error(f"--only: no part {', '.join(unknown)}; the parts: {', '.join(chosen)}")
+    if args.only and args.write:
+        parser.error("--only runs part of the suite: its report is not written into a file")
+    for name in [chosen[name] for name in args.only] if args.only else parts:
+        report.part(name, parts[name])
     peer_version = (peer.installed_version() or "not installed") + " (peer, in .bench-venv/)"
     text = render(report, command, load_before, time.monotonic() - started, peer_version)
     print(text)
