@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import threading
+import uuid
 from collections import deque
 
 DEFAULT_MAX_CHARS = 100_000
@@ -27,6 +28,9 @@ class LogRing:
         self._backlog = backlog
         self._pieces: deque[str] = deque()
         self._size = 0
+        # Positions for readers that poll: characters appended since the ring was made, and which ring.
+        self._end = 0
+        self._id = uuid.uuid4().hex
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._lock = threading.Lock()
         self._subscribers: dict[asyncio.Queue[str], asyncio.AbstractEventLoop] = {}
@@ -39,6 +43,7 @@ class LogRing:
         with self._lock:
             self._pieces.append(text)
             self._size += len(text)
+            self._end += len(text)
             self._trim()
             subscribers = list(self._subscribers.items())
         for queue, loop in subscribers:
@@ -47,6 +52,21 @@ class LogRing:
     def text(self) -> str:
         with self._lock:
             return "".join(self._pieces)
+
+    def since(self, cursor: str | None) -> tuple[str, str]:
+        """The text appended after `cursor` and the cursor to read from next, for a reader in another
+        process that polls (a front end streaming a worker's logs). None, a cursor of another ring (the
+        worker restarted) or one whose text was trimmed since reads all the text kept."""
+        ring, _, position = (cursor or "").partition(":")
+        with self._lock:
+            wanted = min(self._size, self._end - int(position)) if ring == self._id else self._size
+            parts = []
+            for piece in reversed(self._pieces):
+                if wanted <= 0:
+                    break
+                parts.append(piece[-wanted:])
+                wanted -= len(piece)
+            return "".join(reversed(parts)), f"{self._id}:{self._end}"
 
     def tail(self, lines: int) -> list[str]:
         """The last `lines` lines kept, without line endings."""

@@ -15,6 +15,9 @@ from proxy.responses import allow_methods, json_error
 from proxy.service import get_service
 from scheduling.activity import ActivityQuery, ActivityQueryError, activity_page
 
+# How often a front end asks the worker for new log text while a client streams its logs.
+WORKER_LOG_POLL_S = 0.25
+
 
 def api_key_required(view):
     """Protect a view with the configured apiKeys (no keys configured: open)."""
@@ -122,24 +125,24 @@ async def logs(request: HttpRequest, service) -> HttpResponse:
 @allow_methods("GET")
 @api_key_required
 async def logs_stream(request: HttpRequest, service, model: str | None = None) -> HttpResponse:
-    if service.fleet is None:
-        return json_error(
-            501, "model logs stream on the machine whose `llamaswap worker` runs the models; GET /logs here "
-            "returns what they wrote so far", "not_on_front_end",
-        )
-    if model is None:
-        rings = dict(service.fleet.logs)
-    else:
+    model_id = None
+    if model is not None:
         config = service.config.resolve(model)
         model_id = model if config is None else config.id  # a model a reload removed keeps its log
-        if model_id not in service.fleet.logs:
-            return json_error(400, f"no log named '{model}': use a model id", "unknown_log")
-        rings = {model_id: service.fleet.logs[model_id]}
     history = "no-history" not in request.GET
+    if service.fleet is None:
+        return await _worker_logs_stream(service.door, model, model_id, history)
+    if model_id is None:
+        rings = dict(service.fleet.logs)
+    elif model_id not in service.fleet.logs:
+        return _unknown_log(model)
+    else:
+        rings = {model_id: service.fleet.logs[model_id]}
 
     async def lines():
         queues = {model_id: ring.subscribe() for model_id, ring in rings.items()}
         try:
+            yield ""  # the headers go out now, not with the first text (which may be long in coming)
             if history:
                 for ring in rings.values():
                     if ring.text():
@@ -161,8 +164,54 @@ async def logs_stream(request: HttpRequest, service, model: str | None = None) -
             for model_id, q in queues.items():
                 rings[model_id].unsubscribe(q)
 
-    response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
-    response["X-Accel-Buffering"] = "no"
+    return _text_stream(lines())
+
+
+async def _worker_logs_stream(door, model: str | None, model_id: str | None, history: bool) -> HttpResponse:
+    """`/logs/stream` on a front end: the logs are the worker's, so the front end asks it for what is
+    new every WORKER_LOG_POLL_S for as long as the client stays (its leaving cancels the loop). A
+    worker that does not answer is reported in the stream, which keeps asking."""
+    try:
+        first, failure = await door.logs_since({}, model_id), None
+    except Exception as exc:  # reported in the stream
+        first, failure = None, exc
+    if model_id is not None and first == {}:
+        return _unknown_log(model)
+
+    async def pieces():
+        answer, error, cursors = first, failure, {}
+        shown = history  # without history, the first answer only places the cursors
+        unreachable, line_start = False, True
+        yield ""  # the headers now
+        while True:
+            if (error is not None) != unreachable:
+                unreachable = error is not None
+                notice = f"{error}; asking again" if unreachable else "the scheduler worker answers again"
+                yield ("" if line_start else "\n") + f"llamaswap: {notice}\n"
+                line_start = True
+            if error is None:
+                for name, (text, cursor) in answer.items():
+                    cursors[name] = cursor
+                    if text and shown:
+                        yield text
+                        line_start = text.endswith("\n")
+                shown = True
+            await asyncio.sleep(WORKER_LOG_POLL_S)
+            try:
+                answer, error = await door.logs_since(cursors, model_id), None
+            except Exception as exc:  # Redis or the worker is away: say so once, then keep asking
+                error = exc
+
+    return _text_stream(pieces())
+
+
+def _unknown_log(model: str) -> HttpResponse:
+    return json_error(400, f"no log named '{model}': use a model id", "unknown_log")
+
+
+def _text_stream(pieces) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(pieces, content_type="text/plain; charset=utf-8")
+    response["X-Accel-Buffering"] = "no"  # a proxy in front must pass each piece on as it comes
     return response
 
 

@@ -127,6 +127,10 @@ class ChannelLayerFrontDoor:
     async def logs(self) -> str:
         return await self.ask("logs")
 
+    async def logs_since(self, cursors: dict[str, str], model: str | None = None) -> dict[str, list[str]]:
+        """The worker's new log text, log by log, with the next cursors (`/logs/stream` polls this)."""
+        return await self.ask("logs_since", cursors=cursors, model=model)
+
     # -- operators, from the admin's threads ----------------------------------------------------
     def snapshot(self) -> SchedulerSnapshot:
         return snapshot_from(self._ask_from_thread("snapshot"))

@@ -88,6 +88,13 @@ class Answers:
     async def logs(self) -> str:
         return await self.door.logs()
 
+    def logs_since(self, cursors: dict[str, str], model: str | None = None) -> dict[str, list[str]]:
+        """Each log's text after the cursor the front end holds for it (none: all the text kept), with
+        the next cursor: a front end streams the logs by asking again and again. `model`: that log only."""
+        logs = self.door.fleet.logs
+        names = list(logs) if model is None else [model]
+        return {name: list(logs[name].since(cursors.get(name))) for name in names if name in logs}
+
 
 class SchedulerWorker:
     def __init__(

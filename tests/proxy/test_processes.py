@@ -443,6 +443,20 @@ def test_log_ring_decodes_utf8_split_across_appends():
     assert ring.text() == "chargé ✓\n"
 
 
+def test_log_ring_since_reads_what_came_after_a_cursor_even_once_trimmed_past_it():
+    ring = LogRing(max_chars=20)
+    ring.append("first\n")
+    text, cursor = ring.since(None)
+    assert (text, ring.since(cursor)) == ("first\n", ("", cursor))
+    ring.append("second\n")
+    ring.append("third\n")
+    text, latest = ring.since(cursor)
+    assert text == "second\nthird\n"
+    ring.append("a line longer than the ring keeps\n")
+    assert ring.since(latest)[0] == ring.text() == "than the ring keeps\n"
+    assert ring.since(LogRing().since(None)[1])[0] == ring.text()  # another ring's cursor: a restarted worker
+
+
 async def test_log_ring_subscribers_receive_new_text_only():
     ring = LogRing()
     ring.append("before\n")
