@@ -81,7 +81,18 @@ def channel_layers_from_url(redis_url: str, database: dict) -> dict:
             "REDIS_URL is set but DATABASE_URL is not a PostgreSQL database: front ends and workers on "
             "several machines must share one database — set DATABASE_URL=postgres://user@host:port/name"
         )
-    return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_host(redis_url)]}}}
+    return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {
+        "hosts": [redis_host(redis_url)],
+        # What front ends send a worker waits in its channel while none runs (a restart, a failover): room for
+        # every request and heartbeat of that while, where other channels keep channels_redis's default of 100.
+        "channel_capacity": {"llamaswap.worker.*": WORKER_CHANNEL_CAPACITY},
+    }}}
+
+
+WORKER_CHANNEL_CAPACITY = 100_000
+# Each send holds a pooled connection: a burst of requests on one front end needs as many at once
+# (redis-py's default of 100 refused the rest with "Too many connections").
+REDIS_MAX_CONNECTIONS = 2_000
 
 
 # channels_redis waits for messages with a 5 s BZPOPMIN; redis-py's default read timeout is 5 s too, so a
@@ -91,5 +102,5 @@ REDIS_READ_TIMEOUT_S = 30
 
 def redis_host(redis_url: str) -> dict:
     """channels_redis's host entry for `redis_url`, with a read timeout longer than its blocking waits."""
-    return {"address": redis_url, "socket_timeout": REDIS_READ_TIMEOUT_S}
+    return {"address": redis_url, "socket_timeout": REDIS_READ_TIMEOUT_S, "max_connections": REDIS_MAX_CONNECTIONS}
 

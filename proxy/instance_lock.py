@@ -24,7 +24,9 @@ import os
 import signal
 import socket
 import threading
+import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 LOCK_FILE = "llamaswap.lock"
@@ -42,32 +44,52 @@ class InstanceLockError(Exception):
     """Another live service holds the data dir or the database (or the database cannot be reached)."""
 
 
-def hold_instance_lock(*, role: str = "serve", standby: Callable[[str], None] | None = None) -> None:
+@dataclass(frozen=True)
+class _Scope:
+    """What one lock covers: the whole service, or (a worker in distributed mode) one set of models."""
+
+    role: str
+    lock_file: str
+    advisory_key: tuple[int, int]
+
+
+def _scope(role: str, models: str | None) -> _Scope:
+    if models is None:
+        return _Scope(role, LOCK_FILE, ADVISORY_KEY)
+    digest = zlib.crc32(models.encode())
+    return _Scope(role, f"llamaswap-{digest:08x}.lock", (ADVISORY_KEY[0], digest - (1 << 32) if digest >= 1 << 31 else digest))
+
+
+def hold_instance_lock(
+    *, role: str = "serve", models: str | None = None, standby: Callable[[str], None] | None = None
+) -> None:
     """Lock this process's data dir and database for the rest of its life. Idempotent.
 
     Raises InstanceLockError, naming what is held and by which process, when another service holds it;
     with `standby`, tells it so instead and waits for the other one to end (a standby worker, which
     takes over the moment the active one dies: the kernel and the database server free its locks).
+    `models` names a worker's set of models: workers of other sets share the database.
     """
     if _held:
         return
     from django.conf import settings
 
-    lock_file = _lock_data_dir(Path(settings.DATA_DIR), standby)
+    scope = _scope(role, models)
+    lock_file = _lock_data_dir(Path(settings.DATA_DIR), scope, standby)
     try:
-        connection = _lock_database(settings.DATABASES["default"], role, standby)
+        connection = _lock_database(settings.DATABASES["default"], scope, standby)
     except BaseException:
         os.close(lock_file)
         raise
     _held.extend([lock_file, connection])
     if connection is not None:
         threading.Thread(
-            target=_watch_database_lock, args=(settings.DATABASES["default"], role), name="llamaswap-lock-watchdog",
+            target=_watch_database_lock, args=(settings.DATABASES["default"], scope), name="llamaswap-lock-watchdog",
             daemon=True,
         ).start()
 
 
-def _watch_database_lock(database: dict, role: str) -> None:
+def _watch_database_lock(database: dict, scope: _Scope) -> None:
     """Keep the advisory lock for the process's life, even when its connection is dropped under it."""
     import psycopg
 
@@ -83,7 +105,7 @@ def _watch_database_lock(database: dict, role: str) -> None:
         except psycopg.Error:
             pass
         try:
-            _held[1] = _lock_database(database, role)
+            _held[1] = _lock_database(database, scope)
         except InstanceLockError as exc:
             if "cannot connect" in str(exc):
                 log.error("%s; trying again in %gs", exc, WATCH_INTERVAL_S)
@@ -94,9 +116,9 @@ def _watch_database_lock(database: dict, role: str) -> None:
         log.warning("took the database lock again")
 
 
-def _lock_data_dir(data_dir: Path, standby: Callable[[str], None] | None) -> int:
+def _lock_data_dir(data_dir: Path, scope: _Scope, standby: Callable[[str], None] | None) -> int:
     """flock the data dir's lock file and write our pid into it (for the message a second service prints)."""
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by model processes
+    fd = os.open(data_dir / scope.lock_file, os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by model processes
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -115,7 +137,7 @@ def _lock_data_dir(data_dir: Path, standby: Callable[[str], None] | None) -> int
     return fd
 
 
-def _lock_database(database: dict, role: str, standby: Callable[[str], None] | None = None):
+def _lock_database(database: dict, scope: _Scope, standby: Callable[[str], None] | None = None):
     """With PostgreSQL, a session advisory lock on a connection of our own; None for SQLite (the file lock covers it)."""
     if database["ENGINE"] != "django.db.backends.postgresql":
         return None
@@ -128,13 +150,13 @@ def _lock_database(database: dict, role: str, standby: Callable[[str], None] | N
     try:
         connection = psycopg.connect(
             **params, autocommit=True, connect_timeout=10,
-            application_name=f"llamaswap {role} pid {os.getpid()} on {socket.gethostname()}"[:63],
+            application_name=f"llamaswap {scope.role} pid {os.getpid()} on {socket.gethostname()}"[:63],
         )
     except psycopg.Error as exc:
         raise InstanceLockError(f"cannot connect to {where} (DATABASE_URL): {exc}") from None
     try:
-        locked = connection.execute("SELECT pg_try_advisory_lock(%s::int4, %s::int4)", ADVISORY_KEY).fetchone()[0]
-        holder = None if locked else _advisory_holder(connection)
+        locked = connection.execute("SELECT pg_try_advisory_lock(%s::int4, %s::int4)", scope.advisory_key).fetchone()[0]
+        holder = None if locked else _advisory_holder(connection, scope.advisory_key)
     except BaseException:
         connection.close()
         raise
@@ -142,7 +164,7 @@ def _lock_database(database: dict, role: str, standby: Callable[[str], None] | N
     if not locked and standby is not None:
         standby(f"another llamaswap{by} is serving {where}: standing by to take over when it stops")
         try:
-            connection.execute("SELECT pg_advisory_lock(%s::int4, %s::int4)", ADVISORY_KEY)
+            connection.execute("SELECT pg_advisory_lock(%s::int4, %s::int4)", scope.advisory_key)
         except psycopg.Error as exc:
             connection.close()
             raise InstanceLockError(f"lost the connection to {where} while standing by: {exc}") from None
@@ -156,12 +178,12 @@ def _lock_database(database: dict, role: str, standby: Callable[[str], None] | N
     return connection
 
 
-def _advisory_holder(connection) -> str | None:
+def _advisory_holder(connection, key: tuple[int, int]) -> str | None:
     """The application name of the session holding our advisory lock, e.g. "llamaswap serve pid 12 on host"."""
     row = connection.execute(
         "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
         " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s::int8::oid AND l.objid = %s::int8::oid"
         " AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        ADVISORY_KEY,
+        tuple(part & 0xFFFFFFFF for part in key),  # pg_locks shows the two int4 keys as oids
     ).fetchone()
     return row[0] if row and row[0] else None

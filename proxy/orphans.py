@@ -20,11 +20,13 @@ log = logging.getLogger("llamaswap.recovery")
 ORPHAN_STOP_TIMEOUT_S = 5.0
 
 
-def stop_orphaned_model_processes() -> None:
-    """Stop the recorded model process groups that still run, then forget every record."""
+def stop_orphaned_model_processes(models: list[str] | None = None) -> None:
+    """Stop the recorded model process groups that still run, then forget their records. A worker in
+    distributed mode passes its `models`: the others' processes belong to workers on other boxes."""
     from scheduling.models import ModelProcessRecord
 
-    for record in ModelProcessRecord.objects.all():
+    records = ModelProcessRecord.objects.all() if models is None else ModelProcessRecord.objects.filter(model__in=models)
+    for record in records:
         ours, reason = identify(record)
         if ours is None:
             log.info("process group %d of model %s, left by a previous run, is already gone", record.pgid, record.model)
@@ -43,7 +45,7 @@ def stop_orphaned_model_processes() -> None:
                 "could not stop process group %d of model %s, left by a previous run: it ended first, "
                 "or it belongs to another user", record.pgid, record.model,
             )
-    ModelProcessRecord.objects.all().delete()
+    records.delete()
 
 
 def identify(record) -> tuple[bool | None, str]:

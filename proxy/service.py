@@ -50,12 +50,14 @@ def load_configured():
     return load_config(settings.LLAMASWAP_CONFIG)
 
 
-def prepare(config=None) -> Prepared:
+def prepare(config=None, *, worker: bool = False) -> Prepared:
     """Load the config and recover from a previous run. Synchronous: call it before serving.
 
     Recovery treats what is unfinished as left behind and takes the next ticket id from the table,
     which is right only while no other service uses the data: call it holding the instance lock
-    (`llamaswap serve` takes it before migrating; `get_service()` before preparing).
+    (`llamaswap serve` takes it before migrating; `get_service()` before preparing). A `worker` in
+    distributed mode recovers only its own models, and keeps the queued rows of front ends, to serve
+    them (`carried_requests`).
     """
     from proxy.orphans import stop_orphaned_model_processes
     from scheduling.recovery import recover_previous_run
@@ -63,8 +65,9 @@ def prepare(config=None) -> Prepared:
 
     global _prepared
     config = config or load_configured()
-    stop_orphaned_model_processes()
-    next_id = recover_previous_run()
+    own = list(config.models) if worker else None
+    stop_orphaned_model_processes(own)
+    next_id = recover_previous_run(worker_models=own)
     _prepared = Prepared(config, next_id, stored_serial_settings(config.scheduler.serial, config.models))
     return _prepared
 
@@ -147,7 +150,8 @@ class ProxyService:
     distributed mode has none of them and reaches the worker's scheduler through its front door."""
 
     def __init__(
-        self, config, first_ticket_id: int = 1, serial_settings: SerialSettings | None = None, front_door=None
+        self, config, first_ticket_id: int = 1, serial_settings: SerialSettings | None = None, front_door=None,
+        ticket_ids=None,
     ):
         self.config = config
         door_class = front_door or frontdoor.front_door_class()
@@ -159,7 +163,8 @@ class ProxyService:
                 config.scheduler.use, model_specs(config), swap_policy(config), serial_settings or config.scheduler.serial
             )
             self.runtime = SchedulerRuntime(
-                scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, observer=metrics.record_event
+                scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, ticket_ids=ticket_ids,
+                observer=metrics.record_event,
             )
             metrics.export_service(self.runtime, self.fleet, config)
             self.door = door_class(self.runtime, self.fleet, config)

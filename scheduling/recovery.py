@@ -17,17 +17,18 @@ from scheduling.runtime import Carried, TicketRequest
 log = logging.getLogger("llamaswap.recovery")
 
 
-def recover_previous_run(*, keep_queued_from_front_ends: bool = False) -> int:
+def recover_previous_run(*, worker_models: list[str] | None = None) -> int:
     """Close unfinished rows as `interrupted`; return the next ticket id.
 
-    A worker in distributed mode keeps the queued rows of front ends (`origin` set): their clients
+    A worker in distributed mode recovers the rows of its own models (`worker_models`; other boxes'
+    workers serve the rest) and keeps the queued ones of front ends (`origin` set): their clients
     still wait, and `carried_requests()` queues them again.
     """
     now = timezone.now()
     with transaction.atomic():
         unfinished = QueuedRequest.objects.exclude(state__in=TERMINAL_STATES)
-        if keep_queued_from_front_ends:
-            unfinished = unfinished.exclude(state=RequestState.QUEUED, origin__gt="")
+        if worker_models is not None:
+            unfinished = unfinished.filter(model__in=worker_models).exclude(state=RequestState.QUEUED, origin__gt="")
         for state in (RequestState.QUEUED, RequestState.DISPATCHED):
             count = unfinished.filter(state=state).update(
                 state=RequestState.INTERRUPTED,
@@ -40,10 +41,12 @@ def recover_previous_run(*, keep_queued_from_front_ends: bool = False) -> int:
     return last + 1
 
 
-def carried_requests() -> list[Carried]:
-    """The requests front ends queued with a worker that is gone, oldest first, as their rows say
-    (an operator's re-prioritisation included)."""
-    rows = QueuedRequest.objects.filter(state=RequestState.QUEUED, origin__gt="").order_by("arrived_at", "id")
+def carried_requests(models: list[str]) -> list[Carried]:
+    """The requests for `models` front ends queued with a worker that is gone, oldest first, as their
+    rows say (an operator's re-prioritisation included)."""
+    rows = QueuedRequest.objects.filter(state=RequestState.QUEUED, origin__gt="", model__in=models).order_by(
+        "arrived_at", "id"
+    )
     return [
         Carried(
             TicketRequest(

@@ -11,18 +11,25 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from scheduling import events
-from scheduling.core import SchedulerSnapshot, SerialSettings
+from scheduling.core import Band, SchedulerSnapshot, SerialSettings
 from scheduling.frontdoor import BusyModel, WaitingEntry
 from scheduling.runtime import Lease, Outcome, Rejected, TicketRequest
+from scheduling.directory import WorkerDirectory
 from scheduling.wire import (
+    ANNOUNCE_S,
+    FRONT_ENDS_GROUP,
     HEARTBEAT_S,
-    WORKER_CHANNEL,
+    WORKERS_GROUP,
+    Announce,
+    Discover,
     Heartbeat,
+    Hello,
     receive_or_retry,
     Answer,
     Ask,
@@ -44,6 +51,9 @@ from scheduling.wire import (
 
 # How long a question to the worker may take before the caller is told it did not answer.
 ANSWER_TIMEOUT_S = 5.0
+# How long a request for a model no worker has announced waits for one (a front end that just started
+# hears every live worker within one announcement round).
+ROUTE_WAIT_S = 2 * ANNOUNCE_S
 CLOSE_TIMEOUT_S = 5.0  # for the listener to take its stop message
 
 log = logging.getLogger("llamaswap.frontend")
@@ -59,6 +69,7 @@ class _Held:
     lease: Lease
     route: str
     granted_at: float  # on this front end's event loop clock, as the relay's first byte
+    worker: str  # the channel of the worker that granted it
 
     def finished(self, outcome: Outcome, now: float) -> events.Finished:
         first_byte = outcome.first_byte_monotonic
@@ -73,20 +84,23 @@ class ChannelLayerFrontDoor:
     runs_scheduler = False
 
     def __init__(
-        self, config, layer, *, worker: str = WORKER_CHANNEL, heartbeat_s: float = HEARTBEAT_S,
+        self, config, layer, *, heartbeat_s: float = HEARTBEAT_S,
         observer: Callable[[events.RuntimeEvent], None] | None = None,
     ) -> None:
         self.config = config
         # The requests this front end served are counted here, not at the worker (see scheduling.metrics).
         self._observer = observer or (lambda event: None)
         self.layer = layer
-        self.worker = worker
+        self.workers = WorkerDirectory()
         self.heartbeat_s = heartbeat_s
         self._reply: str | None = None
+        self._opening: asyncio.Task | None = None
         self._listener: asyncio.Task | None = None
         self._heartbeat: asyncio.Task | None = None
         self._keys = itertools.count(1)
         self._waiting: dict[str, asyncio.Future] = {}
+        # By key: the request, when it came (Unix time) and the channel of the worker it went to.
+        self._submitted: dict[str, tuple[TicketRequest, float, str]] = {}
         self._leases: dict[int, _Held] = {}  # by ticket id
         self._sends: set[asyncio.Task] = set()
         self._answers: dict[str, asyncio.Future] = {}
@@ -95,66 +109,98 @@ class ChannelLayerFrontDoor:
     async def submit(self, request: TicketRequest) -> Lease:
         reply = await self._reply_channel()
         key = f"{reply}#{next(self._keys)}"
+        worker = self.workers.channel_for(request.model) or await self.workers.wait_for(request.model, ROUTE_WAIT_S)
+        if worker is None:
+            self._observer(events.Refused(request.model, request.route, 503))
+            raise Rejected(
+                503, "no_worker", f"no scheduler worker serves model {request.model!r}: start `llamaswap worker` with a "
+                "config that has it, on the machine that runs it", 5,
+            )
         granted = asyncio.get_running_loop().create_future()
         self._waiting[key] = granted
+        self._submitted[key] = (request, time.time(), worker)
         try:
-            await self.layer.send(self.worker, to_message(Submit(key, reply, request)))
+            try:
+                await self.layer.send(worker, to_message(Submit(key, reply, request)))
+            except Exception as exc:
+                self._waiting.pop(key, None)
+                raise Rejected(
+                    503, "scheduler_unreachable", f"cannot reach the scheduler worker over the channel layer ({exc}); retry later", 1
+                ) from exc
             answer: Granted = await granted
         except Rejected as exc:
             self._observer(events.Refused(request.model, request.route, exc.status))
             raise
         except asyncio.CancelledError:
             if self._waiting.pop(key, None) is not None:
-                self._send_later(Cancel(key))
+                self._send_later(Cancel(key), worker)
+            elif granted.done() and not granted.cancelled() and granted.exception() is None:  # granted as the client left
+                self._send_later(Release(key, LEFT_BEFORE_GRANT), granted.result().worker)
             self._observer(events.Refused(request.model, request.route, 499, cancelled=True))
             raise
+        finally:
+            del self._submitted[key]
         lease = Lease(answer.ticket_id, request.model, answer.upstream, answer.decision)
-        self._leases[answer.ticket_id] = _Held(key, lease, request.route, self._loop.time())
+        self._leases[answer.ticket_id] = _Held(key, lease, request.route, self._loop.time(), answer.worker)
         return lease
 
     def release(self, ticket_id: int, outcome: Outcome) -> None:
         held = self._leases.pop(ticket_id, None)
         if held is not None:
-            self._send_later(Release(held.key, outcome))
+            self._send_later(Release(held.key, outcome), held.worker)
             self._observer(held.finished(outcome, self._loop.time()))
 
     async def unload(self, models: list[str] | None) -> None:
-        await self.ask("unload", models=models)
+        await self._ask_serving(models, "unload", models=models)
 
     async def processes(self) -> dict[str, str]:
-        return await self.ask("processes")
+        return {model: state for states in await self.ask_all("processes") for model, state in states.items()}
 
     async def logs(self) -> str:
-        return await self.ask("logs")
+        return "".join(await self.ask_all("logs"))
 
     async def logs_since(self, cursors: dict[str, str], model: str | None = None) -> dict[str, list[str]]:
-        """The worker's new log text, log by log, with the next cursors (`/logs/stream` polls this)."""
-        return await self.ask("logs_since", cursors=cursors, model=model)
+        """The workers' new log text, log by log, with the next cursors (`/logs/stream` polls this). Each
+        log is named "<worker channel> <log>": two workers each have a log of their own service."""
+        await self._reply_channel()
+        now = self._loop.time()
+        channels = self.workers.live(now) if model is None else self.workers.serving([model], now)
+
+        def of(channel: str) -> dict[str, str]:
+            prefix = channel + " "
+            return {name[len(prefix):]: cursor for name, cursor in cursors.items() if name.startswith(prefix)}
+
+        answers = await asyncio.gather(
+            *(self.ask(channel, "logs_since", cursors=of(channel), model=model) for channel in channels)
+        )
+        return {f"{channel} {name}": value for channel, answer in zip(channels, answers) for name, value in answer.items()}
 
     # -- operators, from the admin's threads ----------------------------------------------------
+    # Every worker is asked, and their answers put together: each serves a part of the models.
     def snapshot(self) -> SchedulerSnapshot:
-        return snapshot_from(self._ask_from_thread("snapshot"))
+        return merged_snapshot([snapshot_from(data) for data in self._from_thread(self.ask_all("snapshot"))])
 
     def waiting(self) -> list[WaitingEntry]:
-        return waiting_from(self._ask_from_thread("waiting"))
+        return [entry for data in self._from_thread(self.ask_all("waiting")) for entry in waiting_from(data)]
 
     def running(self) -> list[BusyModel]:
-        return running_from(self._ask_from_thread("running"))
+        return [busy for data in self._from_thread(self.ask_all("running")) for busy in running_from(data)]
 
     def model_states(self) -> dict[str, str]:
-        return self._ask_from_thread("processes")
+        return self._from_thread(self.processes())
 
     def cancel_waiting(self, ticket_ids: list[int]) -> list[int]:
-        return self._ask_from_thread("cancel_waiting", ticket_ids=ticket_ids)
+        return [tid for done in self._from_thread(self.ask_all("cancel_waiting", ticket_ids=ticket_ids)) for tid in done]
 
     def reprioritize_waiting(self, ticket_ids: list[int], priority: int) -> list[int]:
-        return self._ask_from_thread("reprioritize_waiting", ticket_ids=ticket_ids, priority=priority)
+        answers = self._from_thread(self.ask_all("reprioritize_waiting", ticket_ids=ticket_ids, priority=priority))
+        return [tid for done in answers for tid in done]
 
     def unload_now(self, models: list[str]) -> None:
-        self._ask_from_thread("unload", models=models)
+        self._from_thread(self.unload(models))
 
     def retune(self, settings: SerialSettings) -> None:
-        self._ask_from_thread("retune", settings=settings_data(settings))
+        self._from_thread(self.ask_all("retune", settings=settings_data(settings)))
 
     async def close(self) -> None:
         """Stop listening; requests still waiting are refused as the service shuts down."""
@@ -170,15 +216,30 @@ class ChannelLayerFrontDoor:
                 future.set_exception(Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1))
         await asyncio.gather(*self._sends, return_exceptions=True)
 
-    async def ask(self, question: str, **arguments: Any) -> Any:
-        """Ask the worker; raises TimeoutError when it does not answer in time, RuntimeError when it
-        could not answer."""
+    async def ask_all(self, question: str, **arguments: Any) -> list[Any]:
+        """Ask every live worker (see `ask`), in parallel; their answers in the order of the workers."""
+        await self._reply_channel()
+        return await self._ask_each(self.workers.live(self._loop.time()), question, **arguments)
+
+    async def _ask_serving(self, models: list[str] | None, question: str, **arguments: Any) -> list[Any]:
+        """Ask the live workers that serve any of `models` (None: every one)."""
+        await self._reply_channel()
+        now = self._loop.time()
+        channels = self.workers.live(now) if models is None else self.workers.serving(models, now)
+        return await self._ask_each(channels, question, **arguments)
+
+    async def _ask_each(self, channels: list[str], question: str, **arguments: Any) -> list[Any]:
+        return list(await asyncio.gather(*(self.ask(channel, question, **arguments) for channel in channels)))
+
+    async def ask(self, worker: str, question: str, **arguments: Any) -> Any:
+        """Ask the worker on channel `worker`; raises TimeoutError when it does not answer in time,
+        RuntimeError when it could not answer."""
         reply = await self._reply_channel()
         key = f"{reply}?{next(self._keys)}"
         answer = self._loop.create_future()
         self._answers[key] = answer
         try:
-            await self.layer.send(self.worker, to_message(Ask(key, reply, question, arguments)))
+            await self.layer.send(worker, to_message(Ask(key, reply, question, arguments)))
             result: Answer = await asyncio.wait_for(answer, ANSWER_TIMEOUT_S)
         except TimeoutError:
             raise TimeoutError(f"the scheduler worker did not answer {question!r} within {ANSWER_TIMEOUT_S:g} s") from None
@@ -188,27 +249,43 @@ class ChannelLayerFrontDoor:
             raise RuntimeError(f"the scheduler worker could not answer {question!r}: {result.error}")
         return result.value
 
-    def _ask_from_thread(self, question: str, **arguments: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(self.ask(question, **arguments), self._loop).result()
+    def _from_thread(self, coroutine) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     async def _reply_channel(self) -> str:
-        if self._reply is None:
-            self._reply = await self.layer.new_channel("llamaswap.frontend.")
-            loop = asyncio.get_running_loop()
-            self._listener = loop.create_task(self._listen(self._reply))
-            self._heartbeat = loop.create_task(self._beat(self._reply))
-        return self._reply
+        if self._opening is None:
+            self._opening = self._loop.create_task(self._open())
+        return await asyncio.shield(self._opening)
+
+    async def _open(self) -> str:
+        """This front end's channel, made on first use: it then joins the front ends' group (workers
+        announce themselves there) and asks every worker already up to announce itself now."""
+        reply = await self.layer.new_channel("llamaswap.frontend.")
+        self._reply = reply
+        self._listener = self._loop.create_task(self._listen(reply))
+        await self.layer.group_add(FRONT_ENDS_GROUP, reply)
+        await self.layer.group_send(WORKERS_GROUP, to_message(Discover(reply)))
+        self._heartbeat = self._loop.create_task(self._beat(reply))
+        return reply
 
     async def _beat(self, reply: str) -> None:
-        """Tell the worker this front end lives, so it never waits on the leases of a dead one."""
+        """Tell every live worker this front end lives, so none waits on the leases of a dead one (and
+        stay in the front ends' group, whose members expire)."""
         while True:
-            try:
-                await self.layer.send(self.worker, to_message(Heartbeat(reply)))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the next beat tries again
-                log.warning("could not send a heartbeat to the scheduler worker: %s", exc)
+            await self._beat_once(FRONT_ENDS_GROUP, self.layer.group_add(FRONT_ENDS_GROUP, reply))
+            # Live workers only: a dead one's channel would just fill up; the one that takes over announces itself.
+            for worker in self.workers.live(self._loop.time()):
+                await self._beat_once(worker, self.layer.send(worker, to_message(Heartbeat(reply))))
             await asyncio.sleep(self.heartbeat_s)
+
+    @staticmethod
+    async def _beat_once(target: str, sending) -> None:
+        try:
+            await sending
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the next beat tries again
+            log.warning("could not send a heartbeat to %s: %r", target, exc)
 
     async def _listen(self, reply: str) -> None:
         while True:
@@ -217,15 +294,35 @@ class ChannelLayerFrontDoor:
                 message = from_message(body)
                 if isinstance(message, Stop):
                     return
-                self._answer(message)
+                if isinstance(message, Hello):
+                    await self._submit_again(reply, message)
+                elif isinstance(message, Announce):
+                    if self.workers.heard(message, self._loop.time()):
+                        await self.layer.send(message.channel, to_message(Heartbeat(reply)))
+                else:
+                    self._answer(message)
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("ignoring a message the front end cannot read (%s): %r", exc, body)
+
+    async def _submit_again(self, reply: str, hello: Hello) -> None:
+        """A worker heard from this front end for the first time (one took over, or was restarted):
+        submit to it again, in order and before any later answer is read, what still waits for its grant."""
+        again = [key for key, waiting in self._waiting.items()
+                 if not waiting.done() and self._submitted[key][2] == hello.channel]
+        if again:
+            log.warning("scheduler worker %s is serving: submitting the %d waiting requests again", hello.worker, len(again))
+        for key in again:
+            request, arrived_at, worker = self._submitted[key]
+            try:
+                await self.layer.send(worker, to_message(Submit(key, reply, request, arrived_at)))
+            except Exception as exc:  # the request stays waiting, until its client gives up
+                log.warning("could not submit request %s again: %s", key, exc)
 
     def _answer(self, message: Message) -> None:
         if isinstance(message, Granted):
             waiting = self._waiting.pop(message.key, None)
             if waiting is None or waiting.done():
-                self._send_later(Release(message.key, LEFT_BEFORE_GRANT))  # the client left as it was granted
+                self._send_later(Release(message.key, LEFT_BEFORE_GRANT), message.worker)  # the client left as it was granted
             else:
                 waiting.set_result(message)
         elif isinstance(message, Refused):
@@ -245,8 +342,25 @@ class ChannelLayerFrontDoor:
         else:
             log.warning("a front end does not take %s messages", type(message).__name__)
 
-    def _send_later(self, message: Message) -> None:
+    def _send_later(self, message: Message, worker: str) -> None:
         """Send from synchronous code (a `finally`, a cancelled task): the send runs on its own."""
-        task = asyncio.get_running_loop().create_task(self.layer.send(self.worker, to_message(message)))
+        task = asyncio.get_running_loop().create_task(self.layer.send(worker, to_message(message)))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
+
+
+def merged_snapshot(snapshots: list[SchedulerSnapshot]) -> SchedulerSnapshot:
+    """One view of several workers' schedulers, for the admin (each worker serves its own models)."""
+    if not snapshots:
+        return SchedulerSnapshot({band: 0 for band in Band}, {band: 0.0 for band in Band}, (), (), (), 0, SerialSettings())
+    return SchedulerSnapshot(
+        depth_by_band={band: sum(s.depth_by_band.get(band, 0) for s in snapshots) for band in Band},
+        oldest_wait_by_band={band: max(s.oldest_wait_by_band.get(band, 0.0) for s in snapshots) for band in Band},
+        running_tickets=tuple(t for s in snapshots for t in s.running_tickets),
+        loaded=tuple(m for s in snapshots for m in s.loaded),
+        starting=tuple(m for s in snapshots for m in s.starting),
+        waiting=sum(s.waiting for s in snapshots),
+        settings=snapshots[0].settings,
+        running={model: tickets for s in snapshots for model, tickets in s.running.items()},
+        slots={model: count for s in snapshots for model, count in s.slots.items()},
+    )

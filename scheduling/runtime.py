@@ -10,6 +10,7 @@ processes are reached through a `fleet` object and rows through a recorder.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 from collections import deque
@@ -142,6 +143,7 @@ class SchedulerRuntime:
         recorder,
         *,
         first_ticket_id: int = 1,
+        ticket_ids: Callable[[], int] | None = None,
         observer: Callable[[RuntimeEvent], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
@@ -149,7 +151,8 @@ class SchedulerRuntime:
         self.recorder = recorder
         self._observer = observer or (lambda event: None)
         self._loop = asyncio.get_running_loop()
-        self._next_id = first_ticket_id
+        # Workers sharing a database take ids from it (scheduling.ticket_ids); one alone counts up.
+        self._ticket_id = ticket_ids or itertools.count(first_ticket_id).__next__
         self._waiting: dict[int, _Waiter] = {}
         self._granted: dict[int, tuple[TicketRequest, Decision, float]] = {}
         self._leases: dict[int, Lease] = {}
@@ -208,13 +211,9 @@ class SchedulerRuntime:
 
     def _queue(self, request: TicketRequest, now: float, arrival: float, ticket_id: int | None) -> _Waiter:
         """Hold a place for `request`; a new request (no `ticket_id`) gets its row here."""
-        if ticket_id is None:
-            ticket_id = self._next_id
-            self._next_id += 1
-            record = True
-        else:
-            self._next_id = max(self._next_id, ticket_id + 1)
-            record = False
+        record = ticket_id is None
+        if record:
+            ticket_id = self._ticket_id()
         ticket = Ticket(id=ticket_id, model=request.model, priority=request.priority, arrival=arrival)
         waiter = _Waiter(self._loop.create_future(), ticket, request)
         self._waiting[ticket.id] = waiter

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +21,19 @@ from scheduling.core import Band, Decision, SchedulerSnapshot, ScoreTerms, Seria
 from scheduling.frontdoor import BusyModel, RunningEntry, WaitingEntry
 from scheduling.runtime import Outcome, TicketRequest
 
-WORKER_CHANNEL = "llamaswap.worker"
+FRONT_ENDS_GROUP = "llamaswap.frontends"  # every front end's reply channel: workers announce themselves to it
+WORKERS_GROUP = "llamaswap.workers"  # every active worker's channel: a front end that starts asks who serves what
 RECEIVE_RETRY_S = 1.0  # after the layer failed to deliver (Redis restarting, a network blip)
 HEARTBEAT_S = 1.0
+ANNOUNCE_S = 1.0
 FRONT_END_TIMEOUT_S = 5.0  # a front end silent this long is taken for dead
+
+
+def worker_channel(models: Iterable[str]) -> str:
+    """The channel of the worker that serves these models. A standby for the same models computes the
+    same one, so what front ends send there waits for whichever of the two is active."""
+    digest = hashlib.sha1("\n".join(sorted(models)).encode()).hexdigest()[:12]
+    return f"llamaswap.worker.{digest}"
 
 log = logging.getLogger("llamaswap.wire")
 
@@ -46,6 +57,23 @@ class Hello:
     the worker drops the ones it already has."""
 
     worker: str
+    channel: str
+
+
+@dataclass(frozen=True)
+class Announce:
+    """Worker → front ends, every `ANNOUNCE_S` and when asked: send requests for `models` to `channel`."""
+
+    channel: str
+    models: tuple[str, ...]
+    worker: str
+
+
+@dataclass(frozen=True)
+class Discover:
+    """Front end → every worker (`WORKERS_GROUP`): announce yourselves to `reply` now."""
+
+    reply: str
 
 
 @dataclass(frozen=True)
@@ -71,6 +99,7 @@ class Granted:
     ticket_id: int
     upstream: str
     decision: Decision
+    worker: str  # the worker's channel, where the release goes
 
 
 @dataclass(frozen=True)
@@ -128,10 +157,12 @@ class Stop:
     Redis can leave the task hanging in the client's cleanup; a message always ends it."""
 
 
-Message = Submit | Hello | Cancel | Release | Granted | Refused | Cut | Ask | Answer | Heartbeat | Stop
+Message = Submit | Hello | Announce | Discover | Cancel | Release | Granted | Refused | Cut | Ask | Answer | Heartbeat | Stop
 _TYPES: dict[str, type] = {
     "ticket.submit": Submit,
     "worker.hello": Hello,
+    "worker.announce": Announce,
+    "worker.discover": Discover,
     "ticket.cancel": Cancel,
     "ticket.release": Release,
     "ticket.granted": Granted,
@@ -161,6 +192,8 @@ def from_message(body: dict[str, Any]) -> Message:
         raise ValueError(f"unknown message type {body.get('type')!r}")
     if cls is Submit:
         fields["request"] = TicketRequest(**fields["request"])
+    elif cls is Announce:
+        fields["models"] = tuple(fields["models"])
     elif cls is Release:
         fields["outcome"] = Outcome(**fields["outcome"])
     elif cls is Granted:

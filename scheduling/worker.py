@@ -13,16 +13,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import socket
+from collections import deque
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from scheduling.in_process import InProcessFrontDoor
-from scheduling.runtime import Outcome, Rejected
+from scheduling.runtime import Carried, HandedOver, Lease, Outcome, Rejected
 from scheduling.wire import (
+    ANNOUNCE_S,
     FRONT_END_TIMEOUT_S,
-    WORKER_CHANNEL,
+    FRONT_ENDS_GROUP,
+    WORKERS_GROUP,
+    Announce,
+    Discover,
     Heartbeat,
+    Hello,
+    front_end_of,
     receive_or_retry,
     Answer,
     Ask,
@@ -38,11 +49,17 @@ from scheduling.wire import (
     settings_from,
     snapshot_data,
     to_message,
+    worker_channel,
 )
 
 log = logging.getLogger("llamaswap.worker")
 
 FRONT_END_GONE = Outcome(state="cancelled", error="the front end cancelled the request")
+# How many answered keys a worker remembers, to drop a front end's second submit of one it already answered.
+ANSWERED_KEYS = 10_000
+# How long a worker that starts gathers the requests of its rows and what front ends submit (again),
+# before ranking them all at once: its first grant goes to the best of them, not to the first to arrive.
+GATHER_S = 0.5
 
 
 @dataclass
@@ -98,21 +115,71 @@ class Answers:
 
 class SchedulerWorker:
     def __init__(
-        self, door: InProcessFrontDoor, layer, *, advertise: str | None = None, channel: str = WORKER_CHANNEL,
-        front_end_timeout_s: float = FRONT_END_TIMEOUT_S,
+        self, door: InProcessFrontDoor, layer, models: Iterable[str], *, advertise: str | None = None,
+        front_end_timeout_s: float = FRONT_END_TIMEOUT_S, announce_s: float = ANNOUNCE_S, gather_s: float = GATHER_S,
     ) -> None:
         self.runtime = door.runtime
         self.answers = Answers(door)
         self.layer = layer
-        self.channel = channel
+        self.models = tuple(models)
+        self.channel = worker_channel(self.models)
+        self.announce_s = announce_s
         self.advertise = advertise
         self.front_end_timeout_s = front_end_timeout_s
         self._remotes: dict[str, _Remote] = {}
         self._heard: dict[str, float] = {}  # front end (reply channel) -> when it was last heard from
+        self._greeted: set[str] = set()  # front ends sent a Hello since they were last taken for dead
+        self._answered: set[str] = set()
+        self._answered_order: deque[str] = deque()
+        self._handing_over = False
+        self.gather_s = gather_s
+        self._gathering: dict[str, Carried] | None = {} if gather_s > 0 else None  # by key, until run() ranks them
+        self._sends: set[asyncio.Task] = set()
+        self.name = f"pid {os.getpid()} on {socket.gethostname()}"
+
+    def rebuild(self, carried: list[Carried]) -> None:
+        """Serve the requests a previous worker left queued (their rows), for the front ends that
+        still hold their clients. A front end that does not show up within `front_end_timeout_s`
+        is taken for dead with its requests."""
+        keyed = [c for c in carried if c.request.origin and c.request.origin not in self._remotes]
+        if not keyed:
+            return
+        now = asyncio.get_running_loop().time()
+        for c in keyed:
+            self._heard.setdefault(front_end_of(c.request.origin), now)
+            self._queue(c.request.origin, _Remote(front_end_of(c.request.origin)), c)
+        log.warning("took over %d queued requests from the rows", len(keyed))
+
+    def _queue(self, key: str, remote: _Remote, carried: Carried) -> None:
+        if self._gathering is None:
+            self._start(key, remote, self.runtime.requeue([carried])[0])
+        else:
+            self._remotes[key] = remote
+            self._gathering[key] = carried
+
+    def _rank_gathered(self) -> None:
+        gathered, self._gathering = self._gathering or {}, None
+        if self._handing_over:
+            for key in gathered:  # their front ends submit them again to the next worker
+                del self._remotes[key]
+        elif gathered:
+            for key, waiting in zip(gathered, self.runtime.requeue(list(gathered.values()))):
+                self._start(key, self._remotes[key], waiting)
+
+    def hand_over(self) -> int:
+        """Stop taking requests and leave the queued ones queued, for the worker that takes over."""
+        self._handing_over = True
+        gathered = len(self._gathering or ())
+        self._rank_gathered()
+        return gathered + self.runtime.hand_over()
 
     async def run(self) -> None:
         """Serve messages until `stop()`."""
-        reaper = asyncio.get_running_loop().create_task(self._drop_silent_front_ends())
+        loop = asyncio.get_running_loop()
+        if self._gathering is not None:
+            loop.call_later(self.gather_s, self._rank_gathered)
+        reaper = loop.create_task(self._drop_silent_front_ends())
+        announcer = loop.create_task(self._announce())
         try:
             while True:
                 body = await receive_or_retry(self.layer, self.channel)
@@ -126,6 +193,27 @@ class SchedulerWorker:
                 self.handle(message)
         finally:
             reaper.cancel()
+            announcer.cancel()
+            try:
+                await self.layer.group_discard(WORKERS_GROUP, self.channel)
+            except Exception as exc:  # Redis gone: the group's expiry drops this channel in time
+                log.warning("could not leave the workers' group: %s", exc)
+
+    def _announcement(self) -> Announce:
+        return Announce(self.channel, self.models, self.name)
+
+    async def _announce(self) -> None:
+        """Tell every front end which models this worker serves, now and every `announce_s`: a front
+        end started later asks (`Discover`), and a standby that takes over is known at once."""
+        while True:
+            try:
+                await self.layer.group_add(WORKERS_GROUP, self.channel)
+                await self.layer.group_send(FRONT_ENDS_GROUP, to_message(self._announcement()))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the next round tries again
+                log.warning("could not announce this worker to the front ends: %s", exc)
+            await asyncio.sleep(self.announce_s)
 
     async def _drop_silent_front_ends(self) -> None:
         """Cancel the requests of front ends not heard from for `front_end_timeout_s`: their
@@ -136,12 +224,22 @@ class SchedulerWorker:
             silent_since = loop.time() - self.front_end_timeout_s
             for reply in [reply for reply, heard in self._heard.items() if heard < silent_since]:
                 del self._heard[reply]
-                dropped = [remote for remote in self._remotes.values() if remote.reply == reply]
+                self._greeted.discard(reply)
+                dropped = [key for key, remote in self._remotes.items() if remote.reply == reply]
                 if dropped:
                     log.warning("front end %s went silent: cancelling its %d requests", reply, len(dropped))
-                for remote in dropped:
-                    if remote.task is not None:
-                        remote.task.cancel()
+                for key in dropped:
+                    self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        """The front end cancelled the request, or is gone: wherever it is, it ends."""
+        remote = self._remotes.get(key)
+        if remote is None:
+            return
+        if remote.task is not None:
+            remote.task.cancel()
+        elif self._gathering is not None and self._gathering.pop(key, None) is not None:
+            del self._remotes[key]  # not queued yet: nothing to answer
 
     async def stop(self) -> None:
         """End `run()` once the messages sent before this one are handled."""
@@ -150,19 +248,27 @@ class SchedulerWorker:
     def handle(self, message: Message) -> None:
         """Act on one message; never blocks, so messages are taken in the order they came."""
         if isinstance(message, (Submit, Heartbeat)):
+            if message.reply not in self._greeted and not self._handing_over:
+                self._greeted.add(message.reply)
+                self._send_soon(message.reply, Hello(self.name, self.channel))
             self._heard[message.reply] = asyncio.get_running_loop().time()
         if isinstance(message, Heartbeat):
             return
-        if isinstance(message, Submit):
-            if message.key in self._remotes:
-                return  # a repeated submit: the first one stands
-            remote = _Remote(message.reply)
-            self._remotes[message.key] = remote
-            remote.task = asyncio.get_running_loop().create_task(self._serve(message, remote))
+        if isinstance(message, Discover):
+            self._send_soon(message.reply, self._announcement())
+        elif isinstance(message, Submit):
+            if message.key in self._remotes or message.key in self._answered or self._handing_over:
+                return  # a repeated submit (the first one stands), or one for the worker that takes over
+            request = dataclasses.replace(message.request, origin=message.key)
+            if message.arrived_at is None and self._gathering is None:
+                self._start(message.key, _Remote(message.reply), self.runtime.submit(request))
+            else:
+                arrived = datetime.now(timezone.utc) if message.arrived_at is None else min(
+                    datetime.now(timezone.utc), datetime.fromtimestamp(message.arrived_at, timezone.utc)
+                )
+                self._queue(message.key, _Remote(message.reply), Carried(request, arrived))
         elif isinstance(message, Cancel):
-            remote = self._remotes.get(message.key)
-            if remote is not None and remote.task is not None:
-                remote.task.cancel()
+            self._drop(message.key)
         elif isinstance(message, Release):
             remote = self._remotes.get(message.key)
             if remote is not None and not remote.released.done():
@@ -172,30 +278,46 @@ class SchedulerWorker:
         else:
             log.warning("a worker does not take %s messages", type(message).__name__)
 
-    async def _serve(self, submit: Submit, remote: _Remote) -> None:
+    def _start(self, key: str, remote: _Remote, waiting: Coroutine[None, None, Lease]) -> None:
+        self._remotes[key] = remote
+        remote.task = asyncio.get_running_loop().create_task(self._serve(key, remote, waiting))
+
+    def _answering(self, key: str) -> None:
+        """Remember that `key` has its answer, so a second submit of it is dropped."""
+        self._answered.add(key)
+        self._answered_order.append(key)
+        if len(self._answered_order) > ANSWERED_KEYS:
+            self._answered.discard(self._answered_order.popleft())
+
+    async def _serve(self, key: str, remote: _Remote, waiting: Coroutine[None, None, Lease]) -> None:
         try:
             try:
-                lease = await self.runtime.submit(submit.request)
+                lease = await waiting
+            except HandedOver:
+                return  # its row stays queued for the worker that takes over
             except Rejected as exc:
-                await self._send(remote.reply, Refused(submit.key, exc.status, exc.code, exc.message, exc.retry_after))
+                self._answering(key)
+                await self._send(remote.reply, Refused(key, exc.status, exc.code, exc.message, exc.retry_after))
                 return
             except asyncio.CancelledError:
                 return  # the runtime cancelled the queued request itself
             outcome = FRONT_END_GONE
             try:
                 lease.held_by(asyncio.current_task())
+                self._answering(key)
                 await self._send(
-                    remote.reply, Granted(submit.key, lease.ticket_id, self._advertised(lease.upstream), lease.decision)
+                    remote.reply,
+                    Granted(key, lease.ticket_id, self._advertised(lease.upstream), lease.decision, self.channel),
                 )
                 outcome = await remote.released
             except asyncio.CancelledError:
                 if lease.cut is not None and asyncio.current_task().uncancel() == 0:
                     cut = lease.cut
-                    await self._send(remote.reply, Cut(submit.key, cut.status, cut.code, cut.message))
+                    await self._send(remote.reply, Cut(key, cut.status, cut.code, cut.message))
             finally:
                 self.runtime.release(lease.ticket_id, outcome)
         finally:
-            del self._remotes[submit.key]
+            del self._remotes[key]
 
     async def _answer(self, ask: Ask) -> None:
         question = getattr(self.answers, ask.question, None) if not ask.question.startswith("_") else None
@@ -222,3 +344,8 @@ class SchedulerWorker:
 
     async def _send(self, channel: str, message: Message) -> None:
         await self.layer.send(channel, to_message(message))
+
+    def _send_soon(self, channel: str, message: Message) -> None:
+        task = asyncio.get_running_loop().create_task(self._send(channel, message))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)

@@ -12,7 +12,7 @@ from scheduling.events import Finished, Refused
 from scheduling.in_process import InProcessFrontDoor
 from scheduling.remote import ChannelLayerFrontDoor
 from scheduling.runtime import Outcome, Rejected, TicketRequest
-from scheduling.wire import FRONT_END_TIMEOUT_S, HEARTBEAT_S
+from scheduling.wire import FRONT_END_TIMEOUT_S, HEARTBEAT_S, Granted
 from scheduling.worker import SchedulerWorker
 
 from .fakes import DEADLINE
@@ -32,7 +32,8 @@ async def wired(gpu_for, redis_layer_factory):
         gpu = gpu_for(*models)
         door = InProcessFrontDoor(gpu.runtime, gpu.fleet, None)
         worker = SchedulerWorker(
-            door, redis_layer_factory(), advertise="10.0.0.7", front_end_timeout_s=front_end_timeout_s
+            door, redis_layer_factory(), models, advertise="10.0.0.7", front_end_timeout_s=front_end_timeout_s,
+            gather_s=0,
         )
         workers.append(worker)
         tasks.append(asyncio.get_running_loop().create_task(worker.run()))
@@ -188,9 +189,9 @@ async def test_operators_on_a_front_end_see_and_change_the_workers_queue(wired):
 
 
 async def test_a_question_the_worker_does_not_know_is_answered_with_an_error(wired):
-    _, _, first, _ = wired("a")
+    _, worker, first, _ = wired("a")
     with pytest.raises(RuntimeError, match="does not answer 'shutdown'"):
-        await first.ask("shutdown")
+        await first.ask(worker.channel, "shutdown")
 
 
 async def test_the_leases_of_a_front_end_that_went_silent_are_given_back(wired):
@@ -249,3 +250,23 @@ async def test_a_front_end_counts_a_refusal_with_the_workers_status(wired):
     with pytest.raises(Rejected):
         await asyncio.wait_for(refused, DEADLINE)
     assert seen == [Refused("a", "other", 503)]
+
+
+async def test_a_client_that_leaves_in_the_instant_its_grant_lands_gives_the_slot_back(wired):
+    gpu, _, first, second = wired("a")
+    leaving = submit(first, "a")
+    start = await gpu.fleet.next_call("swap_in", "a")
+    answer = first._answer
+
+    def answer_then_leave(message):  # the grant is handed over, and the client is gone before it resumes
+        answer(message)
+        if isinstance(message, Granted):
+            leaving.cancel()
+
+    first._answer = answer_then_leave
+    start.succeed()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(leaving, DEADLINE)
+    lease = await asyncio.wait_for(submit(second, "a"), DEADLINE)
+    second.release(lease.ticket_id, DONE)
+    await until(lambda: not gpu.recorder.unfinished(), "every row ended")

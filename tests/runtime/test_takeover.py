@@ -34,7 +34,7 @@ async def workers(redis_layer_factory):
     running: dict[SchedulerWorker, asyncio.Task] = {}
 
     def start(gpu, cls=SchedulerWorker, carried=()):
-        worker = cls(InProcessFrontDoor(gpu.runtime, gpu.fleet, None), redis_layer_factory())
+        worker = cls(InProcessFrontDoor(gpu.runtime, gpu.fleet, None), redis_layer_factory(), ["a"])
         worker.rebuild(list(carried))
         running[worker] = asyncio.get_running_loop().create_task(worker.run())
         return worker

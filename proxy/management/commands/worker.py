@@ -48,19 +48,33 @@ class Command(BaseCommand):
         serve_config_from(options["config"])
         apply_log_level(config.log_level)
         from proxy.instance_lock import InstanceLockError, hold_instance_lock
+        from scheduling.wire import worker_channel
 
         try:
-            hold_instance_lock()
+            # One worker per set of models: the set's standby waits here; other GPU boxes' workers do not.
+            hold_instance_lock(role="worker", models=worker_channel(config.models), standby=self._standing_by)
         except InstanceLockError as exc:
             raise CommandError(str(exc)) from None
         if not options["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         from proxy.service import prepare
+        from scheduling.recovery import carried_requests
+        from scheduling.ticket_ids import shared_ticket_ids
 
-        prepared = prepare(config)
-        asyncio.run(self._work(prepared, options["advertise"], options["drain_seconds"], options["metrics_listen"]))
+        prepared = prepare(config, worker=True)
+        carried = carried_requests(list(config.models))
+        ticket_ids = shared_ticket_ids(prepared.first_ticket_id)
+        asyncio.run(self._work(
+            prepared, carried, ticket_ids, options["advertise"], options["drain_seconds"], options["metrics_listen"]
+        ))
 
-    async def _work(self, prepared, advertise: str | None, drain_seconds: float, metrics_listen: str) -> None:
+    def _standing_by(self, why: str) -> None:
+        self.stdout.write(f"llamaswap worker standing by: {why}")
+        self.stdout.flush()
+
+    async def _work(
+        self, prepared, carried: list, ticket_ids, advertise: str | None, drain_seconds: float, metrics_listen: str
+    ) -> None:
         from channels.layers import get_channel_layer
 
         from proxy.reload import reload_config
@@ -71,20 +85,29 @@ class Command(BaseCommand):
         self._serve_metrics(metrics_listen)
         loop = asyncio.get_running_loop()
         service = ProxyService(
-            prepared.config, prepared.first_ticket_id, prepared.serial_settings, front_door=InProcessFrontDoor
+            prepared.config, prepared.first_ticket_id, prepared.serial_settings, front_door=InProcessFrontDoor,
+            ticket_ids=ticket_ids,
         )
         serve_here(service)
-        worker = SchedulerWorker(service.door, get_channel_layer(), advertise=advertise)
-        serving = loop.create_task(worker.run())
+        worker = SchedulerWorker(service.door, get_channel_layer(), prepared.config.models, advertise=advertise)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload_config(service, settings.LLAMASWAP_CONFIG)))
         service.start()
-        self.stdout.write(f"llamaswap worker serving the front ends (scheduler: {service.config.scheduler.use})")
+        worker.rebuild(carried)  # before the first message, so a front end's second submit finds its request here
+        serving = loop.create_task(worker.run())
+        self.stdout.write(
+            f"llamaswap worker serving the front ends (scheduler: {service.config.scheduler.use}; "
+            f"{len(carried)} queued requests taken over)"
+        )
         self.stdout.flush()
         await stop.wait()
-        self.stdout.write(f"finishing in-flight requests (up to {drain_seconds:g}s), stopping models")
+        handed = worker.hand_over()
+        self.stdout.write(
+            f"leaving {handed} queued requests for the next worker; finishing in-flight requests "
+            f"(up to {drain_seconds:g}s), stopping models"
+        )
         await service.shutdown(drain_seconds)
         await worker.stop()
         await serving

@@ -1,0 +1,86 @@
+"""Two GPU boxes, each with a `llamaswap worker` for its own models (one config per box), behind front
+ends that serve them all: their models run at once, the front ends route each request to its box, the
+boxes' views are put together, and one box dying leaves the other serving. Real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import httpx
+import pytest
+
+from tests.e2e.held import HeldStream
+from tests.e2e.test_distributed import distributed  # noqa: F401 (a fixture)
+from tests.served import Served, Worker, fake_cmd, model_ports, read_events, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def box_configs(events) -> tuple[str, str, str]:
+    """The chat box's config, the coder box's, and the front ends' (both models)."""
+
+    def config(*models: str) -> str:
+        lines = "".join(f'  {model}: {{cmd: "{fake_cmd(model, events)}"}}\n' for model in models)
+        return f"startPort: {model_ports(2)}\nrouting:\n  scheduler:\n    use: serial\nmodels:\n{lines}"
+
+    return config("chat"), config("coder"), config("chat", "coder")
+
+
+def post(served: Served, model: str, request_id: str, answers: dict, priority: int = 0) -> threading.Thread:
+    def send():
+        answers[request_id] = httpx.post(
+            served.base + "/v1/chat/completions", timeout=120, headers={"X-LlamaSwap-Priority": str(priority)},
+            json={"model": model, "messages": [], "fake": {"id": request_id, "tokens": 2}},
+        )
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+def running(served: Served) -> dict[str, str]:
+    return {m["model"]: m["state"] for m in httpx.get(served.base + "/running", timeout=10).json()["running"]}
+
+
+def test_two_boxes_serve_their_own_models_at_once_and_one_dying_leaves_the_other_serving(tmp_path, distributed):
+    env, psycopg = distributed
+    events = tmp_path / "events.jsonl"
+    chat_box, coder_box, everything = box_configs(events)
+    coder_env = {**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "coder-data")}
+    with Worker(tmp_path / "chat-box", chat_box, env) as chat_worker, Worker(tmp_path / "coder-box", coder_box, coder_env):
+        (tmp_path / "fe1").mkdir(), (tmp_path / "fe2").mkdir()
+        with Served(tmp_path / "fe1", everything, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "fe1" / "data")}) as first, \
+                Served(tmp_path / "fe2", everything, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "fe2" / "data")}) as second:
+            assert [m["id"] for m in httpx.get(first.base + "/v1/models", timeout=10).json()["data"]] == ["chat", "coder"]
+            chat = HeldStream(first, "chat", tokens=100_000, tps=50, request_id="held-chat")
+            coder = HeldStream(second, "coder", tokens=100_000, tps=50, request_id="held-coder")
+            assert running(first) == running(second) == {"chat": "ready", "coder": "ready"}, "both boxes busy at once"
+
+            answers: dict = {}
+            waiting = [post(second, "chat", "chat-1", answers)]
+            wait_until(lambda: _queued(psycopg, env) == 1, 20, 0.02, "chat-1 to queue")
+            os.kill(chat_worker.proc.pid, signal.SIGKILL)
+            chat.close()
+            coder_answer: dict = {}
+            post(first, "coder", "coder-1", coder_answer).join(0)  # queued behind the held coder stream
+            coder.close()
+            wait_until(lambda: "coder-1" in coder_answer, 30, 0.05, "the coder box to serve while the chat box is down")
+            assert coder_answer["coder-1"].status_code == 200
+            assert "chat-1" not in answers, "the chat request waits for its box"
+
+            with Worker(tmp_path / "chat-box-again", chat_box, env):
+                for thread in waiting:
+                    thread.join(60)
+            assert answers["chat-1"].status_code == 200
+            started = [e["id"] for e in read_events(events) if e["event"] == "start"]
+            assert sorted(started) == ["chat-1", "coder-1", "held-chat", "held-coder"], "each request served once"
+            with psycopg.connect(env["DATABASE_URL"]) as connection:
+                ids = [row[0] for row in connection.execute("SELECT id FROM scheduling_queuedrequest")]
+            assert len(ids) == 4, "one row per request, the two boxes' ticket ids never the same"
+
+
+def _queued(psycopg, env) -> int:
+    with psycopg.connect(env["DATABASE_URL"]) as connection:
+        return connection.execute("SELECT count(*) FROM scheduling_queuedrequest WHERE state = 'queued'").fetchone()[0]
