@@ -66,7 +66,16 @@ def database_from_url(url: str, sqlite_path: Path) -> dict:
     }
 
 
-def channel_layers_from_url(redis_url: str, database: dict) -> dict:
+# LLAMASWAP_CHANNEL_LAYER: how messages cross Redis. "lists" (channels_redis's core layer) keeps what is
+# sent to a channel until it is read, through a Redis blip or a worker's restart; "pubsub" (its pub/sub
+# layer) delivers only to a listener there at that moment, in fewer round trips.
+CHANNEL_LAYER_BACKENDS = {
+    "lists": "channels_redis.core.RedisChannelLayer",
+    "pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
+}
+
+
+def channel_layers_from_url(redis_url: str, database: dict, backend: str = "lists") -> dict:
     """The channel layer between front ends and scheduler workers: Redis when REDIS_URL is set.
 
     Distributed mode keeps every request row in one database that every front end and worker
@@ -81,12 +90,14 @@ def channel_layers_from_url(redis_url: str, database: dict) -> dict:
             "REDIS_URL is set but DATABASE_URL is not a PostgreSQL database: front ends and workers on "
             "several machines must share one database — set DATABASE_URL=postgres://user@host:port/name"
         )
-    return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {
-        "hosts": [redis_host(redis_url)],
+    if backend not in CHANNEL_LAYER_BACKENDS:
+        raise ValueError(f"LLAMASWAP_CHANNEL_LAYER={backend!r}: use {' or '.join(map(repr, CHANNEL_LAYER_BACKENDS))}")
+    config: dict = {"hosts": [redis_host(redis_url)]}
+    if backend == "lists":
         # What front ends send a worker waits in its channel while none runs (a restart, a failover): room for
         # every request and heartbeat of that while, where other channels keep channels_redis's default of 100.
-        "channel_capacity": {"llamaswap.worker.*": WORKER_CHANNEL_CAPACITY},
-    }}}
+        config["channel_capacity"] = {"llamaswap.worker.*": WORKER_CHANNEL_CAPACITY}
+    return {"default": {"BACKEND": CHANNEL_LAYER_BACKENDS[backend], "CONFIG": config}}
 
 
 WORKER_CHANNEL_CAPACITY = 100_000

@@ -10,6 +10,7 @@ LLAMASWAP_HTTPS      "1" when served behind a TLS proxy: Secure cookies, HSTS, r
 LLAMASWAP_CONFIG     path of the llama-swap config.yaml (set by `llamaswap serve --config`)
 REDIS_URL            optional redis://host:port/db: distributed mode (front ends + `llamaswap worker`),
                      with a PostgreSQL DATABASE_URL
+LLAMASWAP_CHANNEL_LAYER  "lists" (default: messages wait in Redis until read) or "pubsub" (fewer round trips)
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Distributed mode when REDIS_URL is set: front ends reach the scheduler worker over the channel layer.
 # Without it there is no layer (a layer makes every consumer open a channel of its own) and the
 # scheduler runs in the serving process. See scheduling/frontdoor.py.
-CHANNEL_LAYERS = channel_layers_from_url(os.environ.get("REDIS_URL", ""), DATABASES["default"])
+CHANNEL_LAYERS = channel_layers_from_url(
+    os.environ.get("REDIS_URL", ""), DATABASES["default"], os.environ.get("LLAMASWAP_CHANNEL_LAYER", "lists")
+)
 LLAMASWAP_SCHEDULER_FRONT_DOOR = (
     "scheduling.remote.ChannelLayerFrontDoor" if CHANNEL_LAYERS else "scheduling.in_process.InProcessFrontDoor"
 )

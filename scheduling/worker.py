@@ -207,10 +207,12 @@ class SchedulerWorker:
         end started later asks (`Discover`), and a standby that takes over is known at once."""
         while True:
             try:
-                await self.layer.group_add(WORKERS_GROUP, self.channel)
                 await self.layer.group_send(FRONT_ENDS_GROUP, to_message(self._announcement()))
+                await self.layer.group_add(WORKERS_GROUP, self.channel)
             except asyncio.CancelledError:
                 raise
+            except RuntimeError:  # a pub/sub layer joins only channels it listens on: the first receive is under way
+                pass
             except Exception as exc:  # the next round tries again
                 log.warning("could not announce this worker to the front ends: %s", exc)
             await asyncio.sleep(self.announce_s)

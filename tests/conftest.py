@@ -96,26 +96,32 @@ def fresh_redis_db(redis_url: str) -> str:
     raise RuntimeError(f"every Redis database index 1-15 at {base} holds keys: none is free")
 
 
-@pytest.fixture
-async def redis_layer_factory():
+@pytest.fixture(params=["lists", "pubsub"])
+async def redis_layer_factory(request):
     """`make()`: a channel layer on the local Redis server, all of one test's layers sharing a key
-    prefix of their own (so they reach each other and nothing else); flushed afterwards."""
+    prefix of their own (so they reach each other and nothing else); flushed afterwards. Each test
+    runs over both of LLAMASWAP_CHANNEL_LAYER's backends."""
     redis = pytest.importorskip("redis")
-    core = pytest.importorskip("channels_redis.core")
+    pytest.importorskip("channels_redis.core")
+    from django.utils.module_loading import import_string
+
+    from llamaswap_site.environment import CHANNEL_LAYER_BACKENDS
+
     try:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5).ping()
     except redis.exceptions.ConnectionError as exc:
         pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
+    backend = import_string(CHANNEL_LAYER_BACKENDS[request.param])
     prefix = f"llamaswap-test-{uuid.uuid4().hex[:12]}:"
     made = []
 
     def make():
-        layer = core.RedisChannelLayer(hosts=[redis_host(REDIS_URL)], prefix=prefix)
+        layer = backend(hosts=[redis_host(REDIS_URL)], prefix=prefix)
         made.append(layer)
         return layer
 
     yield make
-    if made:
-        await made[0].flush()
     for layer in made:
-        await layer.close_pools()
+        await layer.flush()
+        if hasattr(layer, "close_pools"):
+            await layer.close_pools()

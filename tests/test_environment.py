@@ -40,3 +40,12 @@ def test_front_ends_given_one_secret_key_share_it_and_the_generated_one_is_kept(
     assert not (tmp_path / "secret_key").exists(), "a given key is not written into the data dir"
     generated = load_or_create_secret_key(tmp_path / "secret_key", "")
     assert len(generated) > 40 and load_or_create_secret_key(tmp_path / "secret_key") == generated
+
+
+def test_the_channel_layer_backend_is_chosen_by_a_setting_and_a_wrong_one_is_named():
+    assert channel_layers_from_url("redis://r:6379/0", POSTGRES)["default"]["BACKEND"].endswith("core.RedisChannelLayer")
+    pubsub = channel_layers_from_url("redis://r:6379/0", POSTGRES, "pubsub")["default"]
+    assert pubsub["BACKEND"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
+    assert "channel_capacity" not in pubsub["CONFIG"], "the pub/sub layer keeps no messages to bound"
+    with pytest.raises(ValueError, match="LLAMASWAP_CHANNEL_LAYER='kafka': use 'lists' or 'pubsub'"):
+        channel_layers_from_url("redis://r:6379/0", POSTGRES, "kafka")

@@ -44,8 +44,12 @@ def running(served: Served) -> dict[str, str]:
     return {m["model"]: m["state"] for m in httpx.get(served.base + "/running", timeout=10).json()["running"]}
 
 
-def test_two_boxes_serve_their_own_models_at_once_and_one_dying_leaves_the_other_serving(tmp_path, distributed):
+@pytest.mark.parametrize("channel_layer", ["lists", "pubsub"])
+def test_two_boxes_serve_their_own_models_at_once_and_one_dying_leaves_the_other_serving(
+    tmp_path, distributed, channel_layer
+):
     env, psycopg = distributed
+    env = {**env, "LLAMASWAP_CHANNEL_LAYER": channel_layer}
     events = tmp_path / "events.jsonl"
     chat_box, coder_box, everything = box_configs(events)
     coder_env = {**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "coder-data")}

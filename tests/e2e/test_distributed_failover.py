@@ -62,8 +62,12 @@ def ended_rows(psycopg, url: str) -> list[tuple]:
     return wait_until(ended, 10, 0.05, "every row to end")
 
 
-def test_a_standby_serves_the_50_requests_queued_on_a_killed_worker_once_and_in_order(tmp_path, distributed):
+@pytest.mark.parametrize("channel_layer", ["lists", "pubsub"])
+def test_a_standby_serves_the_50_requests_queued_on_a_killed_worker_once_and_in_order(
+    tmp_path, distributed, channel_layer
+):
     env, psycopg = distributed
+    env = {**env, "LLAMASWAP_CHANNEL_LAYER": channel_layer}
     events = tmp_path / "events.jsonl"
     text = config_text(events)
     standby_env = {**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "standby-data")}  # as on another machine
