@@ -299,38 +299,53 @@ def capacity_part(report: Report, sizes: Sizes) -> None:
 
 
 def distributed_part(report: Report, sizes: Sizes) -> None:
-    """A worker and front ends over Redis and PostgreSQL beside one process; skipped without those two."""
-    what = f"added latency through a front end, distributed mode, tiny chat, {sizes.requests} rounds"
+    """A worker and front ends over Redis and PostgreSQL beside one process, over each channel layer, and a
+    failover; skipped without those two."""
+    def what(layer: str) -> str:
+        return (f"added latency through a front end, distributed mode, {layer} channel layer, tiny chat, "
+                f"{sizes.requests} rounds")
+
     bound = f"≤ {distributed.ADDED_TARGET_MS:g} ms"
     try:
         run = distributed.measure(sizes.requests, sizes.jobs, sizes.requests, sizes.throughput_requests,
                                   sizes.throughput_rounds)
     except distributed.Unavailable as exc:
         print(f"[bench] distributed mode skipped: {exc}", file=sys.stderr, flush=True)
-        report.not_measured(what, "added p50", bound, str(exc))
+        for layer in distributed.LAYERS:
+            report.not_measured(what(layer), "added p50", bound, str(exc))
         return
-    extra = stats(run.added(distributed.FRONT_END, distributed.DIRECT))
-    alone = stats(run.added(distributed.ALONE, distributed.ALONE_DIRECT))
-    report.judge(what, "added p50", bound, f"{extra.p50:+.2f} ms", extra.p50 <= distributed.ADDED_TARGET_MS)
-    report.figure(f"{what}: added p95, and one process's in the same rotation",
-                  f"{extra.p95:+.2f} ms (one process: p50 {alone.p50:+.2f} ms, p95 {alone.p95:+.2f} ms)")
+    for layer in distributed.LAYERS:
+        extra = stats(run.added(distributed.FRONT_END, distributed.DIRECT, layer))
+        alone = stats(run.added(distributed.ALONE, distributed.ALONE_DIRECT, layer))
+        report.judge(what(layer), "added p50", bound, f"{extra.p50:+.2f} ms", run.meets_target(layer))
+        report.figure(f"{what(layer)}: added p95, and one process's in the same rotation",
+                      f"{extra.p95:+.2f} ms (one process: p50 {alone.p50:+.2f} ms, p95 {alone.p95:+.2f} ms)")
     grant, gap = run.scheduling.grant, run.scheduling.gap
     for name, samples in (("grant round trip", grant), ("dispatch gap", gap)):
-        over, one = stats(samples[distributed.OVER_REDIS]), stats(samples[distributed.ONE_PROCESS])
-        report.figure(f"distributed mode: {name} over Redis against in-process, runtime-level (both ends in the "
-                      f"bench's process), {over.n} a side",
-                      f"p50 {over.p50:.2f} ms ({over.p50 / one.p50:.0f}× one process's {one.p50 * 1000:.0f} µs)")
-    two = run.rps_ratio(distributed.TWO_FRONT_ENDS, distributed.ONE_FRONT_END)
-    one = run.rps_ratio(distributed.ONE_FRONT_END, distributed.ONE_PROCESS)
-    report.figure(f"distributed mode: tiny chats/s, {distributed.CLIENTS} clients, {sizes.throughput_requests:,} "
-                  f"requests, {sizes.throughput_rounds} rounds", f"two front ends {two:.2f}× one front end; "
-                  f"one front end {one:.2f}× one process")
+        one = stats(samples[distributed.ONE_PROCESS])
+        for layer in distributed.LAYERS:
+            over = stats(samples[distributed.over(layer)])
+            report.figure(f"distributed mode: {name} over Redis ({layer} layer) against in-process, runtime-level "
+                          f"(both ends in the bench's process), {over.n} a side",
+                          f"p50 {over.p50:.2f} ms ({over.p50 / one.p50:.0f}× one process's {one.p50 * 1000:.0f} µs)")
+    for layer in distributed.LAYERS:
+        two = run.rps_ratio(distributed.TWO_FRONT_ENDS, distributed.ONE_FRONT_END, layer)
+        one = run.rps_ratio(distributed.ONE_FRONT_END, distributed.ONE_PROCESS, layer)
+        report.figure(f"distributed mode, {layer} channel layer: tiny chats/s, {distributed.CLIENTS} clients, "
+                      f"{sizes.throughput_requests:,} requests, {sizes.throughput_rounds} rounds",
+                      f"two front ends {two:.2f}× one front end; one front end {one:.2f}× one process")
+    failover, model = stats(run.failover.answered), stats(run.failover.model_start)
+    report.figure(f"distributed mode: failover, `kill -9` of the serving worker to the first queued chat's answer "
+                  f"with a standby standing by, {failover.n} kills",
+                  f"median {failover.p50:.0f} ms, max {failover.max:.0f} ms (the fake model's own start: median "
+                  f"{model.p50:.0f} ms)")
     report.section(
         "Distributed mode: one worker and front ends over Redis and PostgreSQL, beside one process",
         distributed.comparison_table(distributed.comparisons(run)),
         distributed.scheduling_table(run.scheduling),
         distributed.latency_table(run),
         distributed.throughput_table(run, sizes.throughput_requests),
+        distributed.failover_table(run.failover),
     )
 
 
