@@ -119,3 +119,23 @@ class FakeRecorder:
             for ticket_id, states in self.states.items()
             if states[-1] not in TERMINAL_STATES or sum(s in TERMINAL_STATES for s in states) != 1
         }
+
+
+class InstantFleet(FakeFleet):
+    """A fleet whose starts and stops succeed at once: for runs that only look at the scheduler's order."""
+
+    async def _carry_out(self, call: Call) -> None:
+        self.calls.append(call)
+
+
+class OrderedRecorder(FakeRecorder):
+    """A FakeRecorder that also keeps the order in which requests were dispatched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dispatched: list[int] = []
+
+    def update(self, ticket_id: int, **fields: Any) -> None:
+        super().update(ticket_id, **fields)
+        if fields.get("state") == "dispatched":
+            self.dispatched.append(ticket_id)
