@@ -286,6 +286,8 @@ class ChannelLayerFrontDoor:
             raise
         except Exception as exc:  # the next beat tries again
             log.warning("could not send a heartbeat to %s: %r", target, exc)
+        if asyncio.current_task().cancelling():  # the Redis client swallowed a cancel that came mid-send
+            raise asyncio.CancelledError
 
     async def _listen(self, reply: str) -> None:
         while True:

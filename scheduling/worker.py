@@ -215,6 +215,8 @@ class SchedulerWorker:
                 pass
             except Exception as exc:  # the next round tries again
                 log.warning("could not announce this worker to the front ends: %s", exc)
+            if asyncio.current_task().cancelling():  # the Redis client swallowed a cancel that came mid-send
+                raise asyncio.CancelledError
             await asyncio.sleep(self.announce_s)
 
     async def _drop_silent_front_ends(self) -> None:
