@@ -34,6 +34,13 @@ def distributed(tmp_path, postgres):
     redis.Redis.from_url(redis_url).flushdb()
 
 
+@pytest.fixture(params=["lists", "pubsub"])
+def distributed_either(distributed, request):
+    """`distributed`, once over each channel layer (LLAMASWAP_CHANNEL_LAYER)."""
+    env, psycopg = distributed
+    return {**env, "LLAMASWAP_CHANNEL_LAYER": request.param}, psycopg
+
+
 def config_text(events) -> str:
     return textwrap.dedent(f"""
         startPort: {model_ports(2)}

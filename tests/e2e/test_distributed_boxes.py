@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.held import HeldStream
-from tests.e2e.test_distributed import distributed  # noqa: F401 (a fixture)
+from tests.e2e.test_distributed import distributed, distributed_either  # noqa: F401 (fixtures)
 from tests.served import Served, Worker, fake_cmd, model_ports, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -44,12 +44,8 @@ def running(served: Served) -> dict[str, str]:
     return {m["model"]: m["state"] for m in httpx.get(served.base + "/running", timeout=10).json()["running"]}
 
 
-@pytest.mark.parametrize("channel_layer", ["lists", "pubsub"])
-def test_two_boxes_serve_their_own_models_at_once_and_one_dying_leaves_the_other_serving(
-    tmp_path, distributed, channel_layer
-):
-    env, psycopg = distributed
-    env = {**env, "LLAMASWAP_CHANNEL_LAYER": channel_layer}
+def test_two_boxes_serve_their_own_models_at_once_and_one_dying_leaves_the_other_serving(tmp_path, distributed_either):
+    env, psycopg = distributed_either
     events = tmp_path / "events.jsonl"
     chat_box, coder_box, everything = box_configs(events)
     coder_env = {**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "coder-data")}

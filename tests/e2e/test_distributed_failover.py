@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e.held import HeldStream
-from tests.e2e.test_distributed import config_text, distributed, queued_rows  # noqa: F401 (a fixture)
+from tests.e2e.test_distributed import config_text, distributed, distributed_either, queued_rows  # noqa: F401 (fixtures)
 from tests.served import REPO, Served, Worker, model_ports, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -62,12 +62,8 @@ def ended_rows(psycopg, url: str) -> list[tuple]:
     return wait_until(ended, 10, 0.05, "every row to end")
 
 
-@pytest.mark.parametrize("channel_layer", ["lists", "pubsub"])
-def test_a_standby_serves_the_50_requests_queued_on_a_killed_worker_once_and_in_order(
-    tmp_path, distributed, channel_layer
-):
-    env, psycopg = distributed
-    env = {**env, "LLAMASWAP_CHANNEL_LAYER": channel_layer}
+def test_a_standby_serves_the_50_requests_queued_on_a_killed_worker_once_and_in_order(tmp_path, distributed_either):
+    env, psycopg = distributed_either
     events = tmp_path / "events.jsonl"
     text = config_text(events)
     standby_env = {**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "standby-data")}  # as on another machine

@@ -12,6 +12,18 @@ from scheduling.models import TERMINAL_STATES
 DEADLINE = 2.0  # seconds any wait in this tier may take before the test fails
 
 
+async def until(condition, what: str) -> None:
+    """Poll `condition` until it holds, failing the test after DEADLINE."""
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.001)
+
+    try:
+        await asyncio.wait_for(poll(), DEADLINE)
+    except TimeoutError:
+        raise AssertionError(f"never happened: {what}") from None
+
+
 @dataclass(eq=False)
 class Call:
     """One `swap_in` or `stop` in progress: the test ends it with `succeed()` or `fail()`, or

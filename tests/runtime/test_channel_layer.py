@@ -15,7 +15,7 @@ from scheduling.runtime import Outcome, Rejected, TicketRequest
 from scheduling.wire import FRONT_END_TIMEOUT_S, HEARTBEAT_S, Granted
 from scheduling.worker import SchedulerWorker
 
-from .fakes import DEADLINE
+from .fakes import DEADLINE, until
 
 DONE = Outcome(state="completed", status_code=200)
 
@@ -54,17 +54,6 @@ async def wired(gpu_for, redis_layer_factory):
 def submit(door: ChannelLayerFrontDoor, model: str, priority: int = 0) -> asyncio.Task:
     request = TicketRequest(model=model, path="/v1/chat/completions", priority=priority)
     return asyncio.get_running_loop().create_task(door.submit(request))
-
-
-async def until(condition, what: str) -> None:
-    async def poll():
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    try:
-        await asyncio.wait_for(poll(), DEADLINE)
-    except TimeoutError:
-        raise AssertionError(f"never happened: {what}") from None
 
 
 async def test_requests_through_two_front_ends_share_one_priority_order(wired):

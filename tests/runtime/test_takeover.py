@@ -14,7 +14,7 @@ from scheduling.remote import ChannelLayerFrontDoor
 from scheduling.runtime import Carried, Outcome, TicketRequest
 from scheduling.worker import SchedulerWorker
 
-from .fakes import DEADLINE
+from .fakes import DEADLINE, until
 
 DONE = Outcome(state="completed", status_code=200)
 
@@ -59,17 +59,6 @@ async def front_ends(redis_layer_factory):
 def submit(door: ChannelLayerFrontDoor, model: str, priority: int = 0) -> asyncio.Task:
     request = TicketRequest(model=model, path="/v1/chat/completions", priority=priority, route="/v1/chat/completions")
     return asyncio.get_running_loop().create_task(door.submit(request))
-
-
-async def until(condition, what: str) -> None:
-    async def poll():
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    try:
-        await asyncio.wait_for(poll(), DEADLINE)
-    except TimeoutError:
-        raise AssertionError(f"never happened: {what}") from None
 
 
 def carried_from(recorder) -> list[Carried]:

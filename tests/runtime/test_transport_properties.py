@@ -23,7 +23,7 @@ from scheduling.worker import SchedulerWorker
 
 from tests.conftest import REDIS_URL
 
-from .fakes import DEADLINE, InstantFleet, OrderedRecorder
+from .fakes import DEADLINE, InstantFleet, OrderedRecorder, until
 
 MODELS = ("a", "b", "c")
 DONE = Outcome(state="completed", status_code=200)
@@ -49,17 +49,6 @@ def runtime(recorder: OrderedRecorder) -> SchedulerRuntime:
     return SchedulerRuntime(scheduler, InstantFleet(), recorder)
 
 
-async def settle(condition, what: str) -> None:
-    async def poll():
-        while not condition():
-            await asyncio.sleep(0.001)
-
-    try:
-        await asyncio.wait_for(poll(), DEADLINE)
-    except TimeoutError:
-        raise AssertionError(f"never settled: {what}") from None
-
-
 async def play(program, doors, runtime: SchedulerRuntime, recorder: OrderedRecorder) -> list[int]:
     """Run `program` through `doors` (two front doors, or one door twice), letting everything settle
     after each step; the dispatch order, as the positions of the requests in the program."""
@@ -83,7 +72,7 @@ async def play(program, doors, runtime: SchedulerRuntime, recorder: OrderedRecor
         return row["state"] == "queued" and not task.done()
 
     async def step() -> None:
-        await settle(
+        await until(
             lambda: not runtime.snapshot[1].starting and all(settled(i, task) for i, (task, _) in enumerate(clients)),
             "the worker and the front ends",
         )
@@ -113,7 +102,7 @@ async def play(program, doors, runtime: SchedulerRuntime, recorder: OrderedRecor
     while held:  # then everything ends, in grant order
         finish(next(iter(held)))
         await step()
-    await settle(lambda: not recorder.unfinished(), "every row ended")
+    await until(lambda: not recorder.unfinished(), "every row ended")
     return [ticket_id - 1 for ticket_id in recorder.dispatched]
 
 
