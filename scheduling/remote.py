@@ -1,6 +1,7 @@
-"""A front end's way to a scheduler worker in another process: the request path over the channel layer.
+"""A front end's way to the scheduler workers in other processes: the request path over the channel layer.
 
-Each front end listens on a channel of its own for the worker's answers. A request is submitted
+Each front end listens on a channel of its own for the workers' answers and announcements, and sends
+each request to the worker that announced its model (`scheduling.directory`). A request is submitted
 under a key of this front end's making, and its consumer waits for the grant as it would for the
 in-process runtime. A grant that arrives for a request whose client already left is given back
 at once, so a slot never leaks when a grant and a cancel cross on the wire.

@@ -1,7 +1,8 @@
 """The scheduler worker's side of the channel layer: front ends' messages in, the runtime's answers out.
 
-One worker owns a GPU box: its runtime queues what every front end submits, so priority, affinity
-and aging hold across front ends. Each submitted request gets a task here that stands in for the
+One worker owns a GPU box (the models of its config): it announces them to the front ends, and its
+runtime queues what every front end submits for them, so priority, affinity and aging hold across
+front ends. When it starts, it takes over what a previous worker for those models left queued. Each submitted request gets a task here that stands in for the
 front end's consumer: it waits in the runtime's queue, sends the grant, then holds the lease
 until the front end releases it (or cancels, or the GPU is taken back, which it reports as a cut).
 Streams never pass through here: the grant names the model server's address and the front end
