@@ -9,9 +9,12 @@ channel: a standby, or the same worker restarted, reads what waits there.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from scheduling.wire import ANNOUNCE_S, Announce
+
+log = logging.getLogger("llamaswap.frontend")
 
 # A worker not heard from for this long is left out of questions asked of every worker.
 SILENT_AFTER_S = 3 * ANNOUNCE_S
@@ -37,6 +40,12 @@ class WorkerDirectory:
         known = self._workers.get(announce.channel)
         if known is None or known.models != announce.models:
             for model in announce.models:
+                other = self._routes.get(model)
+                if other is not None and other != announce.channel and other in self.live(now):
+                    log.warning(
+                        "model %r is announced by two workers (%s, and %s): requests for it now go to the latter; "
+                        "give each model to one worker's config", model, self._workers[other].worker, announce.worker,
+                    )
                 self._routes[model] = announce.channel
             self._changed.set()
             self._changed = asyncio.Event()
