@@ -25,8 +25,8 @@ import signal
 import socket
 import threading
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 LOCK_FILE = "llamaswap.lock"
@@ -51,24 +51,34 @@ class _Scope:
     role: str
     lock_file: str
     advisory_key: tuple[int, int]
+    model_keys: dict[str, tuple[int, int]] = field(default_factory=dict)  # one lock per model of the set
 
 
-def _scope(role: str, models: str | None) -> _Scope:
+def _int4(text: str) -> int:
+    digest = zlib.crc32(text.encode())
+    return digest - (1 << 32) if digest >= 1 << 31 else digest
+
+
+def _scope(role: str, models: Sequence[str] | None) -> _Scope:
     if models is None:
         return _Scope(role, LOCK_FILE, ADVISORY_KEY)
-    digest = zlib.crc32(models.encode())
-    return _Scope(role, f"llamaswap-{digest:08x}.lock", (ADVISORY_KEY[0], digest - (1 << 32) if digest >= 1 << 31 else digest))
+    key = _int4("\n".join(sorted(models)))
+    return _Scope(
+        role, f"llamaswap-{key & 0xFFFFFFFF:08x}.lock", (ADVISORY_KEY[0], key),
+        {model: (ADVISORY_KEY[0] + 1, _int4(model)) for model in models},
+    )
 
 
 def hold_instance_lock(
-    *, role: str = "serve", models: str | None = None, standby: Callable[[str], None] | None = None
+    *, role: str = "serve", models: Sequence[str] | None = None, standby: Callable[[str], None] | None = None
 ) -> None:
     """Lock this process's data dir and database for the rest of its life. Idempotent.
 
     Raises InstanceLockError, naming what is held and by which process, when another service holds it;
     with `standby`, tells it so instead and waits for the other one to end (a standby worker, which
     takes over the moment the active one dies: the kernel and the database server free its locks).
-    `models` names a worker's set of models: workers of other sets share the database.
+    `models` are a worker's: workers of other GPU boxes share the database, but a model is never two
+    workers' (each model has a lock of its own too).
     """
     if _held:
         return
@@ -175,6 +185,14 @@ def _lock_database(database: dict, scope: _Scope, standby: Callable[[str], None]
             f"another llamaswap{by} is already serving {where}: stop it first, or give this one its own "
             "DATABASE_URL"
         )
+    for model, key in scope.model_keys.items():
+        if not connection.execute("SELECT pg_try_advisory_lock(%s::int4, %s::int4)", key).fetchone()[0]:
+            holder = _advisory_holder(connection, key)
+            connection.close()
+            raise InstanceLockError(
+                f"model {model!r} is served by another worker{f' ({holder})' if holder else ''} whose config has other "
+                "models: give each model to one worker's config (a standby has the same models as its worker)"
+            )
     return connection
 
 

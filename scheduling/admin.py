@@ -199,7 +199,7 @@ class ConfiguredModelAdmin(LivePageAdmin):
             {
                 "id": model_id,
                 "model": model,
-                "state": states[model_id],
+                "state": states.get(model_id, "no worker"),  # distributed mode: its box's worker is down
                 "last_used": _last_used(model_id),
                 "history_url": f"{_changelist_url(QueuedRequest)}?model={model_id}",
             }

@@ -108,7 +108,12 @@ class ChannelLayerFrontDoor:
         self._loop = asyncio.get_running_loop()
 
     async def submit(self, request: TicketRequest) -> Lease:
-        reply = await self._reply_channel()
+        try:
+            reply = await self._reply_channel()
+        except Exception as exc:
+            self._opening = None  # the next request tries again
+            self._observer(events.Refused(request.model, request.route, 503))
+            raise unreachable(exc) from exc
         key = f"{reply}#{next(self._keys)}"
         worker = self.workers.channel_for(request.model) or await self.workers.wait_for(request.model, ROUTE_WAIT_S)
         if worker is None:
@@ -125,9 +130,7 @@ class ChannelLayerFrontDoor:
                 await self.layer.send(worker, to_message(Submit(key, reply, request)))
             except Exception as exc:
                 self._waiting.pop(key, None)
-                raise Rejected(
-                    503, "scheduler_unreachable", f"cannot reach the scheduler worker over the channel layer ({exc}); retry later", 1
-                ) from exc
+                raise unreachable(exc) from exc
             answer: Granted = await granted
         except Rejected as exc:
             self._observer(events.Refused(request.model, request.route, exc.status))
@@ -152,7 +155,7 @@ class ChannelLayerFrontDoor:
             self._observer(held.finished(outcome, self._loop.time()))
 
     async def unload(self, models: list[str] | None) -> None:
-        await self._ask_serving(models, "unload", models=models)
+        await self._ask_serving(models, "unload", models=models)  # each worker unloads those it has
 
     async def processes(self) -> dict[str, str]:
         return {model: state for states in await self.ask_all("processes") for model, state in states.items()}
@@ -222,11 +225,11 @@ class ChannelLayerFrontDoor:
         await self._reply_channel()
         return await self._ask_each(self.workers.live(self._loop.time()), question, **arguments)
 
-    async def _ask_serving(self, models: list[str] | None, question: str, **arguments: Any) -> list[Any]:
-        """Ask the live workers that serve any of `models` (None: every one)."""
+    async def _ask_serving(self, among: list[str] | None, question: str, **arguments: Any) -> list[Any]:
+        """Ask the live workers that serve any of the models `among` (None: every one)."""
         await self._reply_channel()
         now = self._loop.time()
-        channels = self.workers.live(now) if models is None else self.workers.serving(models, now)
+        channels = self.workers.live(now) if among is None else self.workers.serving(among, now)
         return await self._ask_each(channels, question, **arguments)
 
     async def _ask_each(self, channels: list[str], question: str, **arguments: Any) -> list[Any]:
@@ -261,11 +264,11 @@ class ChannelLayerFrontDoor:
     async def _open(self) -> str:
         """This front end's channel, made on first use: it then joins the front ends' group (workers
         announce themselves there) and asks every worker already up to announce itself now."""
-        reply = await self.layer.new_channel("llamaswap.frontend.")
-        self._reply = reply
-        self._listener = self._loop.create_task(self._listen(reply))
+        reply = await self.layer.new_channel("llamaswap.frontend.")  # answers wait there until the listener reads
         await self.layer.group_add(FRONT_ENDS_GROUP, reply)
         await self.layer.group_send(WORKERS_GROUP, to_message(Discover(reply)))
+        self._reply = reply  # only now: when Redis failed above, the next request starts over
+        self._listener = self._loop.create_task(self._listen(reply))
         self._heartbeat = self._loop.create_task(self._beat(reply))
         return reply
 
@@ -367,3 +370,7 @@ def merged_snapshot(snapshots: list[SchedulerSnapshot]) -> SchedulerSnapshot:
         running={model: tickets for s in snapshots for model, tickets in s.running.items()},
         slots={model: count for s in snapshots for model, count in s.slots.items()},
     )
+
+
+def unreachable(exc: Exception) -> Rejected:
+    return Rejected(503, "scheduler_unreachable", f"cannot reach the scheduler workers over Redis ({exc!r}); retry later", 1)

@@ -196,6 +196,10 @@ class SchedulerRuntime:
         self._run(lambda: self.scheduler.submit_all([w.ticket for w in waiters], now))
         return [self._wait(waiter) for waiter in waiters]
 
+    def drop_carried(self, ticket_id: int, reason: str) -> None:
+        """A request a previous worker left queued is given up before it was queued again: its row ends."""
+        self.recorder.update(ticket_id, state="cancelled", error=reason, finished_at=self._wall(self.now()))
+
     def hand_over(self) -> int:
         """Stop serving the queue without answering it: the rows stay queued for the worker that takes
         over, which rebuilds the queue from them. Returns how many requests were handed over."""

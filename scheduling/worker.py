@@ -243,8 +243,10 @@ class SchedulerWorker:
             return
         if remote.task is not None:
             remote.task.cancel()
-        elif self._gathering is not None and self._gathering.pop(key, None) is not None:
-            del self._remotes[key]  # not queued yet: nothing to answer
+        elif self._gathering is not None and (carried := self._gathering.pop(key, None)) is not None:
+            del self._remotes[key]  # not queued yet: nothing to answer, but a row of a previous worker ends
+            if carried.ticket_id is not None:
+                self.runtime.drop_carried(carried.ticket_id, "the client left while no worker served it")
 
     async def stop(self) -> None:
         """End `run()` once the messages sent before this one are handled."""

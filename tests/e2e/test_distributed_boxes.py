@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -13,7 +15,7 @@ import pytest
 
 from tests.e2e.held import HeldStream
 from tests.e2e.test_distributed import distributed, distributed_either  # noqa: F401 (fixtures)
-from tests.served import Served, Worker, fake_cmd, model_ports, read_events, wait_until
+from tests.served import REPO, Served, Worker, fake_cmd, model_ports, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -84,3 +86,20 @@ def test_two_boxes_serve_their_own_models_at_once_and_one_dying_leaves_the_other
 def _queued(psycopg, env) -> int:
     with psycopg.connect(env["DATABASE_URL"]) as connection:
         return connection.execute("SELECT count(*) FROM scheduling_queuedrequest WHERE state = 'queued'").fetchone()[0]
+
+
+def test_a_worker_whose_models_overlap_another_workers_refuses_to_start(tmp_path, distributed):
+    env, _ = distributed
+    events = tmp_path / "events.jsonl"
+    chat_box, _, everything = box_configs(events)
+    with Worker(tmp_path / "chat-box", chat_box, env):
+        config = tmp_path / "overlap.yaml"
+        config.write_text(everything)  # chat again, with coder
+        result = subprocess.run(
+            [sys.executable, str(REPO / "manage.py"), "worker", "--config", str(config), "--metrics-listen", "off"],
+            cwd=REPO, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "overlap-data")}, capture_output=True,
+            text=True, timeout=60,
+        )
+        assert result.returncode == 1
+        assert "model 'chat' is served by another worker (llamaswap worker pid" in result.stderr
+        assert "give each model to one worker's config" in result.stderr

@@ -12,6 +12,7 @@ from scheduling.events import Finished, Refused
 from scheduling.in_process import InProcessFrontDoor
 from scheduling.remote import ChannelLayerFrontDoor
 from scheduling.runtime import Outcome, Rejected, TicketRequest
+from llamaswap_site.environment import redis_host
 from scheduling.wire import FRONT_END_TIMEOUT_S, HEARTBEAT_S, Granted
 from scheduling.worker import SchedulerWorker
 
@@ -128,8 +129,9 @@ async def test_an_unload_cuts_the_lease_at_the_front_end(wired):
     holder = asyncio.get_running_loop().create_task(asyncio.sleep(DEADLINE * 10))
     lease.held_by(holder)
 
-    gpu.runtime.unload(["a"])
+    unloading = asyncio.get_running_loop().create_task(first.unload(["a"]))  # an operator, on a front end
     (await gpu.fleet.next_call("stop", "a")).succeed()
+    await asyncio.wait_for(unloading, DEADLINE)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(holder, DEADLINE)
     assert (lease.cut.status, lease.cut.code) == (503, "model_unloaded")
@@ -259,3 +261,12 @@ async def test_a_client_that_leaves_in_the_instant_its_grant_lands_gives_the_slo
     lease = await asyncio.wait_for(submit(second, "a"), DEADLINE)
     second.release(lease.ticket_id, DONE)
     await until(lambda: not gpu.recorder.unfinished(), "every row ended")
+
+
+async def test_a_front_end_that_cannot_reach_redis_answers_503_and_tries_again_next_time(redis_layer_factory):
+    backend = type(redis_layer_factory())
+    door = ChannelLayerFrontDoor(None, backend(hosts=[redis_host("redis://127.0.0.1:1/0")]))
+    for _ in range(2):
+        with pytest.raises(Rejected) as raised:
+            await asyncio.wait_for(submit(door, "a"), DEADLINE)
+        assert (raised.value.status, raised.value.code, raised.value.retry_after) == (503, "scheduler_unreachable", 1)

@@ -132,3 +132,26 @@ async def test_requests_a_dead_worker_never_recorded_are_submitted_again_with_th
     assert all(row["arrived_at"] < took_over_at for row in gpu.recorder.rows.values()), "arrival kept for aging"
     assert await serve_in_order(gpu, waiting) == [100, 0, -100]
     await until(lambda: not gpu.recorder.unfinished(), "every row ended")
+
+
+async def test_a_request_whose_client_left_while_no_worker_served_it_ends_its_row(gpu_for, workers, front_ends):
+    start, stop = workers
+    first, _ = front_ends
+    gpu = gpu_for("a")
+    old = start(gpu)
+    holding = submit(first, "a")
+    await gpu.fleet.start("a")
+    held = await asyncio.wait_for(holding, DEADLINE)
+    leaving = submit(first, "a")
+    await until(lambda: len(gpu.recorder.rows) == 2, "the second request queued")
+    assert old.hand_over() == 1
+    first.release(held.ticket_id, DONE)
+    await until(lambda: gpu.recorder.rows[held.ticket_id]["state"] == "completed", "the running request to end")
+    await stop(old)
+
+    successor = gpu_for("a", recorder=gpu.recorder)
+    new = start(successor, carried=carried_from(gpu.recorder))  # it gathers for half a second
+    await until(lambda: new._greeted, "the new worker to hear from the front end")  # a pub/sub layer listens now
+    leaving.cancel()
+    await until(lambda: gpu.recorder.rows[2]["state"] == "cancelled", "the left request's row to end")
+    assert successor.fleet.calls == [], "no model is started for a client that is gone"

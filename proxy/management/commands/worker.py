@@ -48,13 +48,15 @@ class Command(BaseCommand):
         serve_config_from(options["config"])
         apply_log_level(config.log_level)
         from proxy.instance_lock import InstanceLockError, hold_instance_lock
-        from scheduling.wire import worker_channel
 
         try:
             # One worker per set of models: the set's standby waits here; other GPU boxes' workers do not.
-            hold_instance_lock(role="worker", models=worker_channel(config.models), standby=self._standing_by)
+            hold_instance_lock(role="worker", models=list(config.models), standby=self._standing_by)
         except InstanceLockError as exc:
             raise CommandError(str(exc)) from None
+        # Before touching anything: a worker that cannot serve its metrics stops before it stops any process.
+        # A standby that took over carries on without them instead: its box would otherwise have no worker.
+        self._serve_metrics(options["metrics_listen"], fatal=not self._stood_by)
         if not options["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         from proxy.service import prepare
@@ -65,15 +67,18 @@ class Command(BaseCommand):
         carried = carried_requests(list(config.models))
         ticket_ids = shared_ticket_ids(prepared.first_ticket_id)
         asyncio.run(self._work(
-            prepared, carried, ticket_ids, options["advertise"], options["drain_seconds"], options["metrics_listen"]
+            prepared, carried, ticket_ids, options["advertise"], options["drain_seconds"]
         ))
 
+    _stood_by = False
+
     def _standing_by(self, why: str) -> None:
+        self._stood_by = True
         self.stdout.write(f"llamaswap worker standing by: {why}")
         self.stdout.flush()
 
     async def _work(
-        self, prepared, carried: list, ticket_ids, advertise: str | None, drain_seconds: float, metrics_listen: str
+        self, prepared, carried: list, ticket_ids, advertise: str | None, drain_seconds: float
     ) -> None:
         from channels.layers import get_channel_layer
 
@@ -82,7 +87,6 @@ class Command(BaseCommand):
         from scheduling.in_process import InProcessFrontDoor
         from scheduling.worker import SchedulerWorker
 
-        self._serve_metrics(metrics_listen)
         loop = asyncio.get_running_loop()
         service = ProxyService(
             prepared.config, prepared.first_ticket_id, prepared.serial_settings, front_door=InProcessFrontDoor,
@@ -112,7 +116,7 @@ class Command(BaseCommand):
         await worker.stop()
         await serving
 
-    def _serve_metrics(self, listen: str) -> None:
+    def _serve_metrics(self, listen: str, fatal: bool) -> None:
         """The worker has no HTTP server, so its Prometheus series get a port of their own."""
         from proxy import worker_metrics
         from proxy.management.commands.serve import parse_listen
@@ -123,8 +127,12 @@ class Command(BaseCommand):
         try:
             worker_metrics.serve(host, port)
         except OSError as exc:
-            raise CommandError(
+            problem = (
                 f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
                 "(choose another port with --metrics-listen HOST:PORT, or --metrics-listen off)"
-            ) from None
+            )
+            if fatal:
+                raise CommandError(problem) from None
+            self.stderr.write(f"{problem}; serving the front ends without metrics")
+            return
         self.stdout.write(f"metrics for Prometheus at http://{host}:{port}/metrics")
