@@ -9,6 +9,10 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 
+class EnvironmentProblem(ValueError):
+    """An environment variable the settings cannot use: `llamaswap` says it in one line and exits."""
+
+
 def load_or_create_secret_key(path: Path, given: str = "") -> str:
     """The SECRET_KEY: `given` (LLAMASWAP_SECRET_KEY, the same for every front end behind one load balancer,
     so an admin's session is valid on each), else the install's own, generated (mode 0600) on first start."""
@@ -54,7 +58,7 @@ def database_from_url(url: str, sqlite_path: Path) -> dict:
         }
     parts = urlsplit(url)
     if parts.scheme not in ("postgres", "postgresql"):
-        raise ValueError(f"DATABASE_URL: unsupported scheme {parts.scheme!r}; use postgres://user@host:port/name")
+        raise EnvironmentProblem(f"DATABASE_URL: unsupported scheme {parts.scheme!r}; use postgres://user@host:port/name")
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")) or "llamaswap",
@@ -84,14 +88,14 @@ def channel_layers_from_url(redis_url: str, database: dict, backend: str = "list
     if not redis_url:
         return {}
     if urlsplit(redis_url).scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"REDIS_URL: unsupported scheme in {redis_url!r}; use redis://host:port/db")
+        raise EnvironmentProblem(f"REDIS_URL: unsupported scheme in {redis_url!r}; use redis://host:port/db")
     if database["ENGINE"] != "django.db.backends.postgresql":
-        raise ValueError(
+        raise EnvironmentProblem(
             "REDIS_URL is set but DATABASE_URL is not a PostgreSQL database: front ends and workers on "
             "several machines must share one database — set DATABASE_URL=postgres://user@host:port/name"
         )
     if backend not in CHANNEL_LAYER_BACKENDS:
-        raise ValueError(f"LLAMASWAP_CHANNEL_LAYER={backend!r}: use {' or '.join(map(repr, CHANNEL_LAYER_BACKENDS))}")
+        raise EnvironmentProblem(f"LLAMASWAP_CHANNEL_LAYER={backend!r}: use {' or '.join(map(repr, CHANNEL_LAYER_BACKENDS))}")
     config: dict = {"hosts": [redis_host(redis_url)]}
     if backend == "lists":
         # What front ends send a worker waits in its channel while none runs (a restart, a failover): room for

@@ -15,6 +15,12 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(fakemodel.main(argv[2:]))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llamaswap_site.settings")
+    from llamaswap_site.environment import EnvironmentProblem
+
+    try:
+        import llamaswap_site.settings  # noqa: F401 (read now, so a wrong variable is one line, not a traceback)
+    except EnvironmentProblem as exc:
+        raise SystemExit(f"llamaswap: {exc}") from None
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(argv)

@@ -49,3 +49,18 @@ def test_the_channel_layer_backend_is_chosen_by_a_setting_and_a_wrong_one_is_nam
     assert "channel_capacity" not in pubsub["CONFIG"], "the pub/sub layer keeps no messages to bound"
     with pytest.raises(ValueError, match="LLAMASWAP_CHANNEL_LAYER='kafka': use 'lists' or 'pubsub'"):
         channel_layers_from_url("redis://r:6379/0", POSTGRES, "kafka")
+
+
+def test_a_wrong_variable_is_said_in_one_line_not_a_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.served import REPO
+
+    env = {**os.environ, "LLAMASWAP_DATA_DIR": str(tmp_path), "REDIS_URL": "redis://127.0.0.1:6379/0",
+           "DATABASE_URL": "postgres://llamaswap@127.0.0.1:5432/llamaswap", "LLAMASWAP_CHANNEL_LAYER": "bogus"}
+    result = subprocess.run([sys.executable, str(REPO / "manage.py"), "check"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr == "llamaswap: LLAMASWAP_CHANNEL_LAYER='bogus': use 'lists' or 'pubsub'\n"
