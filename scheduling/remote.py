@@ -42,8 +42,10 @@ from scheduling.wire import (
     Release,
     Stop,
     Submit,
+    end_if_cancelled,
     from_message,
     running_from,
+    send_soon,
     settings_data,
     snapshot_from,
     to_message,
@@ -290,8 +292,7 @@ class ChannelLayerFrontDoor:
             raise
         except Exception as exc:  # the next beat tries again
             log.warning("could not send a heartbeat to %s: %r", target, exc)
-        if asyncio.current_task().cancelling():  # the Redis client swallowed a cancel that came mid-send
-            raise asyncio.CancelledError
+        end_if_cancelled()
 
     async def _listen(self, reply: str) -> None:
         while True:
@@ -349,10 +350,7 @@ class ChannelLayerFrontDoor:
             log.warning("a front end does not take %s messages", type(message).__name__)
 
     def _send_later(self, message: Message, worker: str) -> None:
-        """Send from synchronous code (a `finally`, a cancelled task): the send runs on its own."""
-        task = asyncio.get_running_loop().create_task(self.layer.send(worker, to_message(message)))
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
+        send_soon(self.layer, worker, message, self._sends)
 
 
 def merged_snapshot(snapshots: list[SchedulerSnapshot]) -> SchedulerSnapshot:

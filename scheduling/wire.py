@@ -204,6 +204,21 @@ def from_message(body: dict[str, Any]) -> Message:
     return cls(**fields)
 
 
+def send_soon(layer, channel: str, message: Message, sends: set[asyncio.Task]) -> None:
+    """Send from synchronous code (a `finally`, a message handler): the send runs as a task of its own,
+    kept in `sends` until it is done."""
+    task = asyncio.get_running_loop().create_task(layer.send(channel, to_message(message)))
+    sends.add(task)
+    task.add_done_callback(sends.discard)
+
+
+def end_if_cancelled() -> None:
+    """For a loop that sends over Redis: end the task if it was cancelled while the Redis client
+    swallowed the cancel mid-send."""
+    if asyncio.current_task().cancelling():
+        raise asyncio.CancelledError
+
+
 def front_end_of(key: str) -> str:
     """The reply channel of the front end that made `key` (a front end's keys are its reply channel,
     "#" and a number)."""

@@ -46,8 +46,10 @@ from scheduling.wire import (
     Release,
     Stop,
     Submit,
+    end_if_cancelled,
     from_message,
     settings_from,
+    send_soon,
     snapshot_data,
     to_message,
     worker_channel,
@@ -216,8 +218,7 @@ class SchedulerWorker:
                 pass
             except Exception as exc:  # the next round tries again
                 log.warning("could not announce this worker to the front ends: %s", exc)
-            if asyncio.current_task().cancelling():  # the Redis client swallowed a cancel that came mid-send
-                raise asyncio.CancelledError
+            end_if_cancelled()
             await asyncio.sleep(self.announce_s)
 
     async def _drop_silent_front_ends(self) -> None:
@@ -257,12 +258,12 @@ class SchedulerWorker:
         if isinstance(message, (Submit, Heartbeat)):
             if message.reply not in self._greeted and not self._handing_over:
                 self._greeted.add(message.reply)
-                self._send_soon(message.reply, Hello(self.name, self.channel))
+                send_soon(self.layer, message.reply, Hello(self.name, self.channel), self._sends)
             self._heard[message.reply] = asyncio.get_running_loop().time()
         if isinstance(message, Heartbeat):
             return
         if isinstance(message, Discover):
-            self._send_soon(message.reply, self._announcement())
+            send_soon(self.layer, message.reply, self._announcement(), self._sends)
         elif isinstance(message, Submit):
             if message.key in self._remotes or message.key in self._answered or self._handing_over:
                 return  # a repeated submit (the first one stands), or one for the worker that takes over
@@ -352,7 +353,3 @@ class SchedulerWorker:
     async def _send(self, channel: str, message: Message) -> None:
         await self.layer.send(channel, to_message(message))
 
-    def _send_soon(self, channel: str, message: Message) -> None:
-        task = asyncio.get_running_loop().create_task(self._send(channel, message))
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
