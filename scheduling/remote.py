@@ -168,9 +168,7 @@ class ChannelLayerFrontDoor:
     async def logs_since(self, cursors: dict[str, str], model: str | None = None) -> dict[str, list[str]]:
         """The workers' new log text, log by log, with the next cursors (`/logs/stream` polls this). Each
         log is named "<worker channel> <log>": two workers each have a log of their own service."""
-        await self._reply_channel()
-        now = self._loop.time()
-        channels = self.workers.live(now) if model is None else self.workers.serving([model], now)
+        channels = await self._workers_for(None if model is None else [model])
 
         def of(channel: str) -> dict[str, str]:
             prefix = channel + " "
@@ -224,18 +222,18 @@ class ChannelLayerFrontDoor:
 
     async def ask_all(self, question: str, **arguments: Any) -> list[Any]:
         """Ask every live worker (see `ask`), in parallel; their answers in the order of the workers."""
-        await self._reply_channel()
-        return await self._ask_each(self.workers.live(self._loop.time()), question, **arguments)
+        return await self._ask_serving(None, question, **arguments)
 
     async def _ask_serving(self, among: list[str] | None, question: str, **arguments: Any) -> list[Any]:
         """Ask the live workers that serve any of the models `among` (None: every one)."""
+        channels = await self._workers_for(among)
+        return list(await asyncio.gather(*(self.ask(channel, question, **arguments) for channel in channels)))
+
+    async def _workers_for(self, among: list[str] | None) -> list[str]:
+        """The live workers that serve any of the models `among` (None: every one), this front end listening."""
         await self._reply_channel()
         now = self._loop.time()
-        channels = self.workers.live(now) if among is None else self.workers.serving(among, now)
-        return await self._ask_each(channels, question, **arguments)
-
-    async def _ask_each(self, channels: list[str], question: str, **arguments: Any) -> list[Any]:
-        return list(await asyncio.gather(*(self.ask(channel, question, **arguments) for channel in channels)))
+        return self.workers.live(now) if among is None else self.workers.serving(among, now)
 
     async def ask(self, worker: str, question: str, **arguments: Any) -> Any:
         """Ask the worker on channel `worker`; raises TimeoutError when it does not answer in time,
