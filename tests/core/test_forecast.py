@@ -1,0 +1,220 @@
+"""The forecast of when each waiting request goes: checked against the scheduler actually played out.
+
+When every job and load takes exactly its typical time, the forecast must be exact: same order, same
+times, whatever the mix of priorities, models, slots, swaps and aging crossovers. With no history it
+must say so rather than guess.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduling.core import Grant, SerialScheduler, SerialSettings, StartModel, StopModel, SwapGroup, SwapPolicy
+from scheduling.core.durations import DurationHistory, JobKind
+from scheduling.core.forecast import Underway, forecast
+
+from .harness import Tickets, grant_of, specs, starts
+
+MODELS = ("chat", "coder", "embed")
+GROUPS = [
+    SwapGroup("gpu", ("chat", "coder")),
+    SwapGroup("embeddings", ("embed",), swap=False, exclusive=False, persistent=True),
+]
+JOB_S = {"chat": 10.0, "coder": 4.0, "embed": 1.0}
+LOAD_S = {"chat": 6.0, "coder": 3.0, "embed": 2.0}
+
+
+def kind(model: str) -> JobKind:
+    return JobKind(model, "chat", False)
+
+
+def history(jobs=JOB_S, loads=LOAD_S) -> DurationHistory:
+    durations = DurationHistory()
+    for model, seconds in jobs.items():
+        durations.add_job(kind(model), seconds)
+    for model, seconds in loads.items():
+        durations.add_load(model, seconds)
+    return durations
+
+
+def scheduler_with(slots=None, aging_divisor=60.0) -> SerialScheduler:
+    settings_ = SerialSettings(aging_divisor=aging_divisor, swap_affinity_bonus=10, slots=slots or {})
+    return SerialScheduler(specs(*MODELS), SwapPolicy(GROUPS, MODELS), settings_)
+
+
+class World:
+    """The scheduler driven the way the runtime drives it, every job and load taking its typical time:
+    what really happens, to hold the forecast against."""
+
+    def __init__(self, scheduler: SerialScheduler) -> None:
+        self.scheduler = scheduler
+        self.events: list = []
+        self.order = itertools.count()
+        self.jobs: dict[int, float] = {}  # running: ticket -> granted at
+        self.starts: dict[str, float] = {}
+        self.model_of: dict[int, str] = {}
+        self.granted_at: dict[int, float] = {}
+
+    def apply(self, effects, now: float) -> None:
+        for effect in effects:
+            if isinstance(effect, Grant):
+                self.jobs[effect.ticket_id] = now
+                self.granted_at[effect.ticket_id] = now
+                self.model_of[effect.ticket_id] = effect.model
+                heapq.heappush(self.events, (now + JOB_S[effect.model], next(self.order), "end", effect.ticket_id))
+            elif isinstance(effect, StartModel):
+                self.starts[effect.model] = now
+                heapq.heappush(self.events, (now + LOAD_S[effect.model], next(self.order), "ready", effect.model))
+            elif isinstance(effect, StopModel):
+                heapq.heappush(self.events, (now, next(self.order), "stopped", effect.model))
+
+    def run_until(self, until: float) -> None:
+        while self.events and self.events[0][0] <= until:
+            self.step()
+
+    def step(self) -> None:
+        at, _, event, subject = heapq.heappop(self.events)
+        if event == "end":
+            del self.jobs[subject]
+            self.apply(self.scheduler.finished(subject, at), at)
+        elif event == "ready":
+            del self.starts[subject]
+            self.apply(self.scheduler.model_ready(subject, at), at)
+        else:
+            self.apply(self.scheduler.model_stopped(subject, at), at)
+
+    def forecast(self, waiting, now: float, durations=None):
+        kinds = {tid: kind(model) for tid, model in {**self.model_of, **waiting}.items()}
+        underway = Underway(jobs=dict(self.jobs), starts=dict(self.starts))
+        ranked = [t.id for t, _ in self.scheduler.ranked(now)]
+        launching = [tid for tid in waiting if tid not in ranked]
+        return forecast(self.scheduler, underway, kinds, [*launching, *ranked], durations or history(), now)
+
+
+def test_an_interactive_request_behind_a_batch_job_waits_for_what_is_left_of_it():
+    scheduler, ticket = scheduler_with(), Tickets()
+    world = World(scheduler)
+    batch = ticket("chat", -100, 0.0)
+    world.apply(scheduler.submit(batch, 0.0), 0.0)
+    world.run_until(6.0)  # chat loaded at 6 s, the batch job runs until 16 s
+    chat = ticket("chat", 100, 9.0)
+    world.apply(scheduler.submit(chat, 9.0), 9.0)
+    outlook = world.forecast({chat.id: "chat"}, 9.0)[chat.id]
+    assert (outlook.position, outlook.eta_s, outlook.load_s) == (1, 7.0, None)
+    assert outlook.after.kind == "job" and outlook.after.ticket_id == batch.id and outlook.after.in_s == 7.0
+
+
+def test_a_request_for_the_other_model_waits_for_the_job_then_for_its_load():
+    scheduler, ticket = scheduler_with(), Tickets()
+    world = World(scheduler)
+    world.apply(scheduler.submit(ticket("chat", -100, 0.0), 0.0), 0.0)
+    world.run_until(6.0)
+    coder = ticket("coder", 100, 8.0)
+    world.apply(scheduler.submit(coder, 8.0), 8.0)
+    outlook = world.forecast({coder.id: "coder"}, 8.0)[coder.id]
+    assert outlook.eta_s == pytest.approx(8.0 + 3.0) and outlook.load_s == pytest.approx(3.0)
+    assert outlook.after.kind == "job" and outlook.after.model == "chat"
+
+
+def test_a_request_for_a_model_that_coexists_waits_only_for_its_load():
+    scheduler, ticket = scheduler_with(), Tickets()
+    world = World(scheduler)
+    world.apply(scheduler.submit(ticket("chat", -100, 0.0), 0.0), 0.0)
+    world.run_until(6.0)
+    embed = ticket("embed", 0, 7.0)
+    world.apply(scheduler.submit(embed, 7.0), 7.0)  # starts at once beside the chat job
+    outlook = world.forecast({embed.id: "embed"}, 7.0)[embed.id]
+    assert outlook.position is None and outlook.eta_s == pytest.approx(2.0) and outlook.load_s is None
+
+
+def test_without_history_the_forecast_says_so_instead_of_guessing():
+    scheduler, ticket = scheduler_with(), Tickets()
+    world = World(scheduler)
+    world.apply(scheduler.submit(ticket("chat", -100, 0.0), 0.0), 0.0)
+    world.run_until(6.0)
+    waiting = ticket("chat", 0, 7.0)
+    world.apply(scheduler.submit(waiting, 7.0), 7.0)
+    outlook = world.forecast({waiting.id: "chat"}, 7.0, durations=history(jobs={}))[waiting.id]
+    assert outlook.eta_s is None and outlook.position == 1
+    assert "no history yet" in outlook.unknown and "chat" in outlook.unknown
+
+
+def test_a_job_past_its_typical_time_is_expected_to_end_soon_not_already():
+    scheduler, ticket = scheduler_with(), Tickets()
+    world = World(scheduler)
+    world.apply(scheduler.submit(ticket("chat", -100, 0.0), 0.0), 0.0)
+    world.run_until(6.0)
+    late = ticket("chat", 0, 30.0)  # the 10 s job has run 24 s
+    scheduler.submit(late, 30.0)
+    outlook = world.forecast({late.id: "chat"}, 30.0)[late.id]
+    assert outlook.eta_s == pytest.approx(1.0)  # a tenth of its typical time
+
+
+def test_the_forecast_leaves_the_scheduler_untouched():
+    scheduler, ticket = scheduler_with(), Tickets()
+    world = World(scheduler)
+    world.apply(scheduler.submit(ticket("chat", -100, 0.0), 0.0), 0.0)
+    world.run_until(6.0)
+    waiting = [ticket(m, 0, 7.0) for m in ("coder", "chat", "embed")]
+    for t in waiting:
+        world.apply(scheduler.submit(t, 7.0), 7.0)
+    before = scheduler.snapshot(7.0), [t.id for t, _ in scheduler.ranked(7.0)]
+    world.forecast({t.id: t.model for t in waiting}, 7.0)
+    assert (scheduler.snapshot(7.0), [t.id for t, _ in scheduler.ranked(7.0)]) == before
+
+
+requests = st.lists(
+    st.tuples(st.sampled_from(MODELS), st.sampled_from([-100, 0, 100]), st.floats(0, 300)),
+    min_size=1, max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    requests=requests,
+    slots=st.sampled_from([{}, {"chat": 2}, {"embed": 3, "coder": 2}]),
+    aging=st.sampled_from([5.0, 60.0]),
+    running=st.sampled_from(MODELS),
+)
+def test_with_typical_durations_the_forecast_is_exactly_what_happens(requests, slots, aging, running):
+    """Requests arrived over the last five minutes (so aging crossovers happen while they wait) queue
+    behind a running job; the forecast made now gives every one of them its real dispatch time and
+    its real place in the dispatch order."""
+    scheduler, ticket = scheduler_with(slots, aging), Tickets()
+    world = World(scheduler)
+    world.apply(scheduler.submit(ticket(running, -100, 0.0), 0.0), 0.0)
+    world.run_until(LOAD_S[running])
+    now = LOAD_S[running] + 0.5
+    waiting = {}
+    for model, priority, ago in requests:
+        t = ticket(model, priority, now - ago)
+        waiting[t.id] = model
+        world.apply(scheduler.submit(t, now), now)
+    pending = {tid: m for tid, m in waiting.items() if tid not in world.granted_at}
+    outlooks = world.forecast(pending, now)
+    while world.events:
+        world.step()
+    assert {tid: outlooks[tid].eta_s for tid in pending} == pytest.approx(
+        {tid: world.granted_at[tid] - now for tid in pending}
+    )
+    queued_order = sorted(
+        (tid for tid in pending if outlooks[tid].position is not None), key=lambda tid: outlooks[tid].position
+    )
+    assert queued_order == sorted(queued_order, key=lambda tid: (world.granted_at[tid], list(world.granted_at).index(tid)))
+
+
+def test_a_model_with_a_start_under_way_counts_its_load_from_when_it_began():
+    scheduler, ticket = scheduler_with(), Tickets()
+    world = World(scheduler)
+    first = ticket("chat", 0, 0.0)
+    assert starts(scheduler.submit(first, 0.0))
+    world.starts["chat"] = 0.0
+    outlook = forecast(scheduler, Underway(jobs={}, starts={"chat": 0.0}), {first.id: kind("chat")},
+                       [first.id], history(), 4.0)[first.id]
+    assert outlook.eta_s == pytest.approx(2.0) and outlook.position is None
+    assert grant_of(scheduler.model_ready("chat", 6.0)).ticket_id == first.id
