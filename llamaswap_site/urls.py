@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/models/unload", views.unload_all),
     path("api/models/unload/<path:model>", views.unload_model),
     path("api/activity", views.activity),
+    path("api/events", views.api_events),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
     path("logs/stream/<path:model>", views.logs_stream),

@@ -10,6 +10,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from proxy import events_stream
 from proxy.auth import is_authorized
 from proxy.responses import allow_methods, json_error
 from proxy.service import get_service
@@ -203,6 +204,16 @@ async def _worker_logs_stream(door, model: str | None, model_id: str | None, his
                 error = exc
 
     return _text_stream(pieces())
+
+
+@allow_methods("GET")
+@api_key_required
+async def api_events(request: HttpRequest, service) -> HttpResponse:
+    """`GET /api/events`: llama-swap's Server-Sent Events (see proxy.events_stream)."""
+    response = StreamingHttpResponse(events_stream.events(service), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # a proxy in front must pass each event on as it comes
+    return response
 
 
 def _unknown_log(model: str) -> HttpResponse:

@@ -1,0 +1,150 @@
+"""`GET /api/events`: llama-swap's Server-Sent Events envelope, so dashboards update without polling.
+
+Every event is `event: message` with `data: {"type": T, "data": "<JSON text>"}`: the inner data is
+JSON encoded into a string, as llama-swap sends it, so clients written for llama-swap parse it
+unchanged. A connection first gets the log history, every model's status, the in-flight table and
+the queue; then, looking every TICK_S, only what changed since it last sent, and a comment line
+when it has been quiet for KEEPALIVE_S (so proxies in between keep the connection open).
+
+What one connection last sent is kept in its `EventStream`, so the diff is per connection and the
+service pushes nothing: a dashboard that is not connected costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db.models import Max
+
+from scheduling.activity import activity_row
+from scheduling.models import QueuedRequest, RequestState
+
+TICK_S = 0.5
+KEEPALIVE_S = 15.0
+PING = ": ping\n\n"
+
+IN_FLIGHT_STATES = (RequestState.QUEUED, RequestState.DISPATCHED)
+
+
+def envelope(kind: str, data: Any) -> str:
+    """One SSE event in llama-swap's shape."""
+    return f"event: message\ndata: {json.dumps({'type': kind, 'data': json.dumps(data)})}\n\n"
+
+
+def model_status(config, states: dict[str, str]) -> list[dict[str, Any]]:
+    """Every configured model with its process state, by id, in llama-swap's `modelStatus` shape."""
+    return [
+        {
+            "id": model_id,
+            "name": model.name,
+            "description": model.description,
+            "state": states.get(model_id, "stopped"),
+            "unlisted": model.unlisted,
+            "peerID": "",
+            "aliases": list(model.aliases),
+        }
+        for model_id, model in sorted(config.models.items())
+    ]
+
+
+class ActivityWatch:
+    """Request rows that are new or changed since the last look (synchronous: run it off the loop).
+
+    Each look is one query by primary key: the rows past the last id seen, and the rows that were
+    still in flight last time. A row is watched until it reaches a terminal state.
+    """
+
+    def __init__(self) -> None:
+        self.last_id = 0
+        self.open: dict[int, dict[str, Any]] = {}
+
+    def start(self) -> None:
+        """Watch from now on: the rows already there are not news, except when they change."""
+        self.last_id = QueuedRequest.objects.aggregate(last=Max("id"))["last"] or 0
+        rows = QueuedRequest.objects.filter(state__in=IN_FLIGHT_STATES, id__lte=self.last_id)
+        self.open = {row.id: activity_row(row) for row in rows}
+
+    def changes(self) -> list[dict[str, Any]]:
+        rows = QueuedRequest.objects.filter(id__gt=self.last_id) | QueuedRequest.objects.filter(id__in=list(self.open))
+        changed = []
+        for row in rows.order_by("id"):
+            data = activity_row(row)
+            self.last_id = max(self.last_id, row.id)
+            if self.open.get(row.id) == data:
+                continue
+            changed.append(data)
+            if row.state in IN_FLIGHT_STATES:
+                self.open[row.id] = data
+            else:
+                self.open.pop(row.id, None)
+        return changed
+
+
+class EventStream:
+    """What one connection has been sent, and the envelopes that bring it up to date."""
+
+    def __init__(self, service) -> None:
+        self.service = service
+        self.log_cursors: dict[str, str] = {}
+        self.models: list[dict[str, Any]] | None = None
+        self.activity = ActivityWatch()
+
+    async def first(self) -> str:
+        """Everything: log history, every model's status, the in-flight snapshot and the queue."""
+        await sync_to_async(self.activity.start)()
+        pieces = await self._logs()
+        pieces.append(await self._model_status())
+        return "".join(pieces)
+
+    async def changes(self) -> str:
+        """What changed since the last call ("" for nothing)."""
+        pieces = await self._logs()
+        status = await self._model_status()
+        if status:
+            pieces.append(status)
+        pieces += [envelope("activity", row) for row in await sync_to_async(self.activity.changes)()]
+        return "".join(pieces)
+
+    async def _logs(self) -> list[str]:
+        """New text of each log, as `logData` from the model it belongs to."""
+        fleet = self.service.fleet
+        if fleet is None:  # a front end: the logs are the workers', named "<worker> <model>"
+            answer = await self.service.door.logs_since(self.log_cursors)
+        else:
+            answer = {name: ring.since(self.log_cursors.get(name)) for name, ring in list(fleet.logs.items())}
+        pieces = []
+        for name, (text, cursor) in answer.items():
+            self.log_cursors[name] = cursor
+            if text:
+                source = name if fleet is not None else name.partition(" ")[2]
+                pieces.append(envelope("logData", {"source": source, "data": text}))
+        return pieces
+
+    async def _model_status(self) -> str:
+        """`modelStatus` with every model when any changed, else ""."""
+        models = model_status(self.service.config, await self.service.door.processes())
+        if models == self.models:
+            return ""
+        self.models = models
+        return envelope("modelStatus", models)
+
+
+async def events(service, *, tick_s: float = TICK_S, keepalive_s: float = KEEPALIVE_S):
+    """The response body: the first payload, then changes; ends when the client leaves (Django
+    cancels the response's task then, which cancels the sleep or query this is waiting in)."""
+    stream = EventStream(service)
+    yield await stream.first()
+    quiet_since = time.monotonic()
+    while True:
+        await asyncio.sleep(tick_s)
+        changes = await stream.changes()
+        if changes:
+            quiet_since = time.monotonic()
+            yield changes
+        elif time.monotonic() - quiet_since >= keepalive_s:
+            quiet_since = time.monotonic()
+            yield PING
