@@ -21,6 +21,7 @@ from proxy.fleet import ModelFleet
 from proxy.upstreams import ClientUse, UpstreamClients
 from scheduling import frontdoor, metrics
 from scheduling.core import MatrixPolicy, ModelSpec, SerialSettings, SwapPolicy, build_scheduler
+from scheduling.core.durations import DurationHistory
 from scheduling.recorder import Recorder
 from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketRequest
 
@@ -33,6 +34,7 @@ class Prepared:
     config: object
     first_ticket_id: int
     serial_settings: SerialSettings  # the config's values with the admin's stored overrides
+    durations: DurationHistory | None = None  # typical job and load times, from the rows
 
 
 _prepared: Prepared | None = None
@@ -61,6 +63,7 @@ def prepare(config=None, *, worker: bool = False) -> Prepared:
     """
     from proxy.orphans import stop_orphaned_model_processes
     from scheduling.recovery import recover_previous_run
+    from scheduling.row_durations import durations_from_rows
     from scheduling.settings_store import stored_serial_settings
 
     global _prepared
@@ -68,7 +71,9 @@ def prepare(config=None, *, worker: bool = False) -> Prepared:
     own = list(config.models) if worker else None
     stop_orphaned_model_processes(own)
     next_id = recover_previous_run(worker_models=own)
-    _prepared = Prepared(config, next_id, stored_serial_settings(config.scheduler.serial, config.models))
+    _prepared = Prepared(
+        config, next_id, stored_serial_settings(config.scheduler.serial, config.models), durations_from_rows(config.models)
+    )
     return _prepared
 
 
@@ -95,7 +100,9 @@ def get_service() -> ProxyService:
         if prepared is None:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:  # DB work must not run on the loop thread
                 prepared = pool.submit(_prepare_locked).result()
-        _service = ProxyService(prepared.config, prepared.first_ticket_id, prepared.serial_settings)
+        _service = ProxyService(
+            prepared.config, prepared.first_ticket_id, prepared.serial_settings, durations=prepared.durations
+        )
     return _service
 
 
@@ -151,7 +158,7 @@ class ProxyService:
 
     def __init__(
         self, config, first_ticket_id: int = 1, serial_settings: SerialSettings | None = None, front_door=None,
-        ticket_ids=None,
+        ticket_ids=None, durations: DurationHistory | None = None,
     ):
         self.config = config
         door_class = front_door or frontdoor.front_door_class()
@@ -164,7 +171,7 @@ class ProxyService:
             )
             self.runtime = SchedulerRuntime(
                 scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, ticket_ids=ticket_ids,
-                observer=metrics.record_event,
+                observer=metrics.record_event, durations=durations,
             )
             metrics.export_service(self.runtime, self.fleet, config)
             self.door = door_class(self.runtime, self.fleet, config)

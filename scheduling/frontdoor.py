@@ -21,6 +21,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from scheduling.core import SchedulerSnapshot, ScoreTerms, SerialSettings, band_of
+from scheduling.queue_view import QueueEntry
 from scheduling.runtime import Lease, Outcome, TicketRequest
 
 @dataclass(frozen=True)
@@ -82,9 +83,22 @@ class FrontDoor(Protocol):
     runs_scheduler: bool
 
     # -- the request path, on the event loop -----------------------------------------------------
-    async def submit(self, request: TicketRequest) -> Lease:
+    async def submit(self, request: TicketRequest, queued: Callable[[Any], None] | None = None) -> Lease:
         """Queue a request and wait for the GPU; raises `Rejected`, or CancelledError if the caller
-        leaves (the request is then cancelled)."""
+        leaves (the request is then cancelled). `queued` is given a handle for `progress` once the
+        request is queued."""
+
+    async def progress(self, handle: Any) -> QueueEntry | None:
+        """Where a request this front door queued stands now (None: no longer waiting or running)."""
+
+    async def queue(self) -> list[QueueEntry]:
+        """Every waiting and running request: queued ones in predicted order, with their predicted waits."""
+
+    async def queue_entry(self, ticket_id: int) -> QueueEntry | None:
+        """One waiting or running request, by ticket id (None: not waiting or running)."""
+
+    async def cancel_request(self, ticket_id: int) -> bool:
+        """An operator ends a waiting or running request, its client told why; returns whether it was there."""
 
     def release(self, ticket_id: int, outcome: Outcome) -> None:
         """The granted request ended. Idempotent, so it is safe in `finally`."""

@@ -11,6 +11,7 @@ import asyncio
 
 from scheduling.core import SchedulerSnapshot, SerialSettings
 from scheduling.frontdoor import BusyModel, RunningEntry, WaitingEntry
+from scheduling.queue_view import QueueEntry, queue_entries
 from scheduling.runtime import Lease, Outcome, SchedulerRuntime, TicketRequest
 
 
@@ -23,8 +24,20 @@ class InProcessFrontDoor:
         self.config = config
 
     # -- the request path ---------------------------------------------------------------------
-    async def submit(self, request: TicketRequest) -> Lease:
-        return await self.runtime.submit(request)
+    async def submit(self, request: TicketRequest, queued=None) -> Lease:
+        return await self.runtime.submit(request, queued)
+
+    async def progress(self, handle: int) -> QueueEntry | None:
+        return self.read_queue_entry(handle)
+
+    async def queue(self) -> list[QueueEntry]:
+        return self.read_queue()
+
+    async def queue_entry(self, ticket_id: int) -> QueueEntry | None:
+        return self.read_queue_entry(ticket_id)
+
+    async def cancel_request(self, ticket_id: int) -> bool:
+        return self.end_request(ticket_id)
 
     def release(self, ticket_id: int, outcome: Outcome) -> None:
         self.runtime.release(ticket_id, outcome)
@@ -67,6 +80,16 @@ class InProcessFrontDoor:
                 )
             )
         return entries
+
+    def read_queue(self) -> list[QueueEntry]:
+        return queue_entries(self.runtime)
+
+    def read_queue_entry(self, ticket_id: int) -> QueueEntry | None:
+        return next((entry for entry in self.read_queue() if entry.ticket_id == ticket_id), None)
+
+    def end_request(self, ticket_id: int) -> bool:
+        """Cancel a waiting request or cut a running one, as an operator; returns whether it was there."""
+        return self.runtime.operator_cancel(ticket_id) or self.runtime.operator_cut(ticket_id)
 
     def read_running(self) -> list[BusyModel]:
         runtime = self.runtime

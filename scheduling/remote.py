@@ -20,6 +20,7 @@ from typing import Any
 from scheduling import events
 from scheduling.core import Band, SchedulerSnapshot, SerialSettings
 from scheduling.frontdoor import BusyModel, WaitingEntry
+from scheduling.queue_view import QueueEntry
 from scheduling.runtime import Lease, Outcome, Rejected, TicketRequest
 from scheduling.directory import WorkerDirectory
 from scheduling.wire import (
@@ -44,6 +45,8 @@ from scheduling.wire import (
     Submit,
     end_if_cancelled,
     from_message,
+    queue_entry_from,
+    queue_from,
     running_from,
     send_soon,
     settings_data,
@@ -109,7 +112,7 @@ class ChannelLayerFrontDoor:
         self._answers: dict[str, asyncio.Future] = {}
         self._loop = asyncio.get_running_loop()
 
-    async def submit(self, request: TicketRequest) -> Lease:
+    async def submit(self, request: TicketRequest, queued=None) -> Lease:
         try:
             reply = await self._reply_channel()
         except Exception as exc:
@@ -133,6 +136,8 @@ class ChannelLayerFrontDoor:
             except Exception as exc:
                 self._waiting.pop(key, None)
                 raise unreachable(exc) from exc
+            if queued is not None:
+                queued(key)
             answer: Granted = await granted
         except Rejected as exc:
             self._observer(events.Refused(request.model, request.route, exc.status))
@@ -149,6 +154,24 @@ class ChannelLayerFrontDoor:
         lease = Lease(answer.ticket_id, request.model, answer.upstream, answer.decision)
         self._leases[answer.ticket_id] = _Held(key, lease, request.route, self._loop.time(), answer.worker)
         return lease
+
+    async def progress(self, handle: str) -> QueueEntry | None:
+        submitted = self._submitted.get(handle)
+        if submitted is None:
+            return None
+        entry = await self.ask(submitted[2], "progress", origin=handle)
+        return None if entry is None else queue_entry_from(entry)
+
+    async def queue(self) -> list[QueueEntry]:
+        """Each worker's queue: a worker's requests compete only with each other, so each has its positions."""
+        return [entry for data in await self.ask_all("queue") for entry in queue_from(data)]
+
+    async def queue_entry(self, ticket_id: int) -> QueueEntry | None:
+        found = [entry for entry in await self.ask_all("queue_entry", ticket_id=ticket_id) if entry is not None]
+        return queue_entry_from(found[0]) if found else None
+
+    async def cancel_request(self, ticket_id: int) -> bool:
+        return any(await self.ask_all("cancel_request", ticket_id=ticket_id))
 
     def release(self, ticket_id: int, outcome: Outcome) -> None:
         held = self._leases.pop(ticket_id, None)

@@ -35,9 +35,15 @@ from scheduling.core import (
     Ticket,
     band_of,
 )
+from scheduling.core.durations import DurationHistory, JobKind
+from scheduling.core.forecast import Outlook, Underway, forecast
 from scheduling.events import Dispatched, Finished, ModelLoaded, ModelStateChanged, Queued, Refused, RuntimeEvent
 
 log = logging.getLogger("llamaswap.scheduler")
+
+# A forecast is reused until the scheduler's state changes or this much time has passed: everyone
+# streaming a loading state, and every /api/queue reader, shares one run of the copy per second.
+FORECAST_MAX_AGE_S = 1.0
 
 
 class Fleet(Protocol):
@@ -145,8 +151,11 @@ class SchedulerRuntime:
         first_ticket_id: int = 1,
         ticket_ids: Callable[[], int] | None = None,
         observer: Callable[[RuntimeEvent], None] | None = None,
+        durations: DurationHistory | None = None,
     ) -> None:
         self.scheduler = scheduler
+        # Typical job and load times, for the forecast: seeded from the rows, then from what ends here.
+        self.durations = durations or DurationHistory()
         self.fleet = fleet
         self.recorder = recorder
         self._observer = observer or (lambda event: None)
@@ -162,7 +171,10 @@ class SchedulerRuntime:
         self._tasks: set[asyncio.Task] = set()
         self._starts: dict[str, asyncio.Task] = {}
         self._stops: dict[str, asyncio.Task] = {}
+        self._starting_since: dict[str, float] = {}
         self._closing = False
+        self._version = 0  # counts the scheduler's steps, so a forecast knows when it went stale
+        self._forecast: tuple[int, float, dict[int, Outlook]] | None = None
         self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
 
     # -- clocks -------------------------------------------------------------------------------
@@ -173,12 +185,15 @@ class SchedulerRuntime:
         return datetime.now(timezone.utc) - timedelta(seconds=max(0.0, self.now() - monotonic))
 
     # -- front-end API ------------------------------------------------------------------------
-    async def submit(self, request: TicketRequest) -> Lease:
-        """Queue a request and wait for the GPU; raises Rejected, or CancelledError if the caller leaves."""
+    async def submit(self, request: TicketRequest, queued: Callable[[int], None] | None = None) -> Lease:
+        """Queue a request and wait for the GPU; raises Rejected, or CancelledError if the caller leaves.
+        `queued` is told the request's ticket id as soon as it has one, to follow its progress."""
         if self._closing:
             raise Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1)
         now = self.now()
         waiter = self._queue(request, now, now, None)
+        if queued is not None:
+            queued(waiter.ticket.id)
         self._run(lambda: self.scheduler.submit(waiter.ticket, now))
         return await self._wait(waiter)
 
@@ -266,6 +281,17 @@ class SchedulerRuntime:
         now = self.now()
         self._run(lambda: self.scheduler.cancel(ticket_id, now))
 
+    def operator_cut(self, ticket_id: int) -> bool:
+        """Operator action: end a running request now, its client told why. Returns whether it ran."""
+        if ticket_id not in self._granted:
+            return False
+        reason = Rejected(503, "cancelled_by_operator", "cancelled by an operator while running")
+        lease = self._leases.get(ticket_id)
+        self.release(ticket_id, Outcome(state="cancelled", status_code=reason.status, error=reason.message))
+        if lease is not None:
+            lease.revoke(reason)
+        return True
+
     def operator_cancel(self, ticket_id: int) -> bool:
         """Admin action: fail a queued request with a clear message. Returns whether it was waiting."""
         if ticket_id not in self._waiting:
@@ -301,6 +327,8 @@ class SchedulerRuntime:
         self._leases.pop(ticket_id, None)
         request, decision, granted_at = granted
         now = self.now()
+        if outcome.state == "completed" and request.method != "LOAD":  # a preload's "job" is no job
+            self.durations.add_job(JobKind(request.model, request.route, request.stream), now - granted_at)
         fields: dict[str, Any] = {
             "state": outcome.state,
             "status_code": outcome.status_code,
@@ -357,6 +385,34 @@ class SchedulerRuntime:
     def ranked(self) -> list:
         return self.scheduler.ranked(self.now())
 
+    def forecast(self) -> dict[int, Outlook]:
+        """The outlook of every request not yet sent to its model (see `scheduling.core.forecast`)."""
+        now = self.now()
+        cached = self._forecast
+        if cached is not None and cached[0] == self._version and now - cached[1] < FORECAST_MAX_AGE_S:
+            return cached[2]
+        requests = {tid: waiter.request for tid, waiter in self._waiting.items()}
+        requests.update((tid, granted[0]) for tid, granted in self._granted.items())
+        ranked = [ticket.id for ticket, _ in self.scheduler.ranked(now) if ticket.id in self._waiting]
+        starting = [tid for tid in self._waiting if not self.scheduler.is_queued(tid)]
+        underway = Underway(
+            jobs={tid: since for tid, (_, _, since) in self._granted.items()},
+            starts=dict(self._starting_since),
+            stops=[model for model in self._stops if model not in self._starting_since],
+        )
+        kinds = {tid: JobKind(r.model, r.route, r.stream) for tid, r in requests.items()}
+        outlooks = forecast(self.scheduler, underway, kinds, [*starting, *ranked], self.durations, now)
+        self._forecast = (self._version, now, outlooks)
+        return outlooks
+
+    def priority_of(self, ticket_id: int) -> int | None:
+        """The priority of a request waiting or running here."""
+        waiter = self._waiting.get(ticket_id)
+        if waiter is not None:
+            return waiter.ticket.priority
+        granted = self._granted.get(ticket_id)
+        return None if granted is None else granted[1].priority
+
     def from_thread(self, fn: Callable[..., Any], *args: Any, timeout: float = 5.0) -> Any:
         """Run `fn(*args)` on the runtime's event loop from another thread (sync admin views) and return its result."""
 
@@ -368,6 +424,18 @@ class SchedulerRuntime:
     def waiting_request(self, ticket_id: int) -> TicketRequest | None:
         waiter = self._waiting.get(ticket_id)
         return waiter.request if waiter else None
+
+    def arrival_of(self, ticket_id: int) -> float | None:
+        """When a waiting request arrived (`now()` clock), counting a previous worker's wait for it."""
+        waiter = self._waiting.get(ticket_id)
+        return waiter.ticket.arrival if waiter else None
+
+    def running_requests(self) -> list[tuple[int, tuple[TicketRequest, Decision, float]]]:
+        return list(self._granted.items())
+
+    def ticket_of(self, origin: str) -> int | None:
+        """The ticket of the waiting request a front end knows as `origin` (distributed mode)."""
+        return next((tid for tid, waiter in self._waiting.items() if waiter.request.origin == origin), None)
 
     def granted_request(self, ticket_id: int) -> tuple[TicketRequest, Decision, float] | None:
         """A running request with its dispatch decision and when it was granted (`now()` clock), or None."""
@@ -404,6 +472,7 @@ class SchedulerRuntime:
                     self._apply(item)
         finally:
             self._applying = False
+            self._version += 1
         now = self.now()
         self.snapshot = (now, self.scheduler.snapshot(now))
         self._arm_timer()
@@ -471,9 +540,10 @@ class SchedulerRuntime:
         finally:
             if self._starts.get(effect.model) is asyncio.current_task():
                 del self._starts[effect.model]
+                self._starting_since.pop(effect.model, None)
 
     async def _start_and_report(self, effect: StartModel) -> None:
-        started = self.now()
+        started = self._starting_since[effect.model] = self.now()
         self._observer(ModelStateChanged(effect.model, "starting"))
         try:
             await self.fleet.swap_in(effect.model, tuple(effect.evict))
@@ -485,6 +555,7 @@ class SchedulerRuntime:
             self._observer(ModelStateChanged(effect.model, "stopped"))
             self._run(lambda: self.scheduler.model_failed(effect.model, reason, self.now()))
             return
+        self.durations.add_load(effect.model, self.now() - started)
         self._observer(ModelLoaded(effect.model, self.now() - started))
         self._observer(ModelStateChanged(effect.model, "ready"))
         for model in effect.evict:

@@ -19,6 +19,7 @@ from typing import Any
 
 from scheduling.core import Band, Decision, SchedulerSnapshot, ScoreTerms, SerialSettings
 from scheduling.frontdoor import BusyModel, RunningEntry, WaitingEntry
+from scheduling.queue_view import QueueEntry
 from scheduling.runtime import Outcome, TicketRequest
 
 FRONT_ENDS_GROUP = "llamaswap.frontends"  # every front end's reply channel: workers announce themselves to it
@@ -280,6 +281,15 @@ def snapshot_from(data: dict[str, Any]) -> SchedulerSnapshot:
 
 def waiting_from(data: list[dict[str, Any]]) -> list[WaitingEntry]:
     return [WaitingEntry(**{**entry, "terms": ScoreTerms(**entry["terms"])}) for entry in data]
+
+
+def queue_from(data: list[dict[str, Any]]) -> list[QueueEntry]:
+    return [queue_entry_from(entry) for entry in data]
+
+
+def queue_entry_from(entry: dict[str, Any]) -> QueueEntry:
+    terms = entry["terms"]
+    return QueueEntry(**{**entry, "terms": None if terms is None else ScoreTerms(**terms)})
 
 
 def running_from(data: list[dict[str, Any]]) -> list[BusyModel]:

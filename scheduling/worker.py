@@ -93,6 +93,21 @@ class Answers:
     def running(self) -> list[dict[str, Any]]:
         return [dataclasses.asdict(busy) for busy in self.door.read_running()]
 
+    def queue(self) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(entry) for entry in self.door.read_queue()]
+
+    def queue_entry(self, ticket_id: int) -> dict[str, Any] | None:
+        entry = self.door.read_queue_entry(ticket_id)
+        return None if entry is None else dataclasses.asdict(entry)
+
+    def progress(self, origin: str) -> dict[str, Any] | None:
+        """Where the request a front end knows as `origin` stands."""
+        ticket_id = self.door.runtime.ticket_of(origin)
+        return None if ticket_id is None else self.queue_entry(ticket_id)
+
+    def cancel_request(self, ticket_id: int) -> bool:
+        return self.door.end_request(ticket_id)
+
     def cancel_waiting(self, ticket_ids: list[int]) -> list[int]:
         return [tid for tid in ticket_ids if self.door.runtime.operator_cancel(tid)]
 

@@ -90,7 +90,7 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         service = ProxyService(
             prepared.config, prepared.first_ticket_id, prepared.serial_settings, front_door=InProcessFrontDoor,
-            ticket_ids=ticket_ids,
+            ticket_ids=ticket_ids, durations=prepared.durations,
         )
         serve_here(service)
         worker = SchedulerWorker(service.door, get_channel_layer(), prepared.config.models, advertise=advertise)

@@ -1,0 +1,107 @@
+"""The queue as a caller sees it: each request's place, its predicted wait, and why, in words.
+
+Built on the event loop from the runtime and its forecast; the same entries feed `/api/queue`,
+`/api/events` and the loading state streamed to a waiting chat client, so they never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduling.core import ScoreTerms, band_of
+from scheduling.core.forecast import Blocker, Outlook
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """One request not yet finished. `state`: waiting (queued), starting (its model loads for it) or
+    running. `position` (1 = next) counts the queued requests in their predicted dispatch order;
+    `eta_s` is the predicted time until it is sent to its model (0 once it is; None when it cannot be
+    predicted, `outlook` then says why)."""
+
+    ticket_id: int
+    model: str
+    requested_model: str
+    path: str
+    client: str
+    priority: int
+    band: str
+    state: str
+    position: int | None
+    score: float | None
+    terms: ScoreTerms | None
+    waited_s: float
+    running_s: float | None
+    eta_s: float | None
+    outlook: str
+
+
+def queue_entries(runtime) -> list[QueueEntry]:
+    """Every waiting and running request of `runtime`: queued ones by position, then those whose model
+    is starting, then running ones longest first."""
+    now = runtime.now()
+    outlooks = runtime.forecast()
+    terms = {ticket.id: t for ticket, t in runtime.ranked()}
+    entries = []
+    for ticket_id, outlook in outlooks.items():
+        request = runtime.waiting_request(ticket_id)
+        if request is None:
+            continue
+        arrival = runtime.arrival_of(ticket_id)
+        state = "waiting" if outlook.position is not None else "starting"
+        entries.append(QueueEntry(
+            ticket_id, request.model, request.requested_model, request.path, request.client, request.priority,
+            band_of(request.priority).value, state, outlook.position,
+            terms[ticket_id].total if ticket_id in terms else None, terms.get(ticket_id),
+            max(0.0, now - arrival), None, outlook.eta_s, describe(outlook, request.model, runtime.priority_of),
+        ))
+    for ticket_id, (request, decision, since) in runtime.running_requests():
+        entries.append(QueueEntry(
+            ticket_id, request.model, request.requested_model, request.path, request.client, decision.priority,
+            band_of(decision.priority).value, "running", None, decision.score, decision.terms,
+            decision.queue_wait_s, max(0.0, now - since), 0.0,
+            f"running on {request.model}" + (f", slot {decision.slot}" if decision.slot else ""),
+        ))
+    order = {"waiting": 0, "starting": 1, "running": 2}
+    entries.sort(key=lambda e: (order[e.state], e.position or 0, -(e.running_s or 0.0)))
+    return entries
+
+
+def describe(outlook: Outlook, model: str, priority_of) -> str:
+    """What a waiting caller is told, e.g. "#2 in the queue, 1 ahead; ~46 s: a batch job on chat ends
+    in ~40 s, then loading coder takes ~6 s"."""
+    if outlook.position is None:
+        place = f"loading {model}"
+    else:
+        ahead = outlook.position - 1
+        place = f"#{outlook.position} in the queue, {ahead} ahead" if ahead else "next in the queue"
+    if outlook.eta_s is None:
+        return f"{place}; no prediction: {outlook.unknown}"
+    if outlook.position is None:
+        return f"{place}, ~{_seconds(outlook.eta_s)} left"
+    parts = []
+    if outlook.after is not None:
+        parts.append(_blocker(outlook.after, priority_of))
+    if outlook.load_s:
+        parts.append(f"loading {model} takes ~{_seconds(outlook.load_s)}")
+    reason = f": {', then '.join(parts)}" if parts else ""
+    return f"{place}; ~{_seconds(outlook.eta_s)}{reason}"
+
+
+def _blocker(blocker: Blocker, priority_of) -> str:
+    when = f"~{_seconds(blocker.in_s)}"
+    if blocker.kind == "job":
+        priority = priority_of(blocker.ticket_id)
+        band = "" if priority is None else f"{band_of(priority).value} "
+        return f"a {band}job on {blocker.model} ends in {when}"
+    if blocker.kind == "load":
+        return f"{blocker.model} is loaded in {when}"
+    return f"{blocker.model} stops in {when}"
+
+
+def _seconds(seconds: float) -> str:
+    if seconds < 60:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 3600:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
