@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import asdict
+from datetime import datetime, timezone
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -26,6 +28,8 @@ from scheduling.models import QueuedRequest, RequestState
 TICK_S = 0.5
 KEEPALIVE_S = 15.0
 PING = ": ping\n\n"
+# A queued request's predicted dispatch time moving by less than this is not news.
+ETA_SLACK_S = 1.0
 
 IN_FLIGHT_STATES = (RequestState.QUEUED, RequestState.DISPATCHED)
 
@@ -49,6 +53,12 @@ def model_status(config, states: dict[str, str]) -> list[dict[str, Any]]:
         }
         for model_id, model in sorted(config.models.items())
     ]
+
+
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class ActivityWatch:
@@ -91,13 +101,24 @@ class EventStream:
         self.service = service
         self.log_cursors: dict[str, str] = {}
         self.models: list[dict[str, Any]] | None = None
+        self.inflight: dict[int, dict[str, Any]] = {}
+        self.queue: list[dict[str, Any]] | None = None
+        # When this connection first saw each request arrive and start running (epoch seconds):
+        # fixed once seen, so a request's entry changes only when something about it does.
+        self.arrived: dict[int, float] = {}
+        self.started: dict[int, float] = {}
         self.activity = ActivityWatch()
 
     async def first(self) -> str:
         """Everything: log history, every model's status, the in-flight snapshot and the queue."""
         await sync_to_async(self.activity.start)()
+        entries = await self.service.door.queue()
+        self.inflight = self._inflight_items(entries)
         pieces = await self._logs()
         pieces.append(await self._model_status())
+        pieces.append(envelope("inflight", {"op": "snapshot", "requests": list(self.inflight.values())}))
+        self.queue = self._queue_items(entries)
+        pieces.append(envelope("queue", self.queue))
         return "".join(pieces)
 
     async def changes(self) -> str:
@@ -107,6 +128,12 @@ class EventStream:
         if status:
             pieces.append(status)
         pieces += [envelope("activity", row) for row in await sync_to_async(self.activity.changes)()]
+        entries = await self.service.door.queue()
+        pieces += self._inflight_changes(self._inflight_items(entries))
+        queue = self._queue_items(entries)
+        if _queue_changed(self.queue, queue):
+            self.queue = queue
+            pieces.append(envelope("queue", queue))
         return "".join(pieces)
 
     async def _logs(self) -> list[str]:
@@ -131,6 +158,67 @@ class EventStream:
             return ""
         self.models = models
         return envelope("modelStatus", models)
+
+    def _inflight_items(self, entries) -> dict[int, dict[str, Any]]:
+        """The in-flight table (waiting and running requests), with times fixed when first seen."""
+        now = time.time()
+        items = {}
+        for entry in entries:
+            arrived = self.arrived.setdefault(entry.ticket_id, now - entry.waited_s - (entry.running_s or 0.0))
+            started = None
+            if entry.running_s is not None:
+                started = self.started.setdefault(entry.ticket_id, now - entry.running_s)
+            items[entry.ticket_id] = {
+                "id": entry.ticket_id,
+                "model": entry.model,
+                "requested_model": entry.requested_model,
+                "path": entry.path,
+                "client": entry.client,
+                "priority": entry.priority,
+                "band": entry.band,
+                "state": entry.state,
+                "arrived_at": _iso(arrived),
+                "started_at": _iso(started),
+            }
+        for gone in set(self.arrived) - set(items):
+            self.arrived.pop(gone)
+            self.started.pop(gone, None)
+        return items
+
+    def _inflight_changes(self, items: dict[int, dict[str, Any]]) -> list[str]:
+        pieces = [envelope("inflight", {"op": "remove", "id": gone}) for gone in self.inflight if gone not in items]
+        pieces += [
+            envelope("inflight", {"op": "upsert", "request": item})
+            for ticket_id, item in items.items()
+            if self.inflight.get(ticket_id) != item
+        ]
+        self.inflight = items
+        return pieces
+
+    @staticmethod
+    def _queue_items(entries) -> list[dict[str, Any]]:
+        now = time.time()
+        return [
+            {**asdict(entry), "eta_at": None if entry.eta_s is None else now + entry.eta_s} for entry in entries
+        ]
+
+
+def _queue_changed(sent: list[dict[str, Any]] | None, queue: list[dict[str, Any]]) -> bool:
+    """Whether the queue differs in more than time passing: a request came, went, moved or changed
+    state, or the predicted dispatch time of one not yet running moved by more than ETA_SLACK_S."""
+    if sent is None or len(sent) != len(queue):
+        return True
+    stable = ("ticket_id", "model", "priority", "state", "position")
+    for old, new in zip(sent, queue):
+        if any(old[key] != new[key] for key in stable):
+            return True
+        if new["state"] == "running":  # dispatched: its eta is 0, and eta_at just now
+            continue
+        if (old["eta_at"] is None) != (new["eta_at"] is None):
+            return True
+        if new["eta_at"] is not None and abs(old["eta_at"] - new["eta_at"]) > ETA_SLACK_S:
+            return True
+    return False
 
 
 async def events(service, *, tick_s: float = TICK_S, keepalive_s: float = KEEPALIVE_S):

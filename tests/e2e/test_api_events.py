@@ -9,12 +9,15 @@ import time
 import httpx
 import pytest
 
-from tests.served import Served, fake_cmd, wait_until
+from tests.e2e.test_distributed import config_text, distributed  # noqa: F401 - the fixture
+from tests.e2e.test_distributed_logs import chat, front_end, wait_for_quiet_asks
+from tests.served import Served, Worker, fake_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
 
 KEY = "sk-events-1"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+READ_S = 30  # a model start included
 
 
 @pytest.fixture(scope="module")
@@ -40,44 +43,37 @@ def served(tmp_path_factory):
 
 
 class EventReader:
-    """Reads `/api/events` on a thread, keeping every event; `wait_for` finds one that matches."""
+    """A client of `/api/events` that keeps every event it has read; `wait_for` reads on until one
+    matches (each read waits at most READ_S for the next line: the stream is quiet when nothing changes)."""
 
     def __init__(self, served) -> None:
-        self._client = httpx.Client(timeout=httpx.Timeout(5, read=None))
+        self._client = httpx.Client(timeout=httpx.Timeout(5, read=READ_S))
         self._stream = self._client.stream("GET", served.base + "/api/events", headers=AUTH)
         self.response = self._stream.__enter__()
+        self._lines = self.response.iter_lines()
         self.events: list[dict] = []
-        self._arrived = threading.Condition()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
 
-    def _read(self) -> None:
+    def _read_event(self) -> None:
         event = None
-        try:
-            for line in self.response.iter_lines():
-                if line.startswith("event: "):
-                    event = line[len("event: "):]
-                elif line.startswith("data: "):
-                    message = json.loads(line[len("data: "):])
-                    with self._arrived:
-                        self.events.append({"event": event, "type": message["type"], "data": json.loads(message["data"])})
-                        self._arrived.notify_all()
-        except httpx.HTTPError:
-            pass  # closed by the test
+        for line in self._lines:
+            if line.startswith("event: "):
+                event = line[len("event: "):]
+            elif line.startswith("data: "):
+                message = json.loads(line[len("data: "):])
+                self.events.append({"event": event, "type": message["type"], "data": json.loads(message["data"])})
+                return
 
-    def wait_for(self, predicate, *, after: int = 0, timeout: float = 20.0, what: str = "an event") -> tuple[int, dict]:
+    def wait_for(self, predicate, *, after: int = 0, timeout: float = READ_S, what: str = "an event") -> tuple[int, dict]:
         """The first event from index `after` on that matches, and its index."""
         deadline = time.monotonic() + timeout
-        with self._arrived:
-            while True:
-                for index in range(after, len(self.events)):
-                    if predicate(self.events[index]):
-                        return index, self.events[index]
-                after = len(self.events)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-                self._arrived.wait(left)
+        while True:
+            for index in range(after, len(self.events)):
+                if predicate(self.events[index]):
+                    return index, self.events[index]
+            after = max(after, len(self.events))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            self._read_event()
 
     def close(self) -> None:
         self._stream.__exit__(None, None, None)
@@ -148,3 +144,71 @@ def test_a_client_leaving_ends_its_stream_and_the_service_keeps_serving(served):
         after.wait_for(lambda e: e["type"] == "modelStatus", what="modelStatus on a new connection")
     finally:
         after.close()
+
+
+def test_a_waiting_request_is_in_the_inflight_table_and_the_queue_until_done(served, reader):
+    at, _ = reader.wait_for(lambda e: e["type"] == "inflight" and e["data"]["op"] == "snapshot", what="the snapshot")
+    reader.wait_for(lambda e: e["type"] == "queue", what="the first queue")
+    with httpx.Client(timeout=60, headers=AUTH) as client:
+        busy = client.stream("POST", served.base + "/v1/chat/completions", json={
+            "model": "alpha", "stream": True, "messages": [], "fake": {"tokens": 10_000, "tps": 20}})
+        response = busy.__enter__()
+        assert response.status_code == 200
+        _, running = reader.wait_for(
+            lambda e: e["type"] == "inflight" and e["data"]["op"] == "upsert"
+            and e["data"]["request"]["model"] == "alpha" and e["data"]["request"]["state"] == "running",
+            after=at, what="alpha's request running",
+        )
+        # beta waits: the one model at a time is busy with alpha's long answer.
+        waiting = threading.Thread(target=client.post, args=(served.base + "/v1/chat/completions",),
+                                   kwargs={"json": {"model": "beta", "messages": []}}, daemon=True)
+        waiting.start()
+        _, upsert = reader.wait_for(
+            lambda e: e["type"] == "inflight" and e["data"]["op"] == "upsert" and e["data"]["request"]["model"] == "beta",
+            after=at, what="beta's request in the inflight table",
+        )
+        beta = upsert["data"]["request"]
+        assert beta["state"] in ("waiting", "starting") and beta["arrived_at"].endswith("Z")
+        queued_at, queued = reader.wait_for(
+            lambda e: e["type"] == "queue" and any(q["ticket_id"] == beta["id"] and q["state"] == "waiting"
+                                                   for q in e["data"]),
+            after=at, what="beta waiting in the queue",
+        )
+        entry = next(q for q in queued["data"] if q["ticket_id"] == beta["id"])
+        assert entry["position"] == 1 and entry["band"] == "normal" and "outlook" in entry
+        busy.__exit__(None, None, None)  # alpha's client leaves; beta goes next
+        waiting.join(60)
+
+    gone = {running["data"]["request"]["id"], beta["id"]}
+    for ticket_id in gone:
+        reader.wait_for(lambda e: e["type"] == "inflight" and e["data"] == {"op": "remove", "id": ticket_id},
+                        after=at, what=f"request {ticket_id} removed from the inflight table")
+    reader.wait_for(lambda e: e["type"] == "queue" and e["data"] == [], after=queued_at, what="the queue empty again")
+    reader.wait_for(lambda e: e["type"] == "activity" and e["data"]["id"] == beta["id"]
+                    and e["data"]["state"] == "completed", after=at, what="beta's row completed")
+
+
+def test_a_front_end_streams_the_workers_events_and_stops_asking_when_its_client_leaves(tmp_path, distributed):
+    redis = pytest.importorskip("redis")
+    env, _ = distributed
+    text = config_text(tmp_path / "events.jsonl")
+    with Worker(tmp_path / "worker", text, env), front_end(tmp_path, text, env) as served:
+        reader = EventReader(served)
+        at, first = reader.wait_for(lambda e: e["type"] == "modelStatus", what="modelStatus")
+        assert list(states(first)) == ["chat", "coder"]
+        chat(served, "chat")
+        reader.wait_for(lambda e: e["type"] == "modelStatus" and states(e)["chat"] == "ready", after=at,
+                        what="chat ready")
+        reader.wait_for(lambda e: e["type"] == "logData" and e["data"]["source"] == "chat"
+                        and "listening" in e["data"]["data"], after=at, what="chat's log, named by its model")
+        reader.wait_for(lambda e: e["type"] == "activity" and e["data"]["model"] == "chat"
+                        and e["data"]["state"] == "completed", after=at, what="the request's row completed")
+
+        connection = redis.Redis.from_url(env["REDIS_URL"])
+        db = connection.connection_pool.connection_kwargs["db"]
+        with connection.monitor() as monitor:
+            wait_until(lambda: (c := monitor.next_command())["db"] == db and "logs_since" in c["command"],
+                       10, 0, "the front end to ask the worker for logs")
+            reader.close()
+            wait_for_quiet_asks(monitor, db)
+        chat(served, "coder")  # the service keeps serving
