@@ -11,7 +11,10 @@ from proxy.auth import CREDENTIAL_HEADERS, is_authorized
 from proxy.errors import ProxyError, error_event
 from proxy.hosts import host_refusal
 from proxy.http import StreamingHttpConsumer
-from proxy.inbound import MODEL_ROUTES, forwarded_body, off_loop_when_large, read_model_request, route_label
+from proxy.loading_state import shows_loading_state, wait_showing_state
+from proxy.inbound import (
+    MODEL_ROUTES, forwarded_body, max_wait_seconds, off_loop_when_large, read_model_request, route_label,
+)
 from proxy.relay import relay, upstream_headers
 from proxy.service import get_service
 from scheduling.core import PRIORITY_HEADER, parse_priority
@@ -83,12 +86,26 @@ class ModelConsumer(StreamingHttpConsumer):
             stream=stream,
             client=self.client_address(),
             route=route_label(self.scope["path"]),
+            max_wait_s=max_wait_seconds(headers),
         )
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
         try:
-            lease = await door.submit(request)
+            if shows_loading_state(model_cfg, self.scope["path"], stream):
+                lease = await wait_showing_state(self, door, request, loading_stream_headers)
+            else:
+                lease = await door.submit(request)
         except Rejected as exc:
+            if self.response_started:  # the loading state began the stream: the refusal ends it
+                await self.send_body(error_event(exc.status, exc.message, exc.code))
+                return
             retry = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else None
             raise ProxyError(exc.status, exc.message, exc.code, headers=retry) from None
+        identity = {
+            "X-LlamaSwap-Request-Id": str(lease.ticket_id),
+            "X-LlamaSwap-Queue-Wait-Ms": str(int((loop.time() - asked) * 1000)),
+        }
+
         def upstream_done(result) -> None:
             door.release(lease.ticket_id, Outcome(
                 state=result.state, status_code=result.status, error=result.error, usage=result.usage,
@@ -104,9 +121,11 @@ class ModelConsumer(StreamingHttpConsumer):
                 await relay(
                     self, client, model_cfg.id, method,
                     lease.upstream + upstream_path, as_sent(upstream_headers(headers, drop)), body, upstream_done,
+                    [(k.lower().encode(), v.encode()) for k, v in identity.items()],
                 )
         except ProxyError as exc:
             outcome = Outcome(state="failed", status_code=exc.status, error=exc.message)
+            exc.headers.update(identity)
             raise
         except asyncio.CancelledError:
             if lease.cut is None or asyncio.current_task().uncancel():
@@ -120,6 +139,15 @@ class ModelConsumer(StreamingHttpConsumer):
         if not self.response_started:
             raise ProxyError(cut.status, cut.message, cut.code)
         await self.send_body(error_event(cut.status, cut.message, cut.code) if stream else b"")
+
+
+def loading_stream_headers(ticket_id: int | None) -> list[tuple[bytes, bytes]]:
+    """The headers of a stream the loading state begins, before the model answers: an SSE stream,
+    with the request's id once the scheduler has told it."""
+    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+    if ticket_id is not None:
+        headers.append((b"x-llamaswap-request-id", str(ticket_id).encode()))
+    return headers
 
 
 class OpenAIConsumer(ModelConsumer):

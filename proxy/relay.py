@@ -83,11 +83,14 @@ class RelayResult:
 
 async def relay(consumer, client: UpstreamClient, model: str, method: str, url: str,
                 headers: list[tuple[bytes, bytes]], body: bytes,
-                upstream_done: Callable[[RelayResult], None]) -> None:
-    """Send the request and stream the response to `consumer`. Raises ProxyError only before any byte is sent.
+                upstream_done: Callable[[RelayResult], None], own_headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """Send the request and stream the response to `consumer`, with `own_headers` added to the
+    model's. Raises ProxyError only before any byte is sent.
 
     `upstream_done` is called once, as soon as the model has finished answering (or failed) and before
     the last write to the client, so the GPU passes to the next request without waiting for that write.
+    If the response has begun already (a loading state streamed the wait), the model's stream goes on
+    it as is, and a model's error becomes an error event on it.
     """
     loop = asyncio.get_running_loop()
     request = upstream_request(client, method, url, headers, body)
@@ -103,8 +106,13 @@ async def relay(consumer, client: UpstreamClient, model: str, method: str, url: 
     is_json = "json" in content_type
     kept: deque[bytes] | list[bytes] = deque(maxlen=_SSE_TAIL_CHUNKS) if is_sse else []
     keep = is_sse or is_json
+    if consumer.response_started and response.status >= 400:
+        await _error_on_begun_stream(consumer, model, response, result, upstream_done)
+        return
     try:
-        await consumer.send_headers(status=response.status, headers=downstream_headers(response.headers))
+        if not consumer.response_started:
+            own = downstream_headers(response.headers) + list(own_headers)
+            await consumer.send_headers(status=response.status, headers=own)
         # Streams come as many small chunks worth batching; other bodies arrive in a few large reads,
         # which go straight through without the batching task's extra hop.
         chunks = _coalesced(response.aiter_stream()) if is_sse else _single(response.aiter_stream())
@@ -132,6 +140,20 @@ async def relay(consumer, client: UpstreamClient, model: str, method: str, url: 
     _read_outcome(result, response, kept, is_sse, is_json)
     upstream_done(result)
     await consumer.send_body(b"")
+
+
+async def _error_on_begun_stream(consumer, model: str, response: httpcore.Response, result: RelayResult,
+                                 upstream_done: Callable[[RelayResult], None]) -> None:
+    try:
+        body = await response.aread()
+    except UPSTREAM_ERRORS:
+        body = b""
+    finally:
+        await response.aclose()
+    result.state = "failed"
+    result.error = _error_message(body, response)
+    upstream_done(result)
+    await consumer.send_body(error_event(response.status, f"model '{model}': {result.error}", "upstream_error"))
 
 
 def _read_outcome(result: RelayResult, response: httpcore.Response, kept, is_sse: bool, is_json: bool) -> None:

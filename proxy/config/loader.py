@@ -31,7 +31,7 @@ LOG_LEVELS = ("debug", "info", "warn", "error")
 UNSUPPORTED_TOP_KEYS = frozenset(
     {
         "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "store", "ui",
-        "performance", "sendLoadingState", "includeAliasesInList", "upstream", "profiles",
+        "performance", "includeAliasesInList", "upstream", "profiles",
         "selectors", "peers",
     }
 )
@@ -150,7 +150,8 @@ def parse_config(text: str, path: str = "<string>") -> Config:
     start_port = top.integer("startPort", DEFAULT_START_PORT, minimum=1, maximum=65535, example="5800")
     global_ttl = top.number("globalTTL", 0, minimum=0, example="300")
     unload_timeout = top.number("unloadTimeout", 0, minimum=0, example="10") or DEFAULT_UNLOAD_TIMEOUT
-    models = _read_models(top, start_port, ModelDefaults(global_ttl=global_ttl, unload_timeout=unload_timeout))
+    send_loading_state = top.boolean("sendLoadingState", False)
+    models = _read_models(top, start_port, ModelDefaults(global_ttl, unload_timeout, send_loading_state))
     index = ModelIndex(models, log)
     routing = top.section("routing")
     router = read_router(top, routing, index)

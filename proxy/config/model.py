@@ -22,7 +22,7 @@ PID_REF = "${PID}"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Known llama-swap model keys that llamaswap reads but does not act on.
-UNSUPPORTED_MODEL_KEYS = frozenset({"sendLoadingState", "compat", "capabilities"})
+UNSUPPORTED_MODEL_KEYS = frozenset({"compat", "capabilities"})
 # llama-swap transport timeouts that httpx has no counterpart for.
 UNSUPPORTED_TIMEOUT_KEYS = frozenset({"keepalive", "tlsHandshake", "expectContinue", "idleConn"})
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -60,6 +60,8 @@ class ModelConfig:
     metadata: Mapping[str, Any]
     port: int | None
     timeouts: UpstreamTimeouts = field(default_factory=UpstreamTimeouts)
+    # Stream the wait (place in the queue, predicted wait, loading) to a streaming chat client.
+    send_loading_state: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class ModelDefaults:
 
     global_ttl: float
     unload_timeout: float
+    send_loading_state: bool = False
 
 
 def read_model(
@@ -119,6 +122,7 @@ def read_model(
         metadata=_read_metadata(section),
         port=port,
         timeouts=_read_timeouts(section),
+        send_loading_state=section.boolean("sendLoadingState", defaults.send_loading_state),
     )
     section.warn_unread(UNSUPPORTED_MODEL_KEYS, MODEL_KEY_NOTES)
     return model

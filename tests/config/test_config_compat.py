@@ -115,8 +115,8 @@ def test_example_unsupported_keys_are_named_in_warnings():
     warned = {warning.split(": ")[1] for warning in load_data(data).warnings}
     assert warned == {
         "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "ui", "performance",
-        "sendLoadingState", "includeAliasesInList", "upstream", "profiles", "selectors", "peers",
-        "models.gpt-oss-120b.compat", "models.gpt-oss-120b.sendLoadingState",
+        "includeAliasesInList", "upstream", "profiles", "selectors", "peers",
+        "models.gpt-oss-120b.compat",
         "models.gpt-oss-120b.timeouts.keepalive", "models.gpt-oss-120b.timeouts.tlsHandshake",
         "models.gpt-oss-120b.timeouts.idleConn", "models.gpt-oss-120b.capabilities",
         "models.gpt-oss-120b.filters.setParamsByID", "routing.router.settings.matrix",

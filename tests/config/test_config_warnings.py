@@ -39,7 +39,7 @@ def test_known_llama_swap_keys_are_reported_as_unsupported(load):
     )
     warnings = set(config.warnings)
     for key in ("logToStdout", "peers", "profiles", "selectors", "includeAliasesInList",
-                "models.m.capabilities", "models.m.timeouts.idleConn", "models.m.sendLoadingState",
+                "models.m.capabilities", "models.m.timeouts.idleConn",
                 "models.m.filters.setParamsByID"):
         assert f"config.yaml: {key}: not supported by llamaswap, ignored" in warnings
     assert "config.yaml: logRequests: deprecated in llama-swap and ignored — remove it" in warnings
