@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tests.served import Served, fake_cmd
+from tests.e2e.test_distributed import distributed  # noqa: F401 - the fixture
+from tests.served import Served, Worker, fake_cmd
 
 pytestmark = pytest.mark.e2e
 
@@ -130,3 +131,23 @@ def test_every_proxied_response_names_its_request_and_its_wait(tmp_path):
             assert int(reply.headers["x-llamaswap-queue-wait-ms"]) >= 0
         assert int(second.headers["x-llamaswap-request-id"]) > int(first.headers["x-llamaswap-request-id"])
         assert int(first.headers["x-llamaswap-queue-wait-ms"]) >= 1000, "its wait included beta's 1 s load"
+
+
+def test_a_front_end_streams_the_wait_it_learns_from_the_worker(tmp_path, distributed):
+    env, _ = distributed
+    text = config(tmp_path, True)
+    with Worker(tmp_path / "worker", text, env):
+        (tmp_path / "fe").mkdir()
+        with Served(tmp_path / "fe", text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "fe" / "data")}) as front:
+            list(ask(front, "alpha", stream=True, extra_body={"fake": {"tokens": 30, "tps": 10}}))
+            with batch_job(front):
+                streamed = client(front).chat.completions.with_raw_response.create(
+                    model="alpha", messages=[{"role": "user", "content": "hi"}], max_tokens=ANSWER_TOKENS,
+                    stream=True, extra_headers={"X-LlamaSwap-Priority": "interactive"},
+                )
+                chunks = list(streamed.parse())
+            reasoning, content = reasoning_and_content(chunks)
+            assert content and any(line.startswith("next in the queue; ~") for line in reasoning), reasoning
+            assert int(streamed.headers["x-llamaswap-request-id"]) > 0
+            plain = httpx.post(front.base + "/v1/chat/completions", json={"model": "alpha", "messages": []}, timeout=60)
+            assert int(plain.headers["x-llamaswap-request-id"]) > 0 and "x-llamaswap-queue-wait-ms" in plain.headers
