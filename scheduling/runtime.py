@@ -36,7 +36,7 @@ from scheduling.core import (
     band_of,
 )
 from scheduling.core.durations import DurationHistory, JobKind
-from scheduling.core.forecast import Outlook, Underway, forecast
+from scheduling.core.forecast import Outlook, Underway, due_in, forecast
 from scheduling.events import Dispatched, Finished, ModelLoaded, ModelStateChanged, Queued, Refused, RuntimeEvent
 
 log = logging.getLogger("llamaswap.scheduler")
@@ -44,6 +44,8 @@ log = logging.getLogger("llamaswap.scheduler")
 # A forecast is reused until the scheduler's state changes or this much time has passed: everyone
 # streaming a loading state, and every /api/queue reader, shares one run of the copy per second.
 FORECAST_MAX_AGE_S = 1.0
+# Retry-After for a request whose maximum wait ran out when its dispatch cannot be predicted.
+MAX_WAIT_RETRY_AFTER_S = 5
 
 
 class Fleet(Protocol):
@@ -68,6 +70,7 @@ class TicketRequest:
     client: str = ""
     route: str = "other"  # the path as a bounded metrics label, which only the front end can tell
     origin: str = ""  # distributed mode: the front end's key for it (see QueuedRequest.origin)
+    max_wait_s: float | None = None  # refused if not granted this long after it arrived (the caller's limit)
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,9 @@ class SchedulerRuntime:
         ticket = Ticket(id=ticket_id, model=request.model, priority=request.priority, arrival=arrival)
         waiter = _Waiter(self._loop.create_future(), ticket, request)
         self._waiting[ticket.id] = waiter
+        if request.max_wait_s is not None:  # counted from arrival: a carried request's wait so far counts
+            expiry = self._loop.call_at(arrival + request.max_wait_s, self._waited_too_long, ticket.id)
+            waiter.future.add_done_callback(lambda _: expiry.cancel())
         band = band_of(request.priority)
         if record:
             self.recorder.create(
@@ -296,18 +302,39 @@ class SchedulerRuntime:
         """Admin action: fail a queued request with a clear message. Returns whether it was waiting."""
         if ticket_id not in self._waiting:
             return False
+        reason = Rejected(503, "cancelled_by_operator", "cancelled by an operator while queued")
+        self._refuse_waiting(ticket_id, reason, "cancelled")
+        return True
+
+    def _waited_too_long(self, ticket_id: int) -> None:
+        """A request's `max_wait_s` ran out before its grant: refuse it, saying when to retry from the
+        forecast of its dispatch."""
+        waiter = self._waiting.get(ticket_id)
+        if waiter is None or waiter.future.done():
+            return  # granted or gone in the same instant
+        outlook = self.forecast().get(ticket_id)
+        eta = None if outlook is None else outlook.eta_s
+        expected = "" if eta is None else f"; it was expected to be sent in ~{math.ceil(eta)} s more"
+        message = (
+            f"not sent to model '{waiter.request.model}' within its maximum wait of "
+            f"{waiter.request.max_wait_s:g} s{expected}; retry later, or allow a longer wait"
+        )
+        retry_after = MAX_WAIT_RETRY_AFTER_S if eta is None else max(1, math.ceil(eta))
+        self._refuse_waiting(ticket_id, Rejected(503, "max_wait_exceeded", message, retry_after), "rejected")
+
+    def _refuse_waiting(self, ticket_id: int, reason: Rejected, state: str) -> None:
+        """End a waiting request with `reason` (its caller's error) and free its place."""
         waiter = self._waiting.pop(ticket_id)
-        message = "cancelled by an operator while queued"
         if not waiter.future.done():  # its client may have left a moment ago
-            waiter.future.set_exception(Rejected(503, "cancelled_by_operator", message))
+            waiter.future.set_exception(reason)
             waiter.future.exception()  # mark retrieved: nobody may be left to read it
         self.recorder.update(
-            ticket_id, state="cancelled", status_code=503, error=message, finished_at=self._wall(self.now())
+            ticket_id, state=state, status_code=reason.status, error=reason.message,
+            finished_at=self._wall(self.now()),
         )
-        self._observer(Refused(waiter.ticket.model, waiter.request.route, 503, cancelled=True))
+        self._observer(Refused(waiter.ticket.model, waiter.request.route, reason.status, cancelled=state == "cancelled"))
         now = self.now()
         self._run(lambda: self.scheduler.cancel(ticket_id, now))
-        return True
 
     def reprioritize(self, ticket_id: int, priority: int) -> bool:
         """Admin action: re-rank a queued request. Returns whether it was still queued (one whose
@@ -404,6 +431,17 @@ class SchedulerRuntime:
         outlooks = forecast(self.scheduler, underway, kinds, [*starting, *ranked], self.durations, now)
         self._forecast = (self._version, now, outlooks)
         return outlooks
+
+    def next_job_end_in(self, model: str) -> int | None:
+        """Whole seconds (at least 1) until the first of `model`'s running jobs is predicted to end, from
+        their typical durations; None when none runs or none has a typical duration."""
+        now = self.now()
+        ends = []
+        for request, _, since in self._granted.values():
+            typical = self.durations.job_s(JobKind(request.model, request.route, request.stream))
+            if request.model == model and typical is not None:
+                ends.append(due_in(since, typical, now))
+        return max(1, math.ceil(min(ends))) if ends else None
 
     def priority_of(self, ticket_id: int) -> int | None:
         """The priority of a request waiting or running here."""
@@ -523,7 +561,10 @@ class SchedulerRuntime:
             finished_at=self._wall(self.now()),
         )
         if waiter is not None and not waiter.future.done():
-            waiter.future.set_exception(Rejected(effect.status, effect.code, effect.message, effect.retry_after))
+            retry_after = effect.retry_after
+            if effect.code == "concurrency_limit":  # a place frees when the first of its jobs ends
+                retry_after = self.next_job_end_in(waiter.request.model) or retry_after
+            waiter.future.set_exception(Rejected(effect.status, effect.code, effect.message, retry_after))
         self._observer(
             Refused(waiter.ticket.model if waiter else "", waiter.request.route if waiter else "other", effect.status)
         )

@@ -85,6 +85,13 @@ def forecast(
     return run.outlooks(waiting, queued, complete=played)
 
 
+def due_in(since: float, typical: float, now: float) -> float:
+    """Seconds from `now` until what began at `since` and typically takes `typical` ends; one already
+    past its typical time is given `OVERDUE_SHARE` of it again."""
+    due = since + typical
+    return due - now if due > now else OVERDUE_SHARE * typical
+
+
 class _Run:
     def __init__(self, sim, kinds: Mapping[int, JobKind], targets: set[int], durations: DurationHistory, now: float):
         self.sim = sim
@@ -103,9 +110,7 @@ class _Run:
         if typical is None:
             self.unknown.add(f"{'a load of' if event == 'ready' else 'a request to'} {model}")
             return
-        due = since + typical
-        if due <= self.now:
-            due = self.now + OVERDUE_SHARE * typical
+        due = self.now + due_in(since, typical, self.now)
         heapq.heappush(self.events, (due, next(self.order), event, subject, model))
 
     def play(self, max_events: int) -> bool:

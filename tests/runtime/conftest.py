@@ -38,9 +38,9 @@ class Gpu:
     recorder: FakeRecorder
     clients: list[Client] = field(default_factory=list)
 
-    async def submit(self, model: str, priority: int = 0) -> Client:
+    async def submit(self, model: str, priority: int = 0, max_wait_s: float | None = None) -> Client:
         """Start a request for `model`; returns once it has been queued (or answered)."""
-        request = TicketRequest(model=model, path="/v1/chat/completions", priority=priority)
+        request = TicketRequest(model=model, path="/v1/chat/completions", priority=priority, max_wait_s=max_wait_s)
         task = asyncio.get_running_loop().create_task(self.runtime.submit(request))
         await asyncio.sleep(0)  # one step runs submit() up to its wait: it does not yield before
         ticket_id = max(self.recorder.rows)
