@@ -3,6 +3,7 @@ reasoning before the answer, and every proxied response names its request and ho
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 
 import httpx
@@ -151,3 +152,35 @@ def test_a_front_end_streams_the_wait_it_learns_from_the_worker(tmp_path, distri
             assert int(streamed.headers["x-llamaswap-request-id"]) > 0
             plain = httpx.post(front.base + "/v1/chat/completions", json={"model": "alpha", "messages": []}, timeout=60)
             assert int(plain.headers["x-llamaswap-request-id"]) > 0 and "x-llamaswap-queue-wait-ms" in plain.headers
+
+
+def sse_events(served, model: str, **fake) -> list[dict]:
+    """The data of every SSE event of a streaming chat request, read raw."""
+    body = {"model": model, "stream": True, "messages": [], "max_tokens": ANSWER_TOKENS}
+    if fake:
+        body["fake"] = fake
+    with httpx.stream("POST", served.base + "/v1/chat/completions", json=body, timeout=60) as reply:
+        assert reply.status_code == 200
+        data = [line[len("data: "):] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(item) for item in data[:-1]]
+
+
+def test_a_model_that_answers_with_an_error_after_the_wait_was_streamed_ends_the_stream_with_it(tmp_path):
+    with Served(tmp_path, config(tmp_path, True)) as served:
+        events = sse_events(served, "beta", status=500)  # beta loads for a second first
+        assert events[0]["choices"][0]["delta"]["reasoning_content"].startswith("Waiting for beta")
+        assert events[-1]["error"]["code"] == "upstream_error" and "beta" in events[-1]["error"]["message"]
+        answer = [e["choices"][0]["delta"].get("content") for e in sse_events(served, "beta") if e.get("choices")]
+        assert any(answer), "and the next request is served"
+
+
+def test_a_start_that_fails_after_the_wait_was_streamed_ends_the_stream_with_the_reason(tmp_path):
+    broken = config(tmp_path, True).replace("healthCheckTimeout: 20", "healthCheckTimeout: 1").replace(
+        '"--load-delay", "1"', '"--hang-at-start"'
+    ).replace("--load-delay 1", "--hang-at-start")
+    with Served(tmp_path, broken) as served:
+        events = sse_events(served, "beta")
+        assert events[0]["choices"][0]["delta"]["reasoning_content"].startswith("Waiting for beta")
+        error = events[-1]["error"]
+        assert error["type"] == "server_error" and "beta" in error["message"], error
