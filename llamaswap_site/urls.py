@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import path, re_path
 
-from proxy import views
+from proxy import queue_views, views
 from proxy.metrics_view import metrics_view
 
 urlpatterns = [
@@ -17,6 +17,9 @@ urlpatterns = [
     path("api/models/unload/<path:model>", views.unload_model),
     path("api/activity", views.activity),
     path("api/events", views.api_events),
+    path("api/queue", queue_views.queue),
+    path("api/queue/<int:ticket_id>", queue_views.queue_entry),
+    path("api/inflight/<int:ticket_id>/cancel", queue_views.cancel_inflight),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
     path("logs/stream/<path:model>", views.logs_stream),

@@ -16,6 +16,8 @@ import asyncio
 import functools
 import io
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 from urllib.parse import parse_qs
@@ -51,6 +53,24 @@ JSON_ROUTES = frozenset(
 MULTIPART_ROUTES = frozenset({"/v1/audio/transcriptions", "/v1/images/edits"})
 MODEL_ROUTES = JSON_ROUTES | MULTIPART_ROUTES
 UPSTREAM_ROUTE = "/upstream"
+MAX_WAIT_HEADER = "X-LlamaSwap-Max-Wait"
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")  # ASCII only: float() takes "1_0", "١٢", "nan"
+
+
+def max_wait_seconds(headers: dict[str, str]) -> float | None:
+    """The caller's `X-LlamaSwap-Max-Wait`: how long it will wait to be sent to the model, in seconds
+    (None: no limit). Unlike the priority, a bad value is refused: silently waiting without the
+    limit asked for could hold a caller far longer than it can bear."""
+    value = headers.get(MAX_WAIT_HEADER.lower())
+    if value is None:
+        return None
+    text = value.strip(" \t")
+    seconds = float(text) if _DECIMAL.fullmatch(text) else 0.0
+    if not 0 < seconds < math.inf:
+        raise ProxyError(
+            400, f"{MAX_WAIT_HEADER} must be a positive number of seconds, not {value!r}", "invalid_max_wait"
+        )
+    return seconds
 
 
 def route_label(path: str) -> str:

@@ -8,6 +8,7 @@ indexed orderings.
 
 from __future__ import annotations
 
+from asgiref.sync import async_to_sync
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -126,8 +127,12 @@ class WaitingRequestAdmin(LivePageAdmin):
 
     def page_context(self, request: HttpRequest, door: frontdoor.FrontDoor) -> dict:
         snapshot = door.snapshot()
+        entries = door.waiting()
+        # Ranked by score now; the forecast's place and wait (as /api/queue tells them) beside each.
+        predicted = {entry.ticket_id: entry for entry in async_to_sync(door.queue)()}
         return {
-            "entries": door.waiting(),
+            "entries": entries,
+            "rows": [(entry, predicted.get(entry.ticket_id)) for entry in entries],
             "busy_models": door.running(),
             "scheduler": door.config.scheduler.use,
             "settings_in_use": snapshot.settings,

@@ -1,0 +1,80 @@
+"""`/api/queue`: the waiting and running requests as the scheduler forecasts them, and cancelling one
+(also as llama-swap's `POST /api/inflight/<id>/cancel`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from proxy.responses import allow_methods, json_error
+from proxy.views import api_key_required
+from scheduling.activity import activity_row
+from scheduling.models import QueuedRequest
+from scheduling.queue_view import QueueEntry
+
+
+def entry_json(entry: QueueEntry) -> dict[str, Any]:
+    """A waiting, starting or running request as JSON (see `QueueEntry`)."""
+    terms = entry.terms
+    return {
+        "id": entry.ticket_id,
+        "model": entry.model,
+        "requested_model": entry.requested_model,
+        "path": entry.path,
+        "client": entry.client,
+        "priority": entry.priority,
+        "band": entry.band,
+        "state": entry.state,
+        "position": entry.position,
+        "score": entry.score,
+        "terms": None if terms is None else {"priority": terms.priority, "affinity": terms.affinity,
+                                             "aging": terms.aging},
+        "waited_seconds": round(entry.waited_s, 3),
+        "running_seconds": None if entry.running_s is None else round(entry.running_s, 3),
+        "eta_seconds": None if entry.eta_s is None else round(entry.eta_s, 3),
+        "outlook": entry.outlook,
+    }
+
+
+@allow_methods("GET")
+@api_key_required
+async def queue(request: HttpRequest, service) -> JsonResponse:
+    """`GET /api/queue`: queued requests in predicted dispatch order, then starting, then running ones."""
+    return JsonResponse({"data": [entry_json(entry) for entry in await service.door.queue()]})
+
+
+@allow_methods("GET", "DELETE")
+@api_key_required
+async def queue_entry(request: HttpRequest, service, ticket_id: int) -> HttpResponse:
+    """`GET /api/queue/<id>`: the request live while it waits or runs, else its activity row;
+    `DELETE`: cancel it."""
+    if request.method == "DELETE":
+        return await _cancel(service, ticket_id)
+    entry = await service.door.queue_entry(ticket_id)
+    if entry is not None:
+        return JsonResponse(entry_json(entry))
+    row = await sync_to_async(_row)(ticket_id)
+    if row is None:
+        return json_error(404, f"no request {ticket_id}", "request_not_found")
+    return JsonResponse(row)
+
+
+@allow_methods("POST")
+@api_key_required
+async def cancel_inflight(request: HttpRequest, service, ticket_id: int) -> HttpResponse:
+    """llama-swap's `POST /api/inflight/<id>/cancel`."""
+    return await _cancel(service, ticket_id)
+
+
+async def _cancel(service, ticket_id: int) -> HttpResponse:
+    """A waiting request is refused, a running one cut; either client gets a 503 cancelled_by_operator."""
+    if not await service.door.cancel_request(ticket_id):
+        return json_error(404, f"request {ticket_id} is not waiting or running", "request_not_found")
+    return JsonResponse({"msg": "ok"})
+
+
+def _row(ticket_id: int) -> dict[str, Any] | None:
+    row = QueuedRequest.objects.filter(id=ticket_id).first()
+    return None if row is None else activity_row(row)
