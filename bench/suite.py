@@ -6,17 +6,18 @@ Runs, in order: the scheduling core; added latency, first SSE chunk and streamin
 through llamaswap against straight to the model, alternating, and the serial dispatch gap; the
 same requests again with LiteLLM's proxy (the peer, installed into `.bench-venv/` on first use)
 in the rotation, all three in front of one fake model; interactive wait under batch saturation
-(serial, then fifo); swap thrash (swapAffinityBonus 10, then 0); models that coexist and models with
-several slots (embeddings beside a batch job, concurrent streams on slots, service CPU per streamed
-chunk); queue capacity; and distributed mode beside one process (grant and dispatch gap over Redis,
+(serial, then fifo); swap thrash (swapAffinityBonus 10, then 0); the wait prediction's error (each
+waiting request's predicted wait against its actual one, three bands, two models swapping); models
+that coexist and models with several slots (embeddings beside a batch job, concurrent streams on
+slots, service CPU per streamed chunk); queue capacity; and distributed mode beside one process (grant and dispatch gap over Redis,
 added latency through a front end, throughput through one and two front ends; skipped, saying why,
 without PostgreSQL and Redis). The targets
 for llamaswap alone are judged on the first data-path run, with no third server on the machine.
 Prints one markdown report and, with `--write`, replaces the text between that file's results
-markers with it. About 6 minutes (plus about one to install LiteLLM the first time).
+markers with it. About 7.5 minutes (plus about one to install LiteLLM the first time).
 
 A part that fails is reported as failed (its traceback on stderr) and the rest still runs; the
-exit status is then 1. `--quick` runs every part at a smaller size, in about 3.5 minutes. `--only`
+exit status is then 1. `--quick` runs every part at a smaller size, in about 4 minutes. `--only`
 runs the parts named (e.g. `--only distributed-mode`) and prints their report without writing it.
 """
 
@@ -36,7 +37,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import distributed, interactive, load, peer, proxy, scheduler_core, slots, streaming, thrash  # noqa: E402
+from bench import (distributed, interactive, load, peer, prediction, proxy, scheduler_core, slots,  # noqa: E402
+                   streaming, thrash)
 from bench.common import REPO, Stats, added, direct_base, load_average, machine, stats, versions  # noqa: E402
 
 BEGIN = "<!-- bench:results -->"
@@ -66,12 +68,13 @@ class Sizes:
     cpu_tokens: int  # tokens a stream for CPU per chunk
     throughput_requests: int  # tiny chats a distributed-mode throughput run
     throughput_rounds: int
+    prediction_seconds: float  # how long the wait prediction's workload keeps arriving
 
 
 # Queue capacity drains through one model: with several in one swap group the drain is bound by the
 # swaps (one whenever the next request's model differs), which swap thrash measures, not the queue.
-FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 1, 200, 4, 5, 2, 10_000, 300, 3)
-QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 1, 100, 2, 3, 1, 5_000, 150, 2)
+FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 1, 200, 4, 5, 2, 10_000, 300, 3, 60)
+QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 1, 100, 2, 3, 1, 5_000, 150, 2, 25)
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,25 @@ def thrash_part(report: Report, sizes: Sizes) -> None:
     )
 
 
+def prediction_part(report: Report, sizes: Sizes) -> None:
+    """Each waiting request's predicted wait, first seen at its enqueue, against its actual wait."""
+    run = prediction.measure(sizes.prediction_seconds)
+    result = prediction.overall(run)
+    what = (f"predicted wait at enqueue, mixed workload (3 bands, 2 models swapping), {result.counted} of "
+            f"{len(run.samples)} requests that waited")
+    report.judge(what, "median of \\|predicted − actual\\| ÷ actual", f"≤ {prediction.TARGET_MEDIAN:.0%}",
+                 f"{result.median:.0%}", result.median <= prediction.TARGET_MEDIAN)
+    rest = "—" if result.median_not_overtaken is None else f"{result.median_not_overtaken:.0%}"
+    report.figure(f"{what}: p90; median of the {result.not_overtaken} that no later arrival overtook",
+                  f"{result.p90:.0%}; {rest}")
+    report.section(
+        f"Wait prediction: {len(run.samples)} requests over {sizes.prediction_seconds:g} s, 3 bands, "
+        f"2 models in one swap group",
+        prediction.method(run),
+        [prediction.HEADER, *prediction.rows(run)],
+    )
+
+
 def slots_part(report: Report, sizes: Sizes) -> None:
     """Embeddings beside a batch job, concurrent streams on slots, and the service's CPU per chunk."""
     beside = slots.measure_embeddings(sizes.embeddings, sizes.embeddings_blocks, sizes.single_slot_rounds)
@@ -390,7 +412,7 @@ def write_between_markers(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="every part at a smaller size (about 3.5 minutes)")
+    parser.add_argument("--quick", action="store_true", help="every part at a smaller size (about 4 minutes)")
     parser.add_argument("--no-peer", action="store_true", help="skip LiteLLM (no install, no start)")
     parser.add_argument("--write", type=Path, metavar="FILE", help="put the report between FILE's results markers")
     parser.add_argument("--only", nargs="+", metavar="PART",
@@ -409,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         "peer": lambda: peer_part(report, sizes, not args.no_peer),
         "interactive wait": lambda: interactive_part(report, sizes),
         "swap thrash": lambda: thrash_part(report, sizes),
+        "wait prediction": lambda: prediction_part(report, sizes),
         "coexisting models and slots": lambda: slots_part(report, sizes),
         "queue capacity": lambda: capacity_part(report, sizes),
         "distributed mode": lambda: distributed_part(report, sizes),
