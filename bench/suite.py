@@ -9,10 +9,10 @@ in the rotation, all three in front of one fake model; interactive wait under ba
 (serial, then fifo); swap thrash (swapAffinityBonus 10, then 0); the wait prediction's error (each
 waiting request's predicted wait against its actual one, three bands, two models swapping); models
 that coexist and models with several slots (embeddings beside a batch job, concurrent streams on
-slots, service CPU per streamed chunk); queue capacity; and distributed mode beside one process (grant and dispatch gap over Redis,
-added latency through a front end, throughput through one and two front ends; skipped, saying why,
-without PostgreSQL and Redis). The targets
-for llamaswap alone are judged on the first data-path run, with no third server on the machine.
+slots, service CPU per streamed chunk); queue capacity; and distributed mode beside one process
+(grant and dispatch gap over Redis, added latency through a front end, throughput through one and
+two front ends; skipped, saying why, without PostgreSQL and Redis). The targets for llamaswap alone
+are judged on the first data-path run, with no third server on the machine.
 Prints one markdown report and, with `--write`, replaces the text between that file's results
 markers with it. About 7.5 minutes (plus about one to install LiteLLM the first time).
 
