@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -199,7 +198,7 @@ class EventStream:
     def _queue_items(entries) -> list[dict[str, Any]]:
         now = time.time()
         return [
-            {**asdict(entry), "eta_at": None if entry.eta_s is None else now + entry.eta_s} for entry in entries
+            {**entry.as_json(), "eta_at": None if entry.eta_s is None else now + entry.eta_s} for entry in entries
         ]
 
 
@@ -208,7 +207,7 @@ def _queue_changed(sent: list[dict[str, Any]] | None, queue: list[dict[str, Any]
     state, or the predicted dispatch time of one not yet running moved by more than ETA_SLACK_S."""
     if sent is None or len(sent) != len(queue):
         return True
-    stable = ("ticket_id", "model", "priority", "state", "position")
+    stable = ("id", "model", "priority", "state", "position")
     for old, new in zip(sent, queue):
         if any(old[key] != new[key] for key in stable):
             return True

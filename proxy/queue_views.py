@@ -12,37 +12,13 @@ from proxy.responses import allow_methods, json_error
 from proxy.views import api_key_required
 from scheduling.activity import activity_row
 from scheduling.models import QueuedRequest
-from scheduling.queue_view import QueueEntry
-
-
-def entry_json(entry: QueueEntry) -> dict[str, Any]:
-    """A waiting, starting or running request as JSON (see `QueueEntry`)."""
-    terms = entry.terms
-    return {
-        "id": entry.ticket_id,
-        "model": entry.model,
-        "requested_model": entry.requested_model,
-        "path": entry.path,
-        "client": entry.client,
-        "priority": entry.priority,
-        "band": entry.band,
-        "state": entry.state,
-        "position": entry.position,
-        "score": entry.score,
-        "terms": None if terms is None else {"priority": terms.priority, "affinity": terms.affinity,
-                                             "aging": terms.aging},
-        "waited_seconds": round(entry.waited_s, 3),
-        "running_seconds": None if entry.running_s is None else round(entry.running_s, 3),
-        "eta_seconds": None if entry.eta_s is None else round(entry.eta_s, 3),
-        "outlook": entry.outlook,
-    }
 
 
 @allow_methods("GET")
 @api_key_required
 async def queue(request: HttpRequest, service) -> JsonResponse:
     """`GET /api/queue`: queued requests in predicted dispatch order, then starting, then running ones."""
-    return JsonResponse({"data": [entry_json(entry) for entry in await service.door.queue()]})
+    return JsonResponse({"data": [entry.as_json() for entry in await service.door.queue()]})
 
 
 @allow_methods("GET", "DELETE")
@@ -54,7 +30,7 @@ async def queue_entry(request: HttpRequest, service, ticket_id: int) -> HttpResp
         return await _cancel(service, ticket_id)
     entry = await service.door.queue_entry(ticket_id)
     if entry is not None:
-        return JsonResponse(entry_json(entry))
+        return JsonResponse(entry.as_json())
     row = await sync_to_async(_row)(ticket_id)
     if row is None:
         return json_error(404, f"no request {ticket_id}", "request_not_found")

@@ -7,6 +7,7 @@ Built on the event loop from the runtime and its forecast; the same entries feed
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from scheduling.core import ScoreTerms, band_of
 from scheduling.core.forecast import Blocker, Outlook
@@ -34,6 +35,28 @@ class QueueEntry:
     running_s: float | None
     eta_s: float | None
     outlook: str
+
+    def as_json(self) -> dict[str, Any]:
+        """The entry as `/api/queue` and `/api/events` give it."""
+        terms = self.terms
+        return {
+            "id": self.ticket_id,
+            "model": self.model,
+            "requested_model": self.requested_model,
+            "path": self.path,
+            "client": self.client,
+            "priority": self.priority,
+            "band": self.band,
+            "state": self.state,
+            "position": self.position,
+            "score": self.score,
+            "terms": None if terms is None else {"priority": terms.priority, "affinity": terms.affinity,
+                                                 "aging": terms.aging},
+            "waited_seconds": round(self.waited_s, 3),
+            "running_seconds": None if self.running_s is None else round(self.running_s, 3),
+            "eta_seconds": None if self.eta_s is None else round(self.eta_s, 3),
+            "outlook": self.outlook,
+        }
 
 
 def queue_entries(runtime) -> list[QueueEntry]:

@@ -170,11 +170,11 @@ def test_a_waiting_request_is_in_the_inflight_table_and_the_queue_until_done(ser
         beta = upsert["data"]["request"]
         assert beta["state"] in ("waiting", "starting") and beta["arrived_at"].endswith("Z")
         queued_at, queued = reader.wait_for(
-            lambda e: e["type"] == "queue" and any(q["ticket_id"] == beta["id"] and q["state"] == "waiting"
+            lambda e: e["type"] == "queue" and any(q["id"] == beta["id"] and q["state"] == "waiting"
                                                    for q in e["data"]),
             after=at, what="beta waiting in the queue",
         )
-        entry = next(q for q in queued["data"] if q["ticket_id"] == beta["id"])
+        entry = next(q for q in queued["data"] if q["id"] == beta["id"])
         assert entry["position"] == 1 and entry["band"] == "normal" and "outlook" in entry
         busy.__exit__(None, None, None)  # alpha's client leaves; beta goes next
         waiting.join(60)

@@ -17,7 +17,7 @@ def test_envelope_is_llama_swaps_sse_message_with_json_text_inside():
 
 
 def entry(ticket_id=1, position=1, eta_at=100.0, **changes):
-    return {"ticket_id": ticket_id, "model": "m", "priority": 0, "state": "waiting", "position": position,
+    return {"id": ticket_id, "model": "m", "priority": 0, "state": "waiting", "position": position,
             "eta_at": eta_at, "waited_s": 3.0, **changes}
 
 
