@@ -136,6 +136,7 @@ def activity_row(row: QueuedRequest) -> dict[str, Any]:
         "path": row.path,
         "stream": row.stream,
         "client": row.client,
+        "max_wait_s": row.max_wait_s,
         "priority": row.priority,
         "band": row.band,
         "state": row.state,

@@ -52,6 +52,8 @@ class QueuedRequest(models.Model):
     # answers the front end that still holds the client's connection.
     origin = models.CharField(max_length=200, blank=True)
     route = models.CharField(max_length=40, blank=True)
+    # The caller's X-LlamaSwap-Max-Wait, so a worker that takes the queue over keeps enforcing it.
+    max_wait_s = models.FloatField(null=True, blank=True)
     priority = models.BigIntegerField(default=0)
     band = models.CharField(max_length=12, choices=BandChoice.choices, default=BandChoice.NORMAL)
     state = models.CharField(max_length=12, choices=RequestState.choices, default=RequestState.QUEUED)

@@ -254,6 +254,7 @@ class SchedulerRuntime:
                 client=request.client,
                 origin=request.origin,
                 route=request.route,
+                max_wait_s=request.max_wait_s,
                 priority=request.priority,
                 band=band.value,
                 state="queued",
