@@ -99,11 +99,16 @@ def kill_leftovers(pgid: int | None) -> None:
 
 
 def while_starting(served: Served, events: Path, processes: int) -> int:
-    """SIGKILL the service while its model loads; return the model's process group."""
+    """SIGKILL the service while its model loads; return the model's process group.
+
+    The model must have printed its "listening" line first: printed into the pipe of a service
+    already gone, it would end the fake model (BrokenPipeError), leaving no orphan to stop.
+    """
     threading.Thread(target=chat_until_killed, args=(served.base,), daemon=True).start()
     pgid = model_pgid(served.data_dir, "m")
     wait_until(lambda: len(group_members(pgid)) == processes, what=f"{processes} processes in the model's group")
-    wait_until(lambda: httpx.get(served.base + "/running").json()["running"], what="the model to be starting")
+    wait_until(lambda: "fakemodel m listening on" in httpx.get(served.base + "/logs").text,
+               what="the model to be up and loading")
     assert httpx.get(served.base + "/running").json()["running"][0]["state"] == "starting"
     return pgid
 
@@ -138,7 +143,8 @@ def test_restart_after_sigkill_stops_the_orphaned_model_group_frees_its_port_and
         served.start()
         assert group_members(pgid) == [], f"processes of the old model group survived the restart: {kind}"
         assert port_is_free(port)
-        assert f"stopped process group {pgid} of model m, left running by a previous run" in served.log()
+        log = served.log()
+        assert f"stopped process group {pgid} of model m, left running by a previous run" in log, log
         served.check_settled("m")
     finally:
         served.stop()
