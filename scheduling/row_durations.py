@@ -21,9 +21,9 @@ def durations_from_rows(models: Iterable[str]) -> DurationHistory:
     for model in models:
         rows = QueuedRequest.objects.filter(model=model, state=RequestState.COMPLETED)
         jobs = rows.exclude(method="LOAD").filter(duration_ms__isnull=False).order_by("-id")
-        recent = list(jobs.values_list("route", "stream", "duration_ms")[: WINDOW * 4])
-        for route, stream, duration_ms in reversed(recent):
-            history.add_job(JobKind(model, route or "other", stream), duration_ms / 1000)
+        recent = list(jobs.values_list("route", "stream", "band", "duration_ms")[: WINDOW * 12])
+        for route, stream, band, duration_ms in reversed(recent):
+            history.add_job(JobKind(model, route or "other", stream, band), duration_ms / 1000)
         loads = (
             QueuedRequest.objects.filter(model=model, needed_swap=True, dispatched_at__isnull=False,
                                          serial_queue_wait_ms__isnull=False)

@@ -356,7 +356,7 @@ class SchedulerRuntime:
         request, decision, granted_at = granted
         now = self.now()
         if outcome.state == "completed" and request.method != "LOAD":  # a preload's "job" is no job
-            self.durations.add_job(JobKind(request.model, request.route, request.stream), now - granted_at)
+            self.durations.add_job(job_kind(request, decision.priority), now - granted_at)
         fields: dict[str, Any] = {
             "state": outcome.state,
             "status_code": outcome.status_code,
@@ -419,8 +419,8 @@ class SchedulerRuntime:
         cached = self._forecast
         if cached is not None and cached[0] == self._version and now - cached[1] < FORECAST_MAX_AGE_S:
             return cached[2]
-        requests = {tid: waiter.request for tid, waiter in self._waiting.items()}
-        requests.update((tid, granted[0]) for tid, granted in self._granted.items())
+        kinds = {tid: job_kind(waiter.request, waiter.ticket.priority) for tid, waiter in self._waiting.items()}
+        kinds.update((tid, job_kind(request, decision.priority)) for tid, (request, decision, _) in self._granted.items())
         ranked = [ticket.id for ticket, _ in self.scheduler.ranked(now) if ticket.id in self._waiting]
         starting = [tid for tid in self._waiting if not self.scheduler.is_queued(tid)]
         underway = Underway(
@@ -428,7 +428,6 @@ class SchedulerRuntime:
             starts=dict(self._starting_since),
             stops=[model for model in self._stops if model not in self._starting_since],
         )
-        kinds = {tid: JobKind(r.model, r.route, r.stream) for tid, r in requests.items()}
         outlooks = forecast(self.scheduler, underway, kinds, [*starting, *ranked], self.durations, now)
         self._forecast = (self._version, now, outlooks)
         return outlooks
@@ -438,8 +437,8 @@ class SchedulerRuntime:
         their typical durations; None when none runs or none has a typical duration."""
         now = self.now()
         ends = []
-        for request, _, since in self._granted.values():
-            typical = self.durations.job_s(JobKind(request.model, request.route, request.stream))
+        for request, decision, since in self._granted.values():
+            typical = self.durations.job_s(job_kind(request, decision.priority))
             if request.model == model and typical is not None:
                 ends.append(due_in(since, typical, now))
         return max(1, math.ceil(min(ends))) if ends else None
@@ -658,6 +657,11 @@ class SchedulerRuntime:
             band: (wait + elapsed if snap.depth_by_band[band] else 0.0)
             for band, wait in snap.oldest_wait_by_band.items()
         }
+
+
+def job_kind(request: TicketRequest, priority: int) -> JobKind:
+    """What the request's run time is learned and predicted by (see `scheduling.core.durations`)."""
+    return JobKind(request.model, request.route, request.stream, band_of(priority).value)
 
 
 def decision_fields(decision: Decision) -> dict[str, Any]:

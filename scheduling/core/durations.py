@@ -2,10 +2,11 @@
 
 The typical duration is the median of the most recent ones, so one 12-hour outlier
 moves it by one place, not by hours. A job's duration depends on what was asked
-(the route, and whether it streams); a kind never seen yet borrows from the
-model's other jobs on the same route, then from all of the model's jobs. A model
-with no finished job at all has no typical duration: the forecast says so
-instead of inventing one.
+(the route, and whether it streams) and on who asks: a batch job is a long render,
+an interactive one a short chat, on the same route. A kind never seen yet borrows
+from the model's jobs of the same route and streaming in other bands, then from
+its jobs on the same route, then from all of its jobs. A model with no finished
+job at all has no typical duration: the forecast says so instead of inventing one.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ WINDOW = 50  # recent durations kept per kind: enough for a stable median, few e
 
 @dataclass(frozen=True)
 class JobKind:
-    """What a request's run time depends on, besides its prompt: the model, the route, streaming."""
+    """What a request's run time depends on, besides its prompt: the model, the route, streaming, and
+    the band of its priority (see `priority.Band`)."""
 
     model: str
     route: str
     stream: bool
+    band: str
 
 
 class DurationHistory:
@@ -46,6 +49,7 @@ class DurationHistory:
         if exact:
             return median(exact)
         for same in (
+            lambda k: k.model == kind.model and k.route == kind.route and k.stream == kind.stream,
             lambda k: k.model == kind.model and k.route == kind.route,
             lambda k: k.model == kind.model,
         ):

@@ -30,7 +30,7 @@ LOAD_S = {"chat": 6.0, "coder": 3.0, "embed": 2.0}
 
 
 def kind(model: str) -> JobKind:
-    return JobKind(model, "chat", False)
+    return JobKind(model, "chat", False, "normal")
 
 
 def history(jobs=JOB_S, loads=LOAD_S) -> DurationHistory:

@@ -15,7 +15,7 @@ from .fakes import DEADLINE
 
 def learned(gpu, model: str, job_s: float) -> None:
     for _ in range(3):
-        gpu.runtime.durations.add_job(JobKind(model, "other", False), job_s)
+        gpu.runtime.durations.add_job(JobKind(model, "other", False, "normal"), job_s)
 
 
 async def refusal(client) -> Rejected:

@@ -16,7 +16,7 @@ def learned(gpu, jobs: dict[str, float], loads: dict[str, float]) -> None:
     the test's own instant starts add does not move the median."""
     for _ in range(3):
         for model, seconds in jobs.items():
-            gpu.runtime.durations.add_job(JobKind(model, "other", False), seconds)
+            gpu.runtime.durations.add_job(JobKind(model, "other", False, "normal"), seconds)
         for model, seconds in loads.items():
             gpu.runtime.durations.add_load(model, seconds)
 
@@ -59,7 +59,7 @@ async def test_the_jobs_that_end_here_teach_the_forecast(gpu_for):
     gpu = gpu_for("chat")
     _, lease = await gpu.running("chat")
     gpu.finish(lease)
-    assert gpu.runtime.durations.job_s(JobKind("chat", "other", False)) is not None
+    assert gpu.runtime.durations.job_s(JobKind("chat", "other", False, "normal")) is not None
     assert gpu.runtime.durations.load_s("chat") is not None
 
 

@@ -1,0 +1,38 @@
+"""Typical durations: the median of the recent ones, by the kind of job, borrowing when a kind is new."""
+
+from __future__ import annotations
+
+from scheduling.core.durations import DurationHistory, JobKind
+
+CHAT = "/v1/chat/completions"
+
+
+def test_each_band_has_its_own_typical_job_and_one_outlier_barely_moves_it():
+    history = DurationHistory()
+    for seconds in (10, 11, 12, 3600):
+        history.add_job(JobKind("m", CHAT, False, "batch"), seconds)
+    for seconds in (1, 2, 3):
+        history.add_job(JobKind("m", CHAT, False, "interactive"), seconds)
+    assert history.job_s(JobKind("m", CHAT, False, "batch")) == 11.5
+    assert history.job_s(JobKind("m", CHAT, False, "interactive")) == 2
+
+
+def test_a_new_kind_borrows_from_the_closest_kinds_of_its_model_and_never_from_another_model():
+    history = DurationHistory()
+    history.add_job(JobKind("m", CHAT, True, "batch"), 30)
+    history.add_job(JobKind("m", CHAT, False, "batch"), 10)
+    history.add_job(JobKind("m", "/v1/embeddings", True, "normal"), 2)
+    history.add_job(JobKind("m", "/v1/embeddings", True, "normal"), 4)
+    assert history.job_s(JobKind("m", CHAT, True, "normal")) == 30  # same route and streaming first
+    assert history.job_s(JobKind("m", "/v1/embeddings", False, "batch")) == 3  # then the same route
+    assert history.job_s(JobKind("m", "/v1/rerank", False, "normal")) == 7  # then all of the model's jobs
+    assert history.job_s(JobKind("other", CHAT, True, "normal")) is None
+
+
+def test_only_the_most_recent_window_counts():
+    history = DurationHistory(window=3)
+    for seconds in (100, 100, 100, 1, 1, 1):
+        history.add_job(JobKind("m", CHAT, False, "normal"), seconds)
+    history.add_load("m", 5)
+    assert history.job_s(JobKind("m", CHAT, False, "normal")) == 1
+    assert history.load_s("m") == 5 and history.load_s("never") is None
