@@ -99,12 +99,11 @@ class ModelConsumer(StreamingHttpConsumer):
             if self.response_started:  # the loading state began the stream: the refusal ends it
                 await self.send_body(error_event(exc.status, exc.message, exc.code))
                 return
-            retry = {"Retry-After": str(int(exc.retry_after))} if exc.retry_after else None
-            raise ProxyError(exc.status, exc.message, exc.code, headers=retry) from None
-        identity = {
-            "X-LlamaSwap-Request-Id": str(lease.ticket_id),
-            "X-LlamaSwap-Queue-Wait-Ms": str(int((loop.time() - asked) * 1000)),
-        }
+            headers = {} if exc.ticket_id is None else identity_headers(exc.ticket_id, loop.time() - asked)
+            if exc.retry_after:
+                headers["Retry-After"] = str(int(exc.retry_after))
+            raise ProxyError(exc.status, exc.message, exc.code, headers=headers) from None
+        identity = identity_headers(lease.ticket_id, loop.time() - asked)
 
         def upstream_done(result) -> None:
             door.release(lease.ticket_id, Outcome(
@@ -130,15 +129,20 @@ class ModelConsumer(StreamingHttpConsumer):
         except asyncio.CancelledError:
             if lease.cut is None or asyncio.current_task().uncancel():
                 raise  # the client left
-            await self.end_cut_short(lease.cut, stream)
+            await self.end_cut_short(lease.cut, stream, identity)
         finally:
             door.release(lease.ticket_id, outcome)
 
-    async def end_cut_short(self, cut: Rejected, stream: bool) -> None:
+    async def end_cut_short(self, cut: Rejected, stream: bool, identity: dict[str, str]) -> None:
         """The runtime took the GPU back mid-request (an operator unloaded the model): tell the client why."""
         if not self.response_started:
-            raise ProxyError(cut.status, cut.message, cut.code)
+            raise ProxyError(cut.status, cut.message, cut.code, headers=dict(identity))
         await self.send_body(error_event(cut.status, cut.message, cut.code) if stream else b"")
+
+
+def identity_headers(ticket_id: int, waited_s: float) -> dict[str, str]:
+    """The headers naming a request's row and its wait, on every answer to a request that had a row."""
+    return {"X-LlamaSwap-Request-Id": str(ticket_id), "X-LlamaSwap-Queue-Wait-Ms": str(int(waited_s * 1000))}
 
 
 def loading_stream_headers(ticket_id: int | None) -> list[tuple[bytes, bytes]]:

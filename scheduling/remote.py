@@ -356,7 +356,9 @@ class ChannelLayerFrontDoor:
         elif isinstance(message, Refused):
             waiting = self._waiting.pop(message.key, None)
             if waiting is not None and not waiting.done():
-                waiting.set_exception(Rejected(message.status, message.code, message.message, message.retry_after))
+                waiting.set_exception(
+                    Rejected(message.status, message.code, message.message, message.retry_after, message.ticket_id)
+                )
         elif isinstance(message, Answer):
             answer = self._answers.get(message.key)
             if answer is not None and not answer.done():

@@ -117,12 +117,14 @@ class Lease:
 class Rejected(Exception):
     """The scheduler answered a request with an error instead of a grant."""
 
-    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None):
+    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None,
+                 ticket_id: int | None = None):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.retry_after = retry_after
+        self.ticket_id = ticket_id  # the refused request's row, when it had one: its client can look it up
 
 
 @dataclass(frozen=True)
@@ -267,6 +269,9 @@ class SchedulerRuntime:
     async def _wait(self, waiter: _Waiter) -> Lease:
         try:
             return await waiter.future
+        except Rejected as exc:
+            exc.ticket_id = waiter.ticket.id
+            raise
         except asyncio.CancelledError:
             self.cancel(waiter.ticket.id, "client disconnected while queued")
             raise
@@ -292,11 +297,7 @@ class SchedulerRuntime:
         """Operator action: end a running request now, its client told why. Returns whether it ran."""
         if ticket_id not in self._granted:
             return False
-        reason = Rejected(503, "cancelled_by_operator", "cancelled by an operator while running")
-        lease = self._leases.get(ticket_id)
-        self.release(ticket_id, Outcome(state="cancelled", status_code=reason.status, error=reason.message))
-        if lease is not None:
-            lease.revoke(reason)
+        self._cut([ticket_id], Rejected(503, "cancelled_by_operator", "cancelled by an operator while running"))
         return True
 
     def operator_cancel(self, ticket_id: int) -> bool:
@@ -489,6 +490,8 @@ class SchedulerRuntime:
         deadline = self.now() + drain_seconds
         while (self._granted or self._tasks) and self.now() < deadline:
             await asyncio.sleep(0.05)
+        # What still runs is cut by the shutdown, not by its model stopping: each client is told so.
+        self._cut(list(self._granted), Rejected(503, "shutting_down", "llamaswap shut down before this request finished"))
         if self._timer:
             self._timer.cancel()
         for task in list(self._tasks):
@@ -608,12 +611,15 @@ class SchedulerRuntime:
         reason = Rejected(
             503, "model_unloaded", f"model '{model}' was unloaded by an operator while this request was running"
         )
-        for ticket_id, (request, _, _) in list(self._granted.items()):
-            if request.model == model:
-                lease = self._leases.get(ticket_id)
-                self.release(ticket_id, Outcome(state="cancelled", status_code=reason.status, error=reason.message))
-                if lease is not None:
-                    lease.revoke(reason)
+        self._cut([ticket_id for ticket_id, (request, _, _) in self._granted.items() if request.model == model], reason)
+
+    def _cut(self, ticket_ids: list[int], reason: Rejected) -> None:
+        """End these running requests now: their rows say `reason`, and their holders tell their clients."""
+        for ticket_id in ticket_ids:
+            lease = self._leases.get(ticket_id)
+            self.release(ticket_id, Outcome(state="cancelled", status_code=reason.status, error=reason.message))
+            if lease is not None:
+                lease.revoke(reason)
 
     async def _stop_model(self, effect: StopModel) -> None:
         self._observer(ModelStateChanged(effect.model, "stopping"))

@@ -112,6 +112,7 @@ class Refused:
     code: str
     message: str
     retry_after: float | None = None
+    ticket_id: int | None = None  # the request's row, when it had one
 
 
 @dataclass(frozen=True)

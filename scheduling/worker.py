@@ -320,7 +320,7 @@ class SchedulerWorker:
                 return  # its row stays queued for the worker that takes over
             except Rejected as exc:
                 self._answering(key)
-                await self._send(remote.reply, Refused(key, exc.status, exc.code, exc.message, exc.retry_after))
+                await self._send(remote.reply, Refused(key, exc.status, exc.code, exc.message, exc.retry_after, exc.ticket_id))
                 return
             except asyncio.CancelledError:
                 return  # the runtime cancelled the queued request itself

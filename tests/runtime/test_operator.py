@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from scheduling.core import SwapGroup
-from scheduling.runtime import Outcome, Rejected, TicketRequest
+from scheduling.runtime import Rejected, TicketRequest
 
 from .fakes import DEADLINE
 
@@ -87,8 +87,9 @@ async def test_shutdown_gives_up_after_its_budget_on_a_running_request_and_a_han
     assert 0.2 <= loop.time() - began < DEADLINE
     with pytest.raises(Rejected) as refused:
         await starting.lease()
-    assert (refused.value.status, refused.value.code) == (503, "shutting_down")
+    assert (refused.value.status, refused.value.code, refused.value.ticket_id) == (503, "shutting_down", starting.ticket_id)
     await asyncio.wait_for(asyncio.wait([hanging.outcome]), DEADLINE)
     assert hanging.cancelled, "the start is abandoned once the budget is spent"
-    assert gpu.runtime.granted_request(lease.ticket_id) is not None, "the running request is its holder's to end"
-    gpu.runtime.release(lease.ticket_id, Outcome(state="cancelled", error="shut down"))
+    assert (lease.cut.status, lease.cut.code) == (503, "shutting_down"), "the shutdown cut it, not its model stopping"
+    assert gpu.runtime.granted_request(lease.ticket_id) is None
+    assert gpu.row(lease) | {"state": "cancelled", "status_code": 503, "error": lease.cut.message} == gpu.row(lease)
