@@ -54,6 +54,7 @@ MULTIPART_ROUTES = frozenset({"/v1/audio/transcriptions", "/v1/images/edits"})
 MODEL_ROUTES = JSON_ROUTES | MULTIPART_ROUTES
 UPSTREAM_ROUTE = "/upstream"
 MAX_WAIT_HEADER = "X-LlamaSwap-Max-Wait"
+MAX_WAIT_SHOWN = 40  # characters of a refused value the error repeats: enough to recognise it
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")  # ASCII only: float() takes "1_0", "١٢", "nan"
 
 
@@ -67,8 +68,12 @@ def max_wait_seconds(headers: dict[str, str]) -> float | None:
     text = value.strip(" \t")
     seconds = float(text) if _DECIMAL.fullmatch(text) else 0.0
     if not 0 < seconds < math.inf:
+        shown = value if len(value) <= MAX_WAIT_SHOWN else value[:MAX_WAIT_SHOWN] + "…"
         raise ProxyError(
-            400, f"{MAX_WAIT_HEADER} must be a positive number of seconds, not {value!r}", "invalid_max_wait"
+            400,
+            f"{MAX_WAIT_HEADER} takes a decimal number of seconds, e.g. 30 or 2.5: digits with at most one '.', "
+            f"above 0 and below 10^308; not {shown!r}",
+            "invalid_max_wait",
         )
     return seconds
 
