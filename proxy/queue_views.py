@@ -14,15 +14,15 @@ from scheduling.activity import activity_row
 from scheduling.models import QueuedRequest
 
 
-@allow_methods("GET")
 @api_key_required
+@allow_methods("GET")
 async def queue(request: HttpRequest, service) -> JsonResponse:
     """`GET /api/queue`: queued requests in predicted dispatch order, then starting, then running ones."""
     return JsonResponse({"data": [entry.as_json() for entry in await service.door.queue()]})
 
 
-@allow_methods("GET", "DELETE")
 @api_key_required
+@allow_methods("GET", "DELETE")
 async def queue_entry(request: HttpRequest, service, ticket_id: int) -> HttpResponse:
     """`GET /api/queue/<id>`: the request live while it waits or runs, else its activity row;
     `DELETE`: cancel it."""
@@ -37,8 +37,8 @@ async def queue_entry(request: HttpRequest, service, ticket_id: int) -> HttpResp
     return JsonResponse(row)
 
 
-@allow_methods("POST")
 @api_key_required
+@allow_methods("POST")
 async def cancel_inflight(request: HttpRequest, service, ticket_id: int) -> HttpResponse:
     """llama-swap's `POST /api/inflight/<id>/cancel`."""
     return await _cancel(service, ticket_id)

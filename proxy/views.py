@@ -21,7 +21,8 @@ WORKER_LOG_POLL_S = 0.25
 
 
 def api_key_required(view):
-    """Protect a view with the configured apiKeys (no keys configured: open)."""
+    """Protect a view with the configured apiKeys (no keys configured: open). It goes above
+    `allow_methods`: a caller without the key learns nothing, not even which methods a route takes."""
 
     @functools.wraps(view)
     async def wrapper(request: HttpRequest, *args, **kwargs):
@@ -45,8 +46,8 @@ def health(request: HttpRequest) -> HttpResponse:
     return HttpResponse("OK", content_type="text/plain")
 
 
-@allow_methods("GET")
 @api_key_required
+@allow_methods("GET")
 async def list_models(request: HttpRequest, service) -> JsonResponse:
     created = int(time.time())
     data = []
@@ -70,8 +71,8 @@ async def list_models(request: HttpRequest, service) -> JsonResponse:
     return JsonResponse({"object": "list", "data": data})
 
 
-@allow_methods("GET")
 @api_key_required
+@allow_methods("GET")
 async def running(request: HttpRequest, service) -> JsonResponse:
     items = []
     for model_id, state in (await service.door.processes()).items():
@@ -93,22 +94,22 @@ async def _unload(service, models: list[str] | None) -> None:
     await service.door.unload(models)
 
 
-@allow_methods("GET")
 @api_key_required
+@allow_methods("GET")
 async def unload_all_legacy(request: HttpRequest, service) -> HttpResponse:
     await _unload(service, None)
     return HttpResponse("OK", content_type="text/plain")
 
 
-@allow_methods("POST")
 @api_key_required
+@allow_methods("POST")
 async def unload_all(request: HttpRequest, service) -> JsonResponse:
     await _unload(service, None)
     return JsonResponse({"msg": "ok"})
 
 
-@allow_methods("POST")
 @api_key_required
+@allow_methods("POST")
 async def unload_model(request: HttpRequest, service, model: str) -> HttpResponse:
     config = service.config.resolve(model)
     if config is None:
@@ -117,14 +118,14 @@ async def unload_model(request: HttpRequest, service, model: str) -> HttpRespons
     return HttpResponse("OK", content_type="text/plain")
 
 
-@allow_methods("GET")
 @api_key_required
+@allow_methods("GET")
 async def logs(request: HttpRequest, service) -> HttpResponse:
     return HttpResponse(await service.door.logs(), content_type="text/plain; charset=utf-8")
 
 
-@allow_methods("GET")
 @api_key_required
+@allow_methods("GET")
 async def logs_stream(request: HttpRequest, service, model: str | None = None) -> HttpResponse:
     model_id = None
     if model is not None:
@@ -206,8 +207,8 @@ async def _worker_logs_stream(door, model: str | None, model_id: str | None, his
     return _text_stream(pieces())
 
 
-@allow_methods("GET")
 @api_key_required
+@allow_methods("GET")
 async def api_events(request: HttpRequest, service) -> HttpResponse:
     """`GET /api/events`: llama-swap's Server-Sent Events (see proxy.events_stream)."""
     response = StreamingHttpResponse(events_stream.events(service), content_type="text/event-stream")
@@ -239,8 +240,8 @@ def server_error(request: HttpRequest) -> HttpResponse:
     return json_error(500, "llamaswap hit an unexpected error; see its log", "internal_error")
 
 
-@allow_methods("GET")
 @api_key_required
+@allow_methods("GET")
 async def activity(request: HttpRequest, service) -> HttpResponse:
     """`GET /api/activity`: the request history as JSON."""
     try:

@@ -197,6 +197,16 @@ def test_the_queue_routes_want_the_api_key(served):
     assert httpx.post(served.base + "/api/queue", headers=AUTH).status_code == 405
 
 
+@pytest.mark.parametrize("path", ["/api/queue", "/api/queue/1", "/api/inflight/1/cancel", "/v1/models", "/models",
+                                  "/running", "/unload", "/api/models/unload", "/api/models/unload/m",
+                                  "/api/activity", "/api/events", "/logs", "/logs/stream", "/logs/stream/m"])
+def test_without_the_key_a_wrong_method_is_a_401_too_not_a_405_that_reveals_the_route(served, path):
+    wrong = "PUT"  # no API route takes it
+    response = httpx.request(wrong, served.base + path, timeout=10)
+    assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key", response.text
+    assert httpx.request(wrong, served.base + path, headers=AUTH, timeout=10).status_code == 405
+
+
 def test_a_request_past_its_maximum_wait_gets_a_503_with_retry_after(served, rows):
     bad = chat(served, {"tokens": 3}, {"X-LlamaSwap-Max-Wait": "soon"})
     assert bad.status_code == 400 and "X-LlamaSwap-Max-Wait" in bad.json()["error"]["message"]

@@ -1,5 +1,7 @@
 """Django's own error paths answer in the same OpenAI JSON shape as the proxied routes."""
 
+from types import SimpleNamespace
+
 import pytest
 
 pytestmark = pytest.mark.django_db
@@ -21,7 +23,9 @@ def test_health_answers_any_host(client):
 
 
 @pytest.mark.parametrize("path", ["/metrics", "/api/activity"])
-def test_wrong_methods_on_api_routes_get_a_json_405(client, path):
+def test_wrong_methods_on_api_routes_get_a_json_405(client, monkeypatch, path):
+    # No service here: one without API keys is all the key check (before the method check) reads.
+    monkeypatch.setattr("proxy.views.get_service", lambda: SimpleNamespace(config=SimpleNamespace(api_keys=())))
     r = client.post(path)
     assert r.status_code == 405
     assert r.json()["error"]["code"] == "method_not_allowed"
