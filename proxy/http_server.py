@@ -10,10 +10,12 @@ answered, so a client queued for hours and a stream that lasts hours are never c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from http import HTTPStatus
 
-from daphne.http_protocol import HTTPFactory
+from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.server import Server
 from twisted.web import http
 
@@ -58,6 +60,17 @@ class DeadlineChannel(http.HTTPChannel):
         self.timeoutConnection()
 
 
+class PhrasedRequest(WebRequest):
+    """daphne's request, whose status line has the standard reason phrase also for the codes Twisted
+    does not name (429 Too Many Requests, 422, 451…) instead of "Unknown Status"."""
+
+    def setResponseCode(self, code, message=None):
+        if message is None and code not in http.RESPONSES:
+            with contextlib.suppress(ValueError):  # a code no standard names keeps Twisted's fallback
+                message = HTTPStatus(code).phrase.encode("ascii")
+        super().setResponseCode(code, message)
+
+
 class DeadlineHTTPFactory(HTTPFactory):
     """daphne's factory, building DeadlineChannels that leave form bodies alone."""
 
@@ -72,7 +85,7 @@ class DeadlineHTTPFactory(HTTPFactory):
         channel.head_timeout = self.timeOut
         # The application reads bodies itself; Twisted's own form parsing would run the email parser over
         # every multipart upload on the event loop (seconds for 30 MB), for a result nobody reads.
-        channel.requestFactory = functools.partial(channel.requestFactory, parsePOSTFormSubmission=False)
+        channel.requestFactory = functools.partial(PhrasedRequest, parsePOSTFormSubmission=False)
         return channel
 
 

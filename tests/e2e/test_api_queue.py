@@ -230,6 +230,7 @@ def test_a_concurrency_limit_429_says_when_a_place_frees(tmp_path):
         held, _ = running_one(served)
         first = chat(served, {"tokens": 3})
         assert first.status_code == 429 and first.headers["Retry-After"] == "1", "no history: the constant"
+        assert first.extensions["reason_phrase"] == b"Too Many Requests", "the status line names the code"
         held.close()
         wait_until(lambda: not queue(served), timeout=30, what="the held request to end")
         assert chat(served, {"tokens": 60, "tps": 10}).status_code == 200  # a 6 s job: now there is history
