@@ -14,7 +14,8 @@ def over_concurrency_limit(ticket_id: int, model: str, limit: int) -> Reject:
         ticket_id,
         429,
         "concurrency_limit",
-        f"model {model!r} already has {limit} requests admitted (its concurrencyLimit); retry shortly",
+        f"model {model!r} already has {limit} request{'' if limit == 1 else 's'} admitted (its concurrencyLimit); "
+        "retry shortly",
         retry_after=1.0,
     )
 

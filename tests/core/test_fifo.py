@@ -237,6 +237,7 @@ def test_concurrency_limit_rejects_over_limit_with_retry_after(ticket):
     scheduler.submit(second, 0.0)
     rejection = rejects(scheduler.submit(third, 0.0))[third.id]
     assert (rejection.status, rejection.code, rejection.retry_after) == (429, "concurrency_limit", 1.0)
+    assert "already has 2 requests admitted" in rejection.message
     scheduler.finished(first.id, 1.0)
     fourth = ticket("a")
     assert grants(scheduler.submit(fourth, 1.0)) == [fourth.id]  # capacity returns after serve-done
@@ -254,7 +255,8 @@ def test_concurrency_limit_counts_swap_waiters(ticket):
     scheduler = fifo("a", a={"concurrency_limit": 1})
     scheduler.submit(ticket("a"), 0.0)  # waiting on the start
     late = ticket("a")
-    assert rejects(scheduler.submit(late, 0.0))[late.id].code == "concurrency_limit"
+    rejection = rejects(scheduler.submit(late, 0.0))[late.id]
+    assert rejection.code == "concurrency_limit" and "already has 1 request admitted" in rejection.message
 
 
 def test_concurrency_limit_counts_queued_waiters_and_cancel_releases_them(ticket):
