@@ -21,16 +21,19 @@ LOADING_ROUTE = "/v1/chat/completions"
 # A grant within this long streams nothing extra: the client sees the answer as if nothing waited.
 GRACE_S = 0.25
 UPDATE_EVERY_S = 1.0
+# While the line stays the same (no history, a long job ahead), an SSE comment this often keeps
+# proxies and clients with read timeouts from cutting the stream.
+KEEPALIVE_S = 15.0
 
 
 def shows_loading_state(model_cfg, path: str, stream: bool) -> bool:
     return stream and path == LOADING_ROUTE and model_cfg.send_loading_state
 
 
-def reasoning_chunk(model: str, text: str) -> bytes:
+def reasoning_chunk(model: str, text: str, ticket_id: int | None) -> bytes:
     """One OpenAI chat.completion.chunk whose delta is `text` as reasoning."""
     chunk = {
-        "id": "llamaswap-loading",
+        "id": f"llamaswap-loading-{ticket_id or 0}",
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
@@ -50,21 +53,29 @@ async def wait_showing_state(
     began = time.monotonic()
     try:
         await asyncio.wait([submitted], timeout=GRACE_S)
-        last = None
+        last, ticket_id, sent_at = None, None, time.monotonic()
+
+        async def say(text: str) -> None:
+            nonlocal sent_at
+            await consumer.send_body(reasoning_chunk(request.requested_model, text, ticket_id), more_body=True)
+            sent_at = time.monotonic()
+
         while not submitted.done():
             entry = await _progress(door, handle)
+            ticket_id = ticket_id or (entry and entry.ticket_id)
             if not consumer.response_started:
-                await consumer.send_headers(status=200, headers=stream_headers(entry and entry.ticket_id))
-                await consumer.send_body(reasoning_chunk(request.requested_model, f"Waiting for {request.model}…\n"),
-                                         more_body=True)
+                await consumer.send_headers(status=200, headers=stream_headers(ticket_id))
+                await say(f"Waiting for {request.model}…\n")
             if entry is not None and entry.outlook != last:
                 last = entry.outlook
-                await consumer.send_body(reasoning_chunk(request.requested_model, last + "\n"), more_body=True)
+                await say(last + "\n")
+            elif time.monotonic() - sent_at >= KEEPALIVE_S:
+                await consumer.send_body(b": still waiting\n\n", more_body=True)
+                sent_at = time.monotonic()
             await asyncio.wait([submitted], timeout=UPDATE_EVERY_S)
         lease = submitted.result()
         if consumer.response_started:
-            done = f"Done! Sent to {request.model} after {time.monotonic() - began:.1f} s.\n\n"
-            await consumer.send_body(reasoning_chunk(request.requested_model, done), more_body=True)
+            await say(f"Done! Sent to {request.model} after {time.monotonic() - began:.1f} s.\n\n")
         return lease
     finally:
         if not submitted.done():  # the client left: cancelling the submit cancels the request

@@ -65,6 +65,8 @@ def queue_entries(runtime) -> list[QueueEntry]:
     now = runtime.now()
     outlooks = runtime.forecast()
     terms = {ticket.id: t for ticket, t in runtime.ranked()}
+    running = runtime.running_requests()
+    jobs = [(request.model, band_of(decision.priority).value, now - since) for _, (request, decision, since) in running]
     entries = []
     for ticket_id, outlook in outlooks.items():
         request = runtime.waiting_request(ticket_id)
@@ -76,9 +78,9 @@ def queue_entries(runtime) -> list[QueueEntry]:
             ticket_id, request.model, request.requested_model, request.path, request.client, request.priority,
             band_of(request.priority).value, state, outlook.position,
             terms[ticket_id].total if ticket_id in terms else None, terms.get(ticket_id),
-            max(0.0, now - arrival), None, outlook.eta_s, describe(outlook, request.model, runtime.priority_of),
+            max(0.0, now - arrival), None, outlook.eta_s, describe(outlook, request.model, jobs),
         ))
-    for ticket_id, (request, decision, since) in runtime.running_requests():
+    for ticket_id, (request, decision, since) in running:
         entries.append(QueueEntry(
             ticket_id, request.model, request.requested_model, request.path, request.client, decision.priority,
             band_of(decision.priority).value, "running", None, decision.score, decision.terms,
@@ -90,33 +92,36 @@ def queue_entries(runtime) -> list[QueueEntry]:
     return entries
 
 
-def describe(outlook: Outlook, model: str, priority_of) -> str:
+def describe(outlook: Outlook, model: str, jobs: list[tuple[str, str, float]] = ()) -> str:
     """What a waiting caller is told, e.g. "#2 in the queue, 1 ahead; ~46 s: a batch job on chat ends
-    in ~40 s, then loading coder takes ~6 s"."""
+    in ~40 s, then loading coder takes ~6 s". `jobs` (model, band, running seconds) are what runs now:
+    without a prediction, the caller is still told what it is behind."""
     if outlook.position is None:
         place = f"loading {model}"
     else:
         ahead = outlook.position - 1
         place = f"#{outlook.position} in the queue, {ahead} ahead" if ahead else "next in the queue"
     if outlook.eta_s is None:
-        return f"{place}; no prediction: {outlook.unknown}"
+        behind = sorted(jobs, key=lambda job: (job[0] != model, -job[2]))
+        running = f"; behind a {behind[0][1]} job on {behind[0][0]}, running for {_seconds(behind[0][2])}" if behind else ""
+        return f"{place}{running}; no prediction: {outlook.unknown}"
     if outlook.position is None:
         return f"{place}, ~{_seconds(outlook.eta_s)} left"
     parts = []
     if outlook.after is not None:
-        parts.append(_blocker(outlook.after, priority_of))
+        parts.append(_blocker(outlook.after))
     if outlook.load_s:
         parts.append(f"loading {model} takes ~{_seconds(outlook.load_s)}")
     reason = f": {', then '.join(parts)}" if parts else ""
     return f"{place}; ~{_seconds(outlook.eta_s)}{reason}"
 
 
-def _blocker(blocker: Blocker, priority_of) -> str:
+def _blocker(blocker: Blocker) -> str:
     when = f"~{_seconds(blocker.in_s)}"
     if blocker.kind == "job":
-        priority = priority_of(blocker.ticket_id)
-        band = "" if priority is None else f"{band_of(priority).value} "
-        return f"a {band}job on {blocker.model} ends in {when}"
+        if blocker.expected:
+            return f"{blocker.band} requests expected meanwhile run until {when}"
+        return f"a {blocker.band} job on {blocker.model} ends in {when}"
     if blocker.kind == "load":
         return f"{blocker.model} is loaded in {when}"
     return f"{blocker.model} stops in {when}"

@@ -10,6 +10,7 @@ processes are reached through a `fleet` object and rows through a recorder.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import math
@@ -17,6 +18,7 @@ from collections import deque
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from statistics import median
 from typing import Any, Callable, Protocol
 
 from scheduling.core import (
@@ -36,7 +38,7 @@ from scheduling.core import (
     band_of,
 )
 from scheduling.core.durations import DurationHistory, JobKind
-from scheduling.core.forecast import Outlook, Underway, due_in, forecast
+from scheduling.core.forecast import Arrivals, Outlook, Underway, forecast
 from scheduling.events import Dispatched, Finished, ModelLoaded, ModelStateChanged, Queued, Refused, RuntimeEvent
 
 log = logging.getLogger("llamaswap.scheduler")
@@ -44,6 +46,11 @@ log = logging.getLogger("llamaswap.scheduler")
 # A forecast is reused until the scheduler's state changes or this much time has passed: everyone
 # streaming a loading state, and every /api/queue reader, shares one run of the copy per second.
 FORECAST_MAX_AGE_S = 1.0
+# The pace of arrivals the forecast expects to go on: each kind's arrivals over the last ten minutes,
+# once at least three came over ten seconds or more (a single burst is no pace).
+ARRIVAL_WINDOW_S = 600.0
+ARRIVAL_MIN_SPAN_S = 10.0
+ARRIVAL_MIN_COUNT = 3
 # Retry-After for a request whose maximum wait ran out when its dispatch cannot be predicted.
 MAX_WAIT_RETRY_AFTER_S = 5
 
@@ -178,6 +185,7 @@ class SchedulerRuntime:
         self._stops: dict[str, asyncio.Task] = {}
         self._starting_since: dict[str, float] = {}
         self._closing = False
+        self._arrived: deque[tuple[float, JobKind, int]] = deque(maxlen=5000)  # recent new requests, for their pace
         self._version = 0  # counts the scheduler's steps, so a forecast knows when it went stale
         self._forecast: tuple[int, float, dict[int, Outlook]] | None = None
         self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
@@ -245,6 +253,8 @@ class SchedulerRuntime:
             expiry = self._loop.call_at(arrival + request.max_wait_s, self._waited_too_long, ticket.id)
             waiter.future.add_done_callback(lambda _: expiry.cancel())
         band = band_of(request.priority)
+        if record and request.method != "LOAD":
+            self._arrived.append((arrival, job_kind(request, request.priority), request.priority))
         if record:
             self.recorder.create(
                 ticket.id,
@@ -314,7 +324,7 @@ class SchedulerRuntime:
         waiter = self._waiting.get(ticket_id)
         if waiter is None or waiter.future.done():
             return  # granted or gone in the same instant
-        outlook = self.forecast().get(ticket_id)
+        outlook = self.forecast(stale_ok=True).get(ticket_id)
         eta = None if outlook is None else outlook.eta_s
         expected = "" if eta is None else f"; it was expected to be sent in ~{math.ceil(eta)} s more"
         message = (
@@ -414,12 +424,14 @@ class SchedulerRuntime:
     def ranked(self) -> list:
         return self.scheduler.ranked(self.now())
 
-    def forecast(self) -> dict[int, Outlook]:
-        """The outlook of every request not yet sent to its model (see `scheduling.core.forecast`)."""
+    def forecast(self, stale_ok: bool = False) -> dict[int, Outlook]:
+        """The outlook of every request not yet sent to its model (see `scheduling.core.forecast`), its
+        times counted from now. `stale_ok`: one made before the queue last changed will do (a hint
+        for many requests at once must not replay the forecast for each)."""
         now = self.now()
         cached = self._forecast
-        if cached is not None and cached[0] == self._version and now - cached[1] < FORECAST_MAX_AGE_S:
-            return cached[2]
+        if cached is not None and now - cached[1] < FORECAST_MAX_AGE_S and (stale_ok or cached[0] == self._version):
+            return aged(cached[2], now - cached[1])
         kinds = {tid: job_kind(waiter.request, waiter.ticket.priority) for tid, waiter in self._waiting.items()}
         kinds.update((tid, job_kind(request, decision.priority)) for tid, (request, decision, _) in self._granted.items())
         ranked = [ticket.id for ticket, _ in self.scheduler.ranked(now) if ticket.id in self._waiting]
@@ -429,9 +441,26 @@ class SchedulerRuntime:
             starts=dict(self._starting_since),
             stops=[model for model in self._stops if model not in self._starting_since],
         )
-        outlooks = forecast(self.scheduler, underway, kinds, [*starting, *ranked], self.durations, now)
+        waiting = [*starting, *ranked]
+        outlooks = forecast(self.scheduler, underway, kinds, waiting, self.durations, now, self.expected_arrivals(now))
         self._forecast = (self._version, now, outlooks)
         return outlooks
+
+    def expected_arrivals(self, now: float) -> list[Arrivals]:
+        """Each kind of request at the pace it arrived at lately, with its median priority."""
+        while self._arrived and self._arrived[0][0] < now - ARRIVAL_WINDOW_S:
+            self._arrived.popleft()
+        if not self._arrived or now - self._arrived[0][0] < ARRIVAL_MIN_SPAN_S:
+            return []
+        span = now - self._arrived[0][0]
+        priorities: dict[JobKind, list[int]] = {}
+        for _, kind, priority in self._arrived:
+            priorities.setdefault(kind, []).append(priority)
+        return [
+            Arrivals(kind, int(median(seen)), span / len(seen))
+            for kind, seen in priorities.items()
+            if len(seen) >= ARRIVAL_MIN_COUNT
+        ]
 
     def next_job_end_in(self, model: str) -> int | None:
         """Whole seconds (at least 1) until the first of `model`'s running jobs is predicted to end, from
@@ -439,18 +468,10 @@ class SchedulerRuntime:
         now = self.now()
         ends = []
         for request, decision, since in self._granted.values():
-            typical = self.durations.job_s(job_kind(request, decision.priority))
-            if request.model == model and typical is not None:
-                ends.append(due_in(since, typical, now))
+            left = self.durations.job_left_s(job_kind(request, decision.priority), now - since)
+            if request.model == model and left is not None:
+                ends.append(left)
         return max(1, math.ceil(min(ends))) if ends else None
-
-    def priority_of(self, ticket_id: int) -> int | None:
-        """The priority of a request waiting or running here."""
-        waiter = self._waiting.get(ticket_id)
-        if waiter is not None:
-            return waiter.ticket.priority
-        granted = self._granted.get(ticket_id)
-        return None if granted is None else granted[1].priority
 
     def from_thread(self, fn: Callable[..., Any], *args: Any, timeout: float = 5.0) -> Any:
         """Run `fn(*args)` on the runtime's event loop from another thread (sync admin views) and return its result."""
@@ -663,6 +684,23 @@ class SchedulerRuntime:
             band: (wait + elapsed if snap.depth_by_band[band] else 0.0)
             for band, wait in snap.oldest_wait_by_band.items()
         }
+
+
+def aged(outlooks: dict[int, Outlook], seconds: float) -> dict[int, Outlook]:
+    """Outlooks made `seconds` ago, their times counted from now."""
+    if seconds <= 0:
+        return outlooks
+
+    def sooner(value: float | None) -> float | None:
+        return None if value is None else max(0.0, value - seconds)
+
+    return {
+        ticket_id: dataclasses.replace(
+            outlook, eta_s=sooner(outlook.eta_s),
+            after=None if outlook.after is None else dataclasses.replace(outlook.after, in_s=sooner(outlook.after.in_s)),
+        )
+        for ticket_id, outlook in outlooks.items()
+    }
 
 
 def job_kind(request: TicketRequest, priority: int) -> JobKind:

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from statistics import median
 
 WINDOW = 50  # recent durations kept per kind: enough for a stable median, few enough to follow a change
+# A job or load already past every recent one of its kind is expected to overrun by as much again as it
+# has overrun so far (at least this share of its typical time): the longer it runs, the longer it may.
+OVERDUE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,27 @@ class DurationHistory:
 
     def job_s(self, kind: JobKind) -> float | None:
         """The typical run time of a job of `kind`, or None when the model has finished none."""
+        samples = self._job_samples(kind)
+        return median(samples) if samples else None
+
+    def job_left_s(self, kind: JobKind, elapsed: float) -> float | None:
+        """How much longer a job of `kind` that has run `elapsed` seconds is expected to run."""
+        return _left(self._job_samples(kind), elapsed)
+
+    def load_s(self, model: str) -> float | None:
+        """The typical time from deciding to start `model` to its being ready, or None if never seen."""
+        loads = self._loads.get(model)
+        return median(loads) if loads else None
+
+    def load_left_s(self, model: str, elapsed: float) -> float | None:
+        """How much longer a start of `model` begun `elapsed` seconds ago is expected to take."""
+        return _left(list(self._loads.get(model, ())), elapsed)
+
+    def _job_samples(self, kind: JobKind) -> list[float]:
+        """The recent durations of `kind`, or of the closest kinds of its model when it has none."""
         exact = self._jobs.get(kind)
         if exact:
-            return median(exact)
+            return list(exact)
         for same in (
             lambda k: k.model == kind.model and k.route == kind.route and k.stream == kind.stream,
             lambda k: k.model == kind.model and k.route == kind.route,
@@ -55,10 +76,18 @@ class DurationHistory:
         ):
             samples = [s for k, window in self._jobs.items() if same(k) for s in window]
             if samples:
-                return median(samples)
-        return None
+                return samples
+        return []
 
-    def load_s(self, model: str) -> float | None:
-        """The typical time from deciding to start `model` to its being ready, or None if never seen."""
-        loads = self._loads.get(model)
-        return median(loads) if loads else None
+
+def _left(samples: list[float], elapsed: float) -> float | None:
+    """The median time left of what has lasted `elapsed`, among the recent ones that lasted longer:
+    what is known to have run 20 s is not one of the 5 s jobs. One that outlasted them all is
+    expected to overrun its typical time by as much again (see OVERDUE_SHARE)."""
+    if not samples:
+        return None
+    longer = [s for s in samples if s > elapsed]
+    if longer:
+        return median(longer) - elapsed
+    typical = median(samples)
+    return max(elapsed - typical, OVERDUE_SHARE * typical)

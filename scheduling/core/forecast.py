@@ -7,6 +7,11 @@ prediction knows what the request competes with (slots, swaps, coexisting
 models), what is ahead of it, and which aging crossovers happen meanwhile,
 without a second model of the scheduler that could disagree with the first.
 
+Requests keep arriving while one waits, and those that outrank it go first: so
+the copy is also fed the requests expected meanwhile, each kind at the pace it
+came at lately (`Arrivals`). Without them a batch request's wait would be
+predicted as if nothing more urgent could come.
+
 A job or load of a model with no history has no predicted end: the requests
 that wait on it have no predicted wait either, and say why.
 """
@@ -21,10 +26,8 @@ from dataclasses import dataclass
 
 from .durations import DurationHistory, JobKind
 from .effects import Grant, StartModel, StopModel
+from .ticket import Ticket
 
-# A job or load already past its typical time is assumed to need this share of it again: it is
-# overdue, so "any moment now" would be wrong for as long as it keeps running.
-OVERDUE_SHARE = 0.1
 # Scheduler events the copy plays through at most, so a forecast of a very long queue stays cheap;
 # requests beyond it are said to be too far ahead to predict.
 MAX_EVENTS = 5000
@@ -38,6 +41,17 @@ class Blocker:
     model: str
     ticket_id: int | None  # the job's request
     in_s: float  # from now
+    band: str = ""  # the job's band
+    expected: bool = False  # the job is of a request expected to arrive meanwhile
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Requests of one kind and priority expected to keep coming, one every `every_s` seconds."""
+
+    kind: JobKind
+    priority: int
+    every_s: float
 
 
 @dataclass(frozen=True)
@@ -69,33 +83,32 @@ def forecast(
     waiting: Sequence[int],
     durations: DurationHistory,
     now: float,
+    expected: Sequence[Arrivals] = (),
     max_events: int = MAX_EVENTS,
 ) -> dict[int, Outlook]:
     """The outlook of each of `waiting` (queued, or dispatched to a model that is starting for it),
-    best-ranked first. `kinds` has every ticket of `waiting` and `underway.jobs`."""
+    best-ranked first. `kinds` has every ticket of `waiting` and `underway.jobs`; `expected` are the
+    requests expected to keep arriving meanwhile."""
     queued = {tid for tid in waiting if scheduler.is_queued(tid)}
     run = _Run(copy.deepcopy(scheduler), kinds, set(waiting), durations, now)
+    for stream in expected:
+        run.arrive_after(stream, now)
     for ticket_id, since in underway.jobs.items():
-        run.expect("finished", ticket_id, kinds[ticket_id].model, since, durations.job_s(kinds[ticket_id]))
+        kind = kinds[ticket_id]
+        run.expect("finished", ticket_id, kind.model, now, durations.job_left_s(kind, now - since))
     for model, since in underway.starts.items():
-        run.expect("ready", model, model, since, durations.load_s(model))
+        run.expect("ready", model, model, now, durations.load_left_s(model, now - since))
     for model in underway.stops:
         run.expect("stopped", model, model, now, 0.0)
     played = run.play(max_events)
     return run.outlooks(waiting, queued, complete=played)
 
 
-def due_in(since: float, typical: float, now: float) -> float:
-    """Seconds from `now` until what began at `since` and typically takes `typical` ends; one already
-    past its typical time is given `OVERDUE_SHARE` of it again."""
-    due = since + typical
-    return due - now if due > now else OVERDUE_SHARE * typical
-
-
 class _Run:
     def __init__(self, sim, kinds: Mapping[int, JobKind], targets: set[int], durations: DurationHistory, now: float):
         self.sim = sim
-        self.kinds = kinds
+        self.kinds = dict(kinds)  # and the requests the copy expects to arrive
+        self.arrivals = itertools.count(-1, -1)  # their ticket ids: below every real one
         self.targets = targets
         self.durations = durations
         self.now = now
@@ -105,13 +118,16 @@ class _Run:
         self.launched: dict[str, tuple[float, Blocker | None]] = {}
         self.unknown: set[str] = set()  # what has no typical duration yet
 
-    def expect(self, event: str, subject: object, model: str, since: float, typical: float | None) -> None:
-        """`event` comes due `typical` seconds after `since` (never: no typical time is known)."""
-        if typical is None:
+    def expect(self, event: str, subject: object, model: str, at: float, after: float | None) -> None:
+        """`event` comes due `after` seconds after `at` (never: its duration is not known)."""
+        if after is None:
             self.unknown.add(f"{'a load of' if event == 'ready' else 'a request to'} {model}")
             return
-        due = self.now + due_in(since, typical, self.now)
-        heapq.heappush(self.events, (due, next(self.order), event, subject, model))
+        heapq.heappush(self.events, (at + after, next(self.order), event, subject, model))
+
+    def arrive_after(self, stream: Arrivals, at: float) -> None:
+        """The next request of `stream` arrives `every_s` after `at`."""
+        heapq.heappush(self.events, (at + stream.every_s, next(self.order), "arrives", stream, stream.kind.model))
 
     def play(self, max_events: int) -> bool:
         """Play events until every target is dispatched; returns whether the forecast got that far
@@ -119,11 +135,18 @@ class _Run:
         for _ in range(max_events):
             if self.targets <= self.dispatched.keys():
                 return True
-            if not self.events:
-                return False
+            if all(event == "arrives" for _, _, event, _, _ in self.events):
+                return False  # nothing under way ends: arrivals alone free nothing
             at, _, event, subject, model = heapq.heappop(self.events)
+            if event == "arrives":
+                ticket = Ticket(next(self.arrivals), model, subject.priority, at)
+                self.kinds[ticket.id] = subject.kind
+                self.arrive_after(subject, at)
+                self.carry_out(self.sim.submit(ticket, at), at, None)
+                continue
             if event == "finished":
-                cause = Blocker("job", model, subject, at - self.now)  # type: ignore[arg-type]
+                band = self.kinds[subject].band
+                cause = Blocker("job", model, subject, at - self.now, band, subject < 0)
                 effects = self.sim.finished(subject, at)
             elif event == "ready":
                 cause = Blocker("load", model, None, at - self.now)
@@ -134,7 +157,7 @@ class _Run:
             self.carry_out(effects, at, cause)
         return self.targets <= self.dispatched.keys()
 
-    def carry_out(self, effects: list, at: float, cause: Blocker) -> None:
+    def carry_out(self, effects: list, at: float, cause: Blocker | None) -> None:
         for effect in effects:
             if isinstance(effect, Grant):
                 kind = self.kinds.get(effect.ticket_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduling.core.durations import DurationHistory, JobKind
 
 CHAT = "/v1/chat/completions"
@@ -36,3 +38,16 @@ def test_only_the_most_recent_window_counts():
     history.add_load("m", 5)
     assert history.job_s(JobKind("m", CHAT, False, "normal")) == 1
     assert history.load_s("m") == 5 and history.load_s("never") is None
+
+
+def test_what_is_left_of_a_running_job_counts_only_the_jobs_that_lasted_longer():
+    history = DurationHistory()
+    for seconds in (2, 4, 6, 30, 40):
+        history.add_job(JobKind("m", CHAT, False, "normal"), seconds)
+    kind = JobKind("m", CHAT, False, "normal")
+    assert history.job_left_s(kind, 0) == 6  # the typical job
+    assert history.job_left_s(kind, 10) == 25  # it is one of the long ones: 30 or 40
+    assert history.job_left_s(kind, 100) == 94  # longer than any: it overruns the typical 6 s as much again
+    assert history.job_left_s(JobKind("new", CHAT, False, "normal"), 5) is None
+    history.add_load("m", 8)
+    assert history.load_left_s("m", 3) == 5 and history.load_left_s("m", 8.5) == pytest.approx(0.8)

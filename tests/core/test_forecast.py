@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from scheduling.core import Grant, SerialScheduler, SerialSettings, StartModel, StopModel, SwapGroup, SwapPolicy
 from scheduling.core.durations import DurationHistory, JobKind
-from scheduling.core.forecast import Underway, forecast
+from scheduling.core.forecast import Arrivals, Underway, forecast
 
 from .harness import Tickets, grant_of, specs, starts
 
@@ -51,8 +51,9 @@ class World:
     """The scheduler driven the way the runtime drives it, every job and load taking its typical time:
     what really happens, to hold the forecast against."""
 
-    def __init__(self, scheduler: SerialScheduler) -> None:
+    def __init__(self, scheduler: SerialScheduler, ticket: Tickets | None = None) -> None:
         self.scheduler = scheduler
+        self.ticket = ticket
         self.events: list = []
         self.order = itertools.count()
         self.jobs: dict[int, float] = {}  # running: ticket -> granted at
@@ -77,9 +78,19 @@ class World:
         while self.events and self.events[0][0] <= until:
             self.step()
 
+    def keep_arriving(self, model: str, priority: int, every: float, after: float) -> None:
+        """Requests for `model` at `priority`, one every `every` seconds from `after` on."""
+        heapq.heappush(self.events, (after + every, next(self.order), "arrive", (model, priority, every)))
+
     def step(self) -> None:
         at, _, event, subject = heapq.heappop(self.events)
-        if event == "end":
+        if event == "arrive":
+            model, priority, every = subject
+            arrived = self.ticket(model, priority, at)
+            self.model_of[arrived.id] = model
+            self.keep_arriving(model, priority, every, at)
+            self.apply(self.scheduler.submit(arrived, at), at)
+        elif event == "end":
             del self.jobs[subject]
             self.apply(self.scheduler.finished(subject, at), at)
         elif event == "ready":
@@ -88,12 +99,12 @@ class World:
         else:
             self.apply(self.scheduler.model_stopped(subject, at), at)
 
-    def forecast(self, waiting, now: float, durations=None):
+    def forecast(self, waiting, now: float, durations=None, expected=()):
         kinds = {tid: kind(model) for tid, model in {**self.model_of, **waiting}.items()}
         underway = Underway(jobs=dict(self.jobs), starts=dict(self.starts))
         ranked = [t.id for t, _ in self.scheduler.ranked(now)]
         launching = [tid for tid in waiting if tid not in ranked]
-        return forecast(self.scheduler, underway, kinds, [*launching, *ranked], durations or history(), now)
+        return forecast(self.scheduler, underway, kinds, [*launching, *ranked], durations or history(), now, expected)
 
 
 def test_an_interactive_request_behind_a_batch_job_waits_for_what_is_left_of_it():
@@ -144,15 +155,14 @@ def test_without_history_the_forecast_says_so_instead_of_guessing():
     assert "no history yet" in outlook.unknown and "chat" in outlook.unknown
 
 
-def test_a_job_past_its_typical_time_is_expected_to_end_soon_not_already():
+def test_a_job_past_its_typical_time_is_expected_to_overrun_by_as_much_again():
     scheduler, ticket = scheduler_with(), Tickets()
     world = World(scheduler)
     world.apply(scheduler.submit(ticket("chat", -100, 0.0), 0.0), 0.0)
     world.run_until(6.0)
     late = ticket("chat", 0, 30.0)  # the 10 s job has run 24 s
     scheduler.submit(late, 30.0)
-    outlook = world.forecast({late.id: "chat"}, 30.0)[late.id]
-    assert outlook.eta_s == pytest.approx(1.0)  # a tenth of its typical time
+    assert world.forecast({late.id: "chat"}, 30.0)[late.id].eta_s == pytest.approx(14.0)
 
 
 def test_the_forecast_leaves_the_scheduler_untouched():
@@ -218,3 +228,60 @@ def test_a_model_with_a_start_under_way_counts_its_load_from_when_it_began():
                        [first.id], history(), 4.0)[first.id]
     assert outlook.eta_s == pytest.approx(2.0) and outlook.position is None
     assert grant_of(scheduler.model_ready("chat", 6.0)).ticket_id == first.id
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    requests=requests,
+    streams=st.lists(
+        st.tuples(st.sampled_from(MODELS), st.sampled_from([-100, 0, 100]), st.sampled_from([2.37, 3.71, 5.13, 7.29])),
+        max_size=3, unique_by=lambda stream: stream[2],
+    ),
+    slots=st.sampled_from([{}, {"chat": 2}]),
+)
+def test_requests_expected_to_keep_arriving_are_foreseen_exactly_when_they_come_as_expected(requests, streams, slots):
+    """The same workload, with requests that keep arriving at a steady pace while the queue drains:
+    a forecast told that pace predicts every queued request's dispatch exactly, those who get
+    overtaken by the newcomers included."""
+    scheduler, ticket = scheduler_with(slots, 60.0), Tickets()
+    world = World(scheduler, ticket)
+    world.apply(scheduler.submit(ticket("chat", -100, 0.0), 0.0), 0.0)
+    world.run_until(LOAD_S["chat"])
+    now = LOAD_S["chat"] + 0.5
+    waiting = {}
+    for model, priority, ago in requests:
+        t = ticket(model, priority, now - ago)
+        waiting[t.id] = model
+        world.apply(scheduler.submit(t, now), now)
+    for model, priority, every in streams:
+        world.keep_arriving(model, priority, every, now)
+    pending = {tid: m for tid, m in waiting.items() if tid not in world.granted_at}
+    expected = [Arrivals(kind(model), priority, every) for model, priority, every in streams]
+    outlooks = world.forecast(pending, now, expected=expected)
+    for _ in range(100_000):  # aging lets the last batch request through within hours of simulated time
+        if pending.keys() <= world.granted_at.keys():
+            break
+        world.step()
+    for tid in pending:
+        if outlooks[tid].eta_s is None:
+            assert outlooks[tid].unknown == "too far back in the queue to predict"
+        else:
+            assert outlooks[tid].eta_s == pytest.approx(world.granted_at[tid] - now)
+
+
+def test_a_batch_request_is_expected_to_wait_for_the_interactive_ones_that_will_come():
+    scheduler, ticket = scheduler_with(), Tickets()
+    world = World(scheduler)
+    world.apply(scheduler.submit(ticket("chat", 0, 0.0), 0.0), 0.0)
+    world.run_until(6.0)  # the job runs until 16 s
+    normal, batch = ticket("chat", 0, 7.0), ticket("chat", -100, 7.0)
+    for waiting in (normal, batch):
+        world.apply(scheduler.submit(waiting, 7.0), 7.0)
+    queued = {normal.id: "chat", batch.id: "chat"}
+    alone = world.forecast(queued, 7.0)[batch.id]
+    assert alone.eta_s == pytest.approx(19.0)  # after the running job and the normal one
+    # One 10 s interactive job every 15 s: the first comes at 22 s, during the normal job, and goes next.
+    busy = world.forecast(queued, 7.0, expected=[Arrivals(kind("chat"), 100, 15.0)])[batch.id]
+    assert busy.eta_s == pytest.approx(29.0) and busy.after.expected and busy.after.band == "normal"
+    flooded = world.forecast(queued, 7.0, expected=[Arrivals(kind("chat"), 100, 5.0)])[batch.id]
+    assert flooded.eta_s is None and flooded.unknown == "too far back in the queue to predict"

@@ -70,3 +70,21 @@ async def test_the_first_running_job_to_end_says_when_a_model_frees_a_place(gpu_
     learned(gpu, "chat", 30.0)
     assert 29 <= gpu.runtime.next_job_end_in("chat") <= 30
     gpu.finish(lease)
+
+
+async def test_many_waits_running_out_at_once_share_one_forecast(gpu_for, monkeypatch):
+    """Each refusal changes the queue; were each to forecast the rest of it again, a few hundred limits
+    running out together would hold the event loop for seconds."""
+    import scheduling.runtime as runtime_module
+
+    runs = []
+    real_forecast = runtime_module.forecast
+    monkeypatch.setattr(runtime_module, "forecast", lambda *a, **k: runs.append(1) or real_forecast(*a, **k))
+    gpu = gpu_for("chat")
+    learned(gpu, "chat", 600.0)
+    _, lease = await gpu.running("chat")
+    clients = [await gpu.submit("chat", max_wait_s=0.1) for _ in range(200)]
+    refused = [await refusal(client) for client in clients]
+    assert {r.code for r in refused} == {"max_wait_exceeded"} and all(r.retry_after >= 590 for r in refused)
+    assert len(runs) <= 3, f"{len(runs)} forecasts for 200 refusals"
+    gpu.finish(lease)

@@ -50,7 +50,8 @@ async def test_without_history_the_entry_says_there_is_no_prediction(gpu_for):
     waiting = await gpu.submit("chat")
     (entry,) = [e for e in queue_entries(gpu.runtime) if e.ticket_id == waiting.ticket_id]
     assert entry.eta_s is None and entry.position == 1
-    assert "no prediction: no history yet" in entry.outlook
+    assert entry.outlook.startswith("next in the queue; behind a normal job on chat, running for 1 s; no prediction: "
+                                    "no history yet")
     gpu.finish(lease)
     gpu.finish(await waiting.lease())
 
