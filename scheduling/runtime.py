@@ -283,7 +283,7 @@ class SchedulerRuntime:
             exc.ticket_id = waiter.ticket.id
             raise
         except asyncio.CancelledError:
-            self.cancel(waiter.ticket.id, "client disconnected while queued")
+            self.cancel(waiter.ticket.id, f"client disconnected {self._where(waiter.ticket.id)}")
             raise
 
     def cancel(self, ticket_id: int, reason: str) -> None:
@@ -314,9 +314,13 @@ class SchedulerRuntime:
         """Admin action: fail a queued request with a clear message. Returns whether it was waiting."""
         if ticket_id not in self._waiting:
             return False
-        reason = Rejected(503, "cancelled_by_operator", "cancelled by an operator while queued")
+        reason = Rejected(503, "cancelled_by_operator", f"cancelled by an operator {self._where(ticket_id)}")
         self._refuse_waiting(ticket_id, reason, "cancelled")
         return True
+
+    def _where(self, ticket_id: int) -> str:
+        """Where a request not yet granted waits, in words: queued, or its model starting for it."""
+        return "while queued" if self.scheduler.is_queued(ticket_id) else "while its model was starting for it"
 
     def _waited_too_long(self, ticket_id: int) -> None:
         """A request's `max_wait_s` ran out before its grant: refuse it, saying when to retry from the

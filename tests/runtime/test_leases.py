@@ -81,6 +81,7 @@ async def test_a_client_that_leaves_while_its_model_starts_is_cancelled_and_the_
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(leaving.task, DEADLINE)
     assert gpu.state(leaving) == "cancelled"
+    assert gpu.row(leaving)["error"] == "client disconnected while its model was starting for it"
     assert not start.cancelled
 
     start.succeed()
