@@ -44,20 +44,21 @@ def served(tmp_path):
         yield s
 
 
-def chat(served, fake: dict, headers: dict | None = None, stream: bool = False) -> httpx.Response:
+def chat(served, fake: dict, headers: dict | None = None, stream: bool = False, model: str = "m") -> httpx.Response:
     return httpx.post(
         served.base + "/v1/chat/completions", timeout=60, headers={**AUTH, **(headers or {})},
-        json={"model": "m", "messages": [], "stream": stream, "fake": fake},
+        json={"model": model, "messages": [], "stream": stream, "fake": fake},
     )
 
 
 class Pending:
     """A chat request on a thread; `result()` waits for its answer."""
 
-    def __init__(self, served, fake: dict, headers: dict | None = None):
+    def __init__(self, served, fake: dict, headers: dict | None = None, model: str = "m"):
         self.response: httpx.Response | None = None
-        self._thread = threading.Thread(target=lambda: setattr(self, "response", chat(served, fake, headers)),
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=lambda: setattr(self, "response", chat(served, fake, headers, model=model)), daemon=True
+        )
         self._thread.start()
 
     def result(self) -> httpx.Response:

@@ -11,6 +11,7 @@ import pytest
 from tests.e2e.test_api_queue import AUTH, KEY, LONG, Pending, chat, entries_in, running_one
 from tests.e2e.test_distributed import distributed  # noqa: F401 - the fixture
 from tests.e2e.test_distributed_logs import front_end
+from tests.e2e.held import sighup_reload
 from tests.served import Served, Worker, fake_cmd, model_ports
 
 pytestmark = pytest.mark.e2e
@@ -71,6 +72,19 @@ def test_refusals_and_cuts_name_the_request_row(tmp_path):
         unknown = httpx.post(served.base + "/v1/chat/completions", headers=AUTH, timeout=10,
                              json={"model": "nobody", "messages": []})
         assert unknown.status_code == 404 and "X-LlamaSwap-Request-Id" not in unknown.headers, "it had no row"
+
+
+def test_a_request_queued_for_a_model_a_reload_removes_names_its_row(tmp_path):
+    text = config(tmp_path / "events.jsonl")
+    with Served(tmp_path, text) as served:
+        held, _ = running_one(served)
+        queued = Pending(served, {"tokens": 3}, model="broken")
+        entries_in(served, "waiting", 1)
+        sighup_reload(served, textwrap.dedent(text).replace("broken", "kept"))
+        removed = queued.result()
+        assert removed.status_code == 404
+        assert looked_up(served, removed, "model_removed")["model"] == "broken"
+        held.close()
 
 
 def test_a_refusal_through_a_front_end_names_the_workers_row(tmp_path, distributed):

@@ -64,6 +64,7 @@ def test_sigterm_finishes_the_running_request_and_refuses_the_queued_ones(tmp_pa
     assert ended[0]["t"] > signalled_at, "the request should still have been running when SIGTERM arrived"
     for _, [(refused, _)] in queued:
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+        assert refused.headers["X-LlamaSwap-Request-Id"], "the refusal names the row that says it too"
     assert not starts(events, "queued")
     assert not process_group_alive(pgid), f"model processes {group_members(pgid)} outlived the service"
     states = sorted(r["state"] for r in all_rows_terminal(served.data_dir, 3, timeout=1))
