@@ -6,8 +6,8 @@ Two fake models share one swap group (serial scheduler, its default swap-affinit
 takes a while to load (a 1.0 s, b 1.5 s). Requests of three bands arrive at random (Poisson) for
 `--seconds`, a third of them for b, each one a job whose length is drawn around its band's mean
 (log-normal, σ 0.35): interactive short streamed chats, normal medium chats, batch long chats. The
-median per (model, route, stream) the forecast uses is then a fair but imperfect guess: normal and
-batch chats are one kind to it, and every job differs from the typical one. A warm-up of one job
+median per (model, route, stream, band) the forecast uses is then a fair but imperfect guess: every
+job differs from the typical one, and requests arriving later overtake the lower bands. A warm-up of one job
 of each (model, band) first gives the history a sample of each kind.
 
 While the workload runs, `/api/queue` is polled every 20 ms and the first `eta_seconds` seen for
