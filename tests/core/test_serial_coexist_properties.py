@@ -323,8 +323,8 @@ class CoexistMachine(RuleBasedStateMachine):
                 continue
             if model in runtime.starts or model in launching:
                 continue
-            if any(model in evicted for evicted in runtime.starts.values()):
-                continue  # a start under way stops it first
+            if model in runtime.evicting():
+                continue  # a start under way (or cut short, until it reports) stops it first
             victims = self.rules.evictions(model, holding - {model})
             if any(not self._leaves_alone(model, victims, target, holding) for target in targets):
                 continue
@@ -352,3 +352,19 @@ class CoexistMachine(RuleBasedStateMachine):
 
 CoexistMachine.TestCase.settings = hypothesis_settings(max_examples=300, stateful_step_count=50, deadline=None)
 test_serial_scheduler_on_shared_hardware = CoexistMachine.TestCase
+
+
+def test_a_model_a_cut_short_start_was_stopping_waits_until_that_start_reports():
+    """Found by the machine: b, stopped first by a's start, is asked for again after an unload cut
+    that start short. Until the start reports, b may still be being stopped: the request waits."""
+    state = CoexistMachine()
+    state.start(rules=GroupRules(groups=()), slots={}, aging=0, bonus=0)
+    state.submit(model="b", priority=-100)
+    state.observe("cancel", min(state.runtime.tickets))
+    state.observe("answer_start", "b", True)
+    state.submit(model="a", priority=-100)  # starts a, stopping b first
+    state.unload(models=None)  # cuts a's start short; it has not reported yet
+    state.submit(model="b", priority=-100)
+    state.nothing_waits_that_could_run()
+    assert state.queued(), "b waits for the start that stops it to report"
+    state.teardown()
