@@ -20,7 +20,8 @@ from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
 from proxy.upstreams import ClientUse, UpstreamClients
 from scheduling import frontdoor, metrics
-from scheduling.core import MatrixPolicy, ModelSpec, SerialSettings, SwapPolicy, build_scheduler
+from scheduling.config_inputs import model_specs, swap_policy
+from scheduling.core import SerialSettings, build_scheduler
 from scheduling.core.durations import DurationHistory
 from scheduling.recorder import Recorder
 from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketRequest
@@ -129,26 +130,6 @@ def config_for_pages():
         return load_configured()
     except (RuntimeError, ConfigError) as exc:
         raise frontdoor.ConfigUnavailable(str(exc)) from None
-
-
-def model_specs(config) -> dict[str, ModelSpec]:
-    """What the scheduling core needs to know about each configured model."""
-    return {
-        model_id: ModelSpec(
-            id=model_id,
-            ttl=model.ttl,
-            concurrency_limit=model.concurrency_limit,
-            fifo_priority=config.scheduler.fifo_priority.get(model_id, 0),
-        )
-        for model_id, model in config.models.items()
-    }
-
-
-def swap_policy(config) -> SwapPolicy | MatrixPolicy:
-    """The router the config chose: its matrix, or its groups."""
-    if config.matrix is not None:
-        return config.matrix
-    return SwapPolicy(config.groups, config.models)
 
 
 class ProxyService:
