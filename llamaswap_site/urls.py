@@ -4,8 +4,10 @@ from django.urls import path, re_path
 
 from proxy import queue_views, views
 from proxy.metrics_view import metrics_view
+from scheduling.admin import overview_page
 
 urlpatterns = [
+    path("admin/overview/", overview_page, name="admin-overview"),
     path("admin/", admin.site.urls),
     # The admin's CSS and scripts: daphne serves no static files, and a local tool needs no separate web server.
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),

@@ -15,9 +15,10 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
-from scheduling import frontdoor
+from scheduling import frontdoor, overview
 from scheduling.core.settings import slot_count_problem
 from scheduling.forms import PriorityForm, SlotsField
 from scheduling.history import CappedCountPaginator, HistoryQuerySet, search_requests
@@ -31,6 +32,11 @@ from scheduling.models import (
 )
 from scheduling.settings_store import as_text, ignored_slots, override_source, save_settings
 
+
+admin.site.site_header = "llamaswap"
+admin.site.site_title = "llamaswap admin"
+admin.site.index_title = "llamaswap administration"
+admin.site.index_template = "admin/scheduling/index.html"  # the Overview first
 
 _NO_ANSWER = "The scheduler did not answer within 5 s (its event loop is busy or stuck); try again, and check the log."
 
@@ -516,3 +522,27 @@ class QueuedRequestAdmin(admin.ModelAdmin):
         url = reverse("admin:scheduling_queuedrequest_change", args=[obj.runner_up_id])
         score = "?" if obj.runner_up_score is None else f"{obj.runner_up_score:.1f}"
         return format_html('<a href="{}">#{}</a> at score {}', url, obj.runner_up_id, score)
+
+
+def overview_view(request: HttpRequest) -> HttpResponse:
+    """The operators' Overview: charts of the request history over a window (`scheduling.overview`)."""
+    if not request.user.has_perm("scheduling.view_queuedrequest"):
+        raise PermissionDenied
+    context = {
+        **admin.site.each_context(request),
+        "title": "Overview",
+        "presets": list(overview.PRESETS),
+        "since": request.GET.get("since", ""),
+        "until": request.GET.get("until", ""),
+    }
+    try:
+        window = overview.Window.from_query(request.GET, timezone.now())
+    except overview.BadWindow as exc:
+        return TemplateResponse(request, "admin/scheduling/overview.html", {**context, "problem": str(exc)}, status=400)
+    summary = overview.summarize(window)
+    context.update(window=window, step=window.step_text, totals=summary.totals,
+                   charts=overview.charts(summary))
+    return TemplateResponse(request, "admin/scheduling/overview.html", context)
+
+
+overview_page = admin.site.admin_view(overview_view)

@@ -10,11 +10,13 @@ import pytest
 
 from tests.admin.session import create_superuser
 from tests.admin.traffic import Caller, GpuHolder, started_ids, two_model_config
-from tests.served import REPO, Served
+from tests.e2e.conftest import db_rows
+from tests.served import REPO, Served, wait_until
 
 pytestmark = pytest.mark.e2e
 
 SCREENSHOT = REPO / "test-artifacts" / "queue-page.png"
+OVERVIEW_SCREENSHOT = REPO / "test-artifacts" / "overview-page.png"
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1400,900",
@@ -76,7 +78,7 @@ def test_an_operator_retunes_swap_affinity_and_the_next_dispatch_follows(browser
     browser.find_element(By.NAME, "username").send_keys("alice")
     browser.find_element(By.NAME, "password").send_keys("correct-horse-battery")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait(lambda: "Site administration" in browser.page_source, "the admin index")
+    wait(lambda: "llamaswap administration" in browser.page_source, "the admin index")
 
     holder = GpuHolder(served)
     beta = Caller(served, "beta", 0, "beta")
@@ -106,3 +108,27 @@ def test_an_operator_retunes_swap_affinity_and_the_next_dispatch_follows(browser
     holder.release()
     assert beta.wait()[0] == 200 and alpha.wait()[0] == 200
     assert started_ids(served) == ["holder", "beta", "alpha"]
+
+
+def test_the_overview_draws_its_charts_from_the_traffic_served(browser, served):
+    from selenium.webdriver.common.by import By
+
+    for model in ("alpha", "beta", "alpha"):  # three dispatches, at least two of them model loads
+        assert Caller(served, model, 0, model).wait()[0] == 200
+    wait_until(lambda: len(db_rows(served.data_dir, "state = 'completed'")) == 3, 30, what="three finished rows")
+
+    browser.get(served.base + "/admin/login/?next=/admin/")
+    browser.find_element(By.NAME, "username").send_keys("alice")
+    browser.find_element(By.NAME, "password").send_keys("correct-horse-battery")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    browser.find_element(By.LINK_TEXT, "Overview").click()
+    browser.find_element(By.LINK_TEXT, "1h").click()
+    assert browser.find_element(By.CSS_SELECTOR, ".overview-windows strong").text == "1h"
+    charts = browser.find_elements(By.CSS_SELECTOR, "svg.chart")
+    assert len(charts) == 5
+    assert all(chart.is_displayed() and chart.size["height"] > 100 for chart in charts)
+    assert browser.find_element(By.CSS_SELECTOR, "#total-normal .dispatched").text == "3"
+    loads = browser.find_elements(By.CSS_SELECTOR, "#chart-4 svg rect title")
+    assert sum(int(title.get_attribute("textContent").rsplit(": ", 1)[1]) for title in loads) >= 2
+    OVERVIEW_SCREENSHOT.parent.mkdir(exist_ok=True)
+    browser.save_screenshot(str(OVERVIEW_SCREENSHOT))

@@ -1,0 +1,342 @@
+"""The admin's Overview: what the queue and the GPUs did over a window, aggregated in the database.
+
+Five grouped queries answer every chart, whatever the window holds: rows are
+counted per time bucket (integer arithmetic on epoch milliseconds, the same on
+SQLite and PostgreSQL) and only the group totals come back. Queue depth and GPU
+busy share are time averages over each bucket, rebuilt from the events that
+change them (arrivals and departures; job starts and ends). Wait percentiles
+come from a histogram of fixed wait bins counted in SQL, so they are exact to
+the bin: a percentile is the upper edge of the bin its rank falls in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone as dt_timezone
+
+from django.db.models import BigIntegerField, Case, Count, Q, Sum, Value, When
+from django.db.models.functions import Coalesce
+from django.db.models.expressions import Func
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from scheduling.models import BandChoice, QueuedRequest
+from scheduling.svg_charts import PALETTE, Chart, Series, render
+
+PRESETS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+DEFAULT_PRESET = "24h"
+MAX_BUCKETS = 60
+# Bucket lengths in seconds: the shortest that keeps a window within MAX_BUCKETS.
+STEPS_S = (60, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
+MAX_SPAN = timedelta(days=366)
+# Rows that arrived this long before the window still count in it (they waited or ran into it);
+# a request that waited or ran longer than this before the window is left out of its depth and busy share.
+LOOKBACK = timedelta(days=1)
+# Wait histogram edges in ms: 0, then 10 ms to 100 000 s in steps of at most a third.
+WAIT_EDGES_MS = (0,) + tuple(
+    int(mantissa * 10 ** exponent)
+    for exponent in range(1, 8)
+    for mantissa in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
+) + (100_000_000,)
+BANDS = tuple(BandChoice.values)
+
+
+class BadWindow(ValueError):
+    """The query string does not name a window the page can show; the message says why."""
+
+
+class EpochMs(Func):
+    """A timestamp as whole milliseconds since the Unix epoch, on PostgreSQL and SQLite alike."""
+
+    arity = 1
+    output_field = BigIntegerField()
+    template = "CAST(ROUND(EXTRACT(EPOCH FROM %(expressions)s) * 1000) AS BIGINT)"
+
+    def as_sqlite(self, compiler, connection, **extra):
+        # Django stores datetimes as UTC text; julianday's error (~50 µs) is well under the rounding.
+        template = "CAST(ROUND((julianday(%(expressions)s) - 2440587.5) * 86400000.0) AS INTEGER)"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+
+@dataclass(frozen=True)
+class Window:
+    """[since, until) cut into buckets of `step` from `since`; the last bucket may be shorter."""
+
+    since: datetime
+    until: datetime
+    step: timedelta
+    preset: str = ""
+
+    @classmethod
+    def from_query(cls, query, now: datetime) -> Window:
+        """From `?window=24h`, or `?since=…[&until=…]` (ISO date or date and time; until defaults to now)."""
+        since_text, until_text = query.get("since", "").strip(), query.get("until", "").strip()
+        if since_text:
+            since = _moment("since", since_text)
+            until = _moment("until", until_text) if until_text else now
+            if until <= since:
+                raise BadWindow(f"until ({until_text or 'now'}) must be after since ({since_text[:40]}).")
+            if until - since > MAX_SPAN:
+                raise BadWindow(f"The window is at most {MAX_SPAN.days} days; this one is {(until - since).days}.")
+            return cls.covering(since, until)
+        if until_text:
+            raise BadWindow("until needs a since: give both, or choose a window such as 24h.")
+        preset = query.get("window", DEFAULT_PRESET) or DEFAULT_PRESET
+        if preset not in PRESETS:
+            raise BadWindow(f"window: {preset[:40]!r} is not one of {', '.join(PRESETS)}.")
+        window = cls.covering(now - PRESETS[preset], now)
+        return cls(window.since, window.until, window.step, preset)
+
+    @classmethod
+    def covering(cls, since: datetime, until: datetime) -> Window:
+        """Buckets of the shortest listed length that gives at most MAX_BUCKETS, starting at a multiple of it
+        (12:00, 12:30, … rather than 12:07, 12:37, …)."""
+        span_s = (until - since).total_seconds()
+        step_s = next((s for s in STEPS_S if span_s / s <= MAX_BUCKETS), STEPS_S[-1])
+        start_ms = _ms(since) - _ms(since) % (step_s * 1000)
+        return cls(datetime.fromtimestamp(start_ms / 1000, dt_timezone.utc), until, timedelta(seconds=step_s))
+
+    @property
+    def step_text(self) -> str:
+        seconds = int(self.step.total_seconds())
+        for size, unit in ((86400, "day"), (3600, "h"), (60, "min")):
+            if seconds % size == 0:
+                count = seconds // size
+                return f"{count} {unit}{'s' if unit == 'day' and count > 1 else ''}"
+        return f"{seconds} s"
+
+    @property
+    def step_ms(self) -> int:
+        return int(self.step.total_seconds() * 1000)
+
+    @property
+    def span_ms(self) -> int:
+        return _ms(self.until) - _ms(self.since)
+
+    @property
+    def starts(self) -> list[datetime]:
+        return [self.since + self.step * k for k in range(math.ceil(self.span_ms / self.step_ms))]
+
+    def lengths_ms(self) -> list[int]:
+        return [min(self.step_ms, self.span_ms - k * self.step_ms) for k in range(len(self.starts))]
+
+
+def _ms(moment: datetime) -> int:
+    return round(moment.timestamp() * 1000)
+
+
+def _moment(name: str, text: str) -> datetime:
+    try:
+        moment = parse_datetime(text)
+        if moment is None:
+            day = parse_date(text)
+            moment = None if day is None else datetime(day.year, day.month, day.day)
+    except ValueError:  # well formed but impossible, e.g. 2026-02-30
+        moment = None
+    if moment is None:
+        raise BadWindow(f"{name}: {text[:40]!r} is not a date or a date and time (e.g. 2026-12-01 or 2026-12-01T08:00).")
+    return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
+
+
+@dataclass(frozen=True)
+class Overview:
+    """Per-bucket series of a window; a value is None where the bucket has nothing to measure."""
+
+    window: Window
+    depth: dict[str, list[float]]  # band → time-average number of requests waiting
+    wait_p50_s: dict[str, list[float | None]]  # band → median queue wait of the requests dispatched in the bucket
+    wait_p95_s: dict[str, list[float | None]]
+    dispatches_per_h: list[float]
+    reorders_per_h: dict[str, list[float]]  # term ("aging", "swap affinity") → dispatches it changed, per hour
+    loads: dict[str, list[int]]  # model → dispatches that had to start it
+    busy_share: dict[str, list[float]]  # model → time-average jobs running (1.0 = one job all the time)
+    totals: list[dict]  # per band: arrived, dispatched, p50 and p95 wait (s) over the whole window
+
+
+def summarize(window: Window, rows=None) -> Overview:
+    """Run the five grouped queries over `rows` (all request rows by default) and shape the series."""
+    rows = QueuedRequest.objects.all() if rows is None else rows
+    since_ms, step_ms, count = _ms(window.since), window.step_ms, len(window.starts)
+
+    def offset(field):
+        return EpochMs(field) - Value(since_ms)
+
+    def bucket(field):
+        return (EpochMs(field) - Value(since_ms)) / Value(step_ms)
+
+    around = rows.filter(arrived_at__gte=window.since - LOOKBACK, arrived_at__lt=window.until).order_by()
+    left = Coalesce("dispatched_at", "finished_at")
+    inside = {"gte": window.since, "lt": window.until}
+
+    arrivals = (
+        rows.filter(arrived_at__gte=window.since, arrived_at__lt=window.until).order_by()
+        .annotate(b=bucket("arrived_at")).values("band", "b")
+        .annotate(n=Count("id"), t=Sum(offset("arrived_at")))
+    )
+    departures = (
+        around.annotate(left=left).filter(left__gte=window.since, left__lt=window.until)
+        .annotate(b=bucket("left")).values("band", "model", "b")
+        .annotate(
+            n=Count("id"), t=Sum(offset("left")),
+            started=Count("dispatched_at"), t_started=Sum(offset("dispatched_at")),
+            aging=Count("id", filter=Q(changed_by_aging=True)),
+            affinity=Count("id", filter=Q(changed_by_affinity=True)),
+            swaps=Count("id", filter=Q(needed_swap=True)),
+        )
+    )
+    job_ends = (
+        around.filter(dispatched_at__isnull=False, finished_at__gte=window.since, finished_at__lt=window.until)
+        .annotate(b=bucket("finished_at")).values("model", "b")
+        .annotate(n=Count("id"), t=Sum(offset("finished_at")))
+    )
+    at_start = (
+        around.filter(arrived_at__lt=window.since).annotate(left=left).values("band", "model")
+        .annotate(
+            waiting=Count("id", filter=Q(left__isnull=True) | Q(left__gte=window.since)),
+            running=Count("id", filter=Q(dispatched_at__lt=window.since)
+                          & (Q(finished_at__isnull=True) | Q(finished_at__gte=window.since))),
+        )
+    )
+    waits = (
+        around.filter(dispatched_at__gte=window.since, dispatched_at__lt=window.until)
+        .annotate(wait=EpochMs("dispatched_at") - EpochMs("arrived_at"))
+        .annotate(b=bucket("dispatched_at"), bin=_wait_bin(0, len(WAIT_EDGES_MS)))
+        .values("band", "b", "bin").annotate(n=Count("id"))
+    )
+
+    lengths = window.lengths_ms()
+    depth_in, depth_out, depth0 = _events(count), _events(count), defaultdict(int)
+    run_in, run_out, run0 = _events(count), _events(count), defaultdict(int)
+    for row in at_start:
+        depth0[row["band"]] += row["waiting"]
+        run0[row["model"]] += row["running"]
+    arrived = defaultdict(int)
+    for row in arrivals:
+        depth_in[row["band"]][row["b"]] = _add(depth_in[row["band"]][row["b"]], row["n"], row["t"])
+        arrived[row["band"]] += row["n"]
+    dispatched_per_bucket = [0] * count
+    reorders = {"aging": [0] * count, "swap affinity": [0] * count}
+    loads: dict[str, list[int]] = {}
+    for row in departures:
+        band, model, b = row["band"], row["model"], row["b"]
+        depth_out[band][b] = _add(depth_out[band][b], row["n"], row["t"])
+        if row["started"]:
+            run_in[model][b] = _add(run_in[model][b], row["started"], row["t_started"])
+        dispatched_per_bucket[b] += row["started"]
+        reorders["aging"][b] += row["aging"]
+        reorders["swap affinity"][b] += row["affinity"]
+        if row["swaps"]:
+            loads.setdefault(model, [0] * count)[b] += row["swaps"]
+    for row in job_ends:
+        run_out[row["model"]][row["b"]] = _add(run_out[row["model"]][row["b"]], row["n"], row["t"])
+
+    histograms: dict[str, list[list[int]]] = {band: [[0] * len(WAIT_EDGES_MS) for _ in range(count)] for band in BANDS}
+    for row in waits:
+        histograms.setdefault(row["band"], [[0] * len(WAIT_EDGES_MS) for _ in range(count)])[row["b"]][row["bin"]] += row["n"]
+
+    per_hour = [3_600_000 / length for length in lengths]
+    models = sorted(set(run0) | set(run_in) | set(run_out))
+    return Overview(
+        window=window,
+        depth={band: _time_average(depth0[band], depth_in[band], depth_out[band], step_ms, lengths)
+               for band in BANDS},
+        wait_p50_s={band: [_percentile(h, 0.50) for h in histograms[band]] for band in BANDS},
+        wait_p95_s={band: [_percentile(h, 0.95) for h in histograms[band]] for band in BANDS},
+        dispatches_per_h=[n * rate for n, rate in zip(dispatched_per_bucket, per_hour)],
+        reorders_per_h={term: [n * rate for n, rate in zip(counts, per_hour)] for term, counts in reorders.items()},
+        loads=dict(sorted(loads.items())),
+        busy_share={model: _time_average(run0[model], run_in[model], run_out[model], step_ms, lengths)
+                    for model in models},
+        totals=[_band_total(band, arrived[band], histograms[band]) for band in BANDS],
+    )
+
+
+def _events(count: int) -> defaultdict[str, list[tuple[int, int]]]:
+    """Per key and bucket: (how many events, the sum of their times in ms since the window's start)."""
+    return defaultdict(lambda: [(0, 0)] * count)
+
+
+def _add(total: tuple[int, int], n: int, t: int | None) -> tuple[int, int]:
+    return total[0] + n, total[1] + (t or 0)
+
+
+def _time_average(level: int, ins: list[tuple[int, int]], outs: list[tuple[int, int]], step_ms: int,
+                  lengths: list[int]) -> list[float]:
+    """The average of a level (requests waiting, jobs running) over each bucket, from its value at the window's
+    start and the events that raise and lower it: an event at t inside a bucket ending at E counts for E − t."""
+    averages = []
+    for b, length in enumerate(lengths):
+        end = b * step_ms + length
+        (n_in, t_in), (n_out, t_out) = ins[b], outs[b]
+        averages.append(level + ((n_in * end - t_in) - (n_out * end - t_out)) / length)
+        level += n_in - n_out
+    return averages
+
+
+def _wait_bin(low: int, high: int):
+    """The index of the first edge at or above the wait, as a CASE that halves the edges at each level."""
+    if high - low == 1:
+        return Value(low)
+    middle = (low + high) // 2
+    return Case(When(wait__lte=WAIT_EDGES_MS[middle - 1], then=_wait_bin(low, middle)),
+                default=_wait_bin(middle, high))
+
+
+def _percentile(histogram: list[int], share: float) -> float | None:
+    """The upper edge, in seconds, of the bin holding the request ranked at `share`; None without requests."""
+    total = sum(histogram)
+    if not total:
+        return None
+    rank, seen = math.ceil(share * total), 0
+    for edge, n in zip(WAIT_EDGES_MS, histogram):
+        seen += n
+        if seen >= rank:
+            return edge / 1000
+    return WAIT_EDGES_MS[-1] / 1000  # not reached: the counts add up to the total
+
+
+def _band_total(band: str, arrived: int, histograms: list[list[int]]) -> dict:
+    merged = [sum(column) for column in zip(*histograms)]
+    return {"band": band, "arrived": arrived, "dispatched": sum(merged),
+            "p50_s": _percentile(merged, 0.50), "p95_s": _percentile(merged, 0.95)}
+
+
+def charts(overview: Overview) -> list[dict]:
+    """The page's charts: a title, what the numbers mean, and the SVG."""
+    window = overview.window
+    long = window.until - window.since > timedelta(days=1)
+    tick = "%b %d" if window.step >= timedelta(days=1) else ("%b %d %H:%M" if long else "%H:%M")
+    starts = [timezone.localtime(start) for start in window.starts]
+    labels = [start.strftime(tick) for start in starts]
+    ends = [*starts[1:], timezone.localtime(window.until)]
+    spans = [f"{start:%b %d %H:%M}–{end:%H:%M}" for start, end in zip(starts, ends)]
+
+    def chart(title: str, about: str, series: list[Series], unit: str = "", stacked_bars: bool = False) -> dict:
+        drawn = Chart(title, labels, spans, series, unit, stacked_bars)
+        return {"title": title, "about": about, "svg": render(drawn)}
+
+    colours = dict(zip(BANDS, PALETTE))
+    return [
+        chart("Queue depth by band", "Requests waiting for the GPU, averaged over each bucket.",
+              [Series(band, overview.depth[band], colour=colours[band]) for band in BANDS]),
+        chart("Queue wait by band",
+              "Median (solid) and 95th percentile (dashed) wait of the requests dispatched in each bucket; "
+              "exact to the wait histogram's bin (at most a third apart), rounded up.",
+              [Series(f"{band} {name}", values[band], dashed=name == "p95", colour=colours[band])
+               for band in BANDS for name, values in (("p50", overview.wait_p50_s), ("p95", overview.wait_p95_s))],
+              unit=" s"),
+        chart("Dispatches and reorders per hour",
+              "Dispatches, and those whose pick the aging or swap-affinity term changed, as hourly rates.",
+              [Series("dispatches", overview.dispatches_per_h)]
+              + [Series(f"reordered by {term}", values, dashed=True) for term, values in overview.reorders_per_h.items()],
+              unit="/h"),
+        chart("Model loads", "Dispatches that had to start their model (a swap), per model.",
+              [Series(model, counts) for model, counts in overview.loads.items()], stacked_bars=True),
+        chart("GPU busy share",
+              "Job time in each bucket ÷ the bucket's length, per model: 100% is one job running all the time "
+              "(a model with more slots can pass it).",
+              [Series(model, [share * 100 for share in shares]) for model, shares in overview.busy_share.items()],
+              unit="%"),
+    ]
