@@ -155,9 +155,9 @@ class Overview:
     totals: list[dict]  # per band: arrived, dispatched, p50 and p95 wait (s) over the whole window
 
 
-def summarize(window: Window, rows=None) -> Overview:
-    """Run the five grouped queries over `rows` (all request rows by default) and shape the series."""
-    rows = QueuedRequest.objects.all() if rows is None else rows
+def summarize(window: Window) -> Overview:
+    """Run the five grouped queries over the request rows and shape the series."""
+    rows = QueuedRequest.objects.all()
     since_ms, step_ms, count = _ms(window.since), window.step_ms, len(window.starts)
 
     def offset(field):
@@ -168,7 +168,6 @@ def summarize(window: Window, rows=None) -> Overview:
 
     around = rows.filter(arrived_at__gte=window.since - LOOKBACK, arrived_at__lt=window.until).order_by()
     left = Coalesce("dispatched_at", "finished_at")
-    inside = {"gte": window.since, "lt": window.until}
 
     arrivals = (
         rows.filter(arrived_at__gte=window.since, arrived_at__lt=window.until).order_by()
@@ -213,14 +212,17 @@ def summarize(window: Window, rows=None) -> Overview:
         depth0[row["band"]] += row["waiting"]
         run0[row["model"]] += row["running"]
     arrived = defaultdict(int)
+    # A time less than half a millisecond before `until` rounds to it: it belongs to the last bucket.
+    last = count - 1
     for row in arrivals:
-        depth_in[row["band"]][row["b"]] = _add(depth_in[row["band"]][row["b"]], row["n"], row["t"])
+        band, b = row["band"], min(row["b"], last)
+        depth_in[band][b] = _add(depth_in[band][b], row["n"], row["t"])
         arrived[row["band"]] += row["n"]
     dispatched_per_bucket = [0] * count
     reorders = {"aging": [0] * count, "swap affinity": [0] * count}
     loads: dict[str, list[int]] = {}
     for row in departures:
-        band, model, b = row["band"], row["model"], row["b"]
+        band, model, b = row["band"], row["model"], min(row["b"], last)
         depth_out[band][b] = _add(depth_out[band][b], row["n"], row["t"])
         if row["started"]:
             run_in[model][b] = _add(run_in[model][b], row["started"], row["t_started"])
@@ -230,11 +232,13 @@ def summarize(window: Window, rows=None) -> Overview:
         if row["swaps"]:
             loads.setdefault(model, [0] * count)[b] += row["swaps"]
     for row in job_ends:
-        run_out[row["model"]][row["b"]] = _add(run_out[row["model"]][row["b"]], row["n"], row["t"])
+        model, b = row["model"], min(row["b"], last)
+        run_out[model][b] = _add(run_out[model][b], row["n"], row["t"])
 
     histograms: dict[str, list[list[int]]] = {band: [[0] * len(WAIT_EDGES_MS) for _ in range(count)] for band in BANDS}
     for row in waits:
-        histograms.setdefault(row["band"], [[0] * len(WAIT_EDGES_MS) for _ in range(count)])[row["b"]][row["bin"]] += row["n"]
+        band_histograms = histograms.setdefault(row["band"], [[0] * len(WAIT_EDGES_MS) for _ in range(count)])
+        band_histograms[min(row["b"], last)][row["bin"]] += row["n"]
 
     per_hour = [3_600_000 / length for length in lengths]
     models = sorted(set(run0) | set(run_in) | set(run_out))
@@ -311,7 +315,8 @@ def charts(overview: Overview) -> list[dict]:
     starts = [timezone.localtime(start) for start in window.starts]
     labels = [start.strftime(tick) for start in starts]
     ends = [*starts[1:], timezone.localtime(window.until)]
-    spans = [f"{start:%b %d %H:%M}–{end:%H:%M}" for start, end in zip(starts, ends)]
+    until = "%H:%M" if window.step < timedelta(days=1) else "%b %d %H:%M"
+    spans = [f"{start:%b %d %H:%M}–{end.strftime(until)}" for start, end in zip(starts, ends)]
 
     def chart(title: str, about: str, series: list[Series], unit: str = "", stacked_bars: bool = False) -> dict:
         drawn = Chart(title, labels, spans, series, unit, stacked_bars)

@@ -173,3 +173,9 @@ def test_the_svg_helpers_pick_round_ticks_and_readable_numbers():
     assert nice_ticks(180) == [0.0, 50.0, 100.0, 150.0, 200.0]
     assert nice_ticks(0.3) == [0.0, 0.1, 0.2, 0.3]
     assert [number(v) for v in (1234.5, 83.333, 4.0, 0.25, 0.004, None)] == ["1,234", "83.3", "4", "0.25", "0.004", "—"]
+
+
+def test_a_time_just_before_the_window_ends_falls_in_the_last_bucket(make_request):
+    make_request(id=1, arrived_at=at(3599.9996), dispatched_at=at(3599.9997), finished_at=at(3599.9999))
+    summary = summarize(hour())
+    assert summary.dispatches_per_h[-1] == 60 and summary.totals[1]["arrived"] == 1
