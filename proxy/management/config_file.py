@@ -8,8 +8,9 @@ import sys
 from django.conf import settings
 
 
-def read_config(command, path: str):
-    """Load and check `path`, print its summary and warnings; exit 2 with the problems if it is unusable."""
+def read_config(command, path: str, summary: bool = True):
+    """Load and check `path`, print its summary (unless `summary` is False: output a script reads) and
+    warnings; exit 2 with the problems if it is unusable."""
     from proxy.config import ConfigError, load_config
 
     path = os.path.abspath(path)
@@ -23,7 +24,8 @@ def read_config(command, path: str):
         sys.exit(2)
     for warning in config.warnings:
         command.stderr.write(f"warning: {warning}")
-    command.stdout.write(config.describe())
+    if summary:
+        command.stdout.write(config.describe())
     return config
 
 

@@ -1,0 +1,251 @@
+"""`llamaswap replay [--since ISO] [--until ISO] [--set KEY=N ...] [--sweep KEY=N,N,...] [--json]`: what
+other scheduler settings would have done to the recorded traffic of a window, beside the settings in
+force, and how faithfully a replay reproduces the recording."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import DatabaseError
+from django.utils import timezone
+
+from scheduling.core import SerialSettings, serial_settings_problems
+from scheduling.core.replay import ReplayResult, compare, replay, waits_by_band
+
+KEYS = "agingDivisor=N, swapAffinityBonus=N or slots.MODEL=N"
+
+
+class SettingError(ValueError):
+    """A --set or --sweep the operator must fix; the message names the key and the fix."""
+
+
+def number(text: str) -> int | float | str:
+    """What an operator typed, as a number when it is one (60 as 60, not 60.0), else as typed."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return int(value) if value.is_integer() else value
+
+
+def with_setting(base: SerialSettings, option: str, assignment: str, models) -> SerialSettings:
+    """`base` with one `KEY=VALUE` applied."""
+    key, sep, text = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise SettingError(f"{option} {assignment!r}: expected KEY=VALUE with KEY one of {KEYS}")
+    value = number(text.strip())
+    aging, bonus, slots = base.aging_divisor, base.swap_affinity_bonus, dict(base.slots)
+    if key == "agingDivisor":
+        aging = value
+    elif key == "swapAffinityBonus":
+        bonus = value
+    elif key.startswith("slots.") and key[len("slots."):]:
+        model = key[len("slots."):]
+        if model not in models:
+            raise SettingError(f"{option} {assignment}: {model!r} is not a configured model — "
+                               f"use one of {', '.join(sorted(models))}")
+        slots[model] = value
+    else:
+        raise SettingError(f"{option} {assignment}: no setting {key!r} — use {KEYS}")
+    problems = serial_settings_problems(aging, bonus, slots)
+    if problems:
+        raise SettingError(f"{option} {assignment}: {next(iter(problems.values()))}")
+    return SerialSettings(aging_divisor=aging, swap_affinity_bonus=bonus, slots=slots)
+
+
+def shown(settings_: SerialSettings) -> str:
+    slots = ", ".join(f"{m}: {n}" for m, n in settings_.slots.items()) or "1 each"
+    return f"agingDivisor={number(str(settings_.aging_divisor))} swapAffinityBonus={settings_.swap_affinity_bonus} " \
+           f"slots={slots}"
+
+
+def seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def run_json(result: ReplayResult) -> dict:
+    return {
+        "settings": {"agingDivisor": result.settings.aging_divisor,
+                     "swapAffinityBonus": result.settings.swap_affinity_bonus, "slots": dict(result.settings.slots)},
+        "waits": {band: dataclasses.asdict(w) for band, w in waits_by_band(result).items()},
+        "swaps": result.swaps,
+        "busy_share": result.busy_share,
+        "reorders": {"aging": result.reorders_aging, "affinity": result.reorders_affinity},
+        "handling": dataclasses.asdict(result.handling),
+    }
+
+
+class Command(BaseCommand):
+    help = "Replay the recorded requests of a window with other scheduler settings, beside the settings in force."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--since", help="start of the window, ISO 8601 (default: 24 hours before --until)")
+        parser.add_argument("--until", help="end of the window, ISO 8601 (default: now)")
+        parser.add_argument("--set", action="append", default=[], metavar="KEY=N", help=f"a proposed value: {KEYS}")
+        parser.add_argument("--sweep", metavar="KEY=N,N,...",
+                            help="one replay per value, e.g. agingDivisor=15,30,60,120 (with any --set)")
+        parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+        parser.add_argument("--config", help="llama-swap config.yaml (default: LLAMASWAP_CONFIG)")
+
+    def handle(self, *args, **options):
+        from proxy.management.config_file import read_config
+        from scheduling.replay_history import recorded_window, settings_in_force, setup_of
+        from scheduling.core.replay import fidelity
+
+        path = options["config"] or settings.LLAMASWAP_CONFIG
+        if not path:
+            self._fail("no config file: pass --config FILE (the one `llamaswap serve` runs with)")
+        config = read_config(self, path, summary=False)
+        until = self._moment("--until", options["until"]) or timezone.now()
+        since = self._moment("--since", options["since"]) or until - timedelta(hours=24)
+        if since >= until:
+            self._fail(f"--since {since.isoformat()} is not before --until {until.isoformat()}")
+        try:
+            in_force = settings_in_force(config)
+        except DatabaseError as exc:
+            self._fail(f"cannot read the request history ({exc}): run this where `llamaswap serve` keeps its data "
+                       "(LLAMASWAP_DATA_DIR or DATABASE_URL)")
+        try:
+            proposed = in_force
+            for assignment in options["set"]:
+                proposed = with_setting(proposed, "--set", assignment, config.models)
+            sweep = self._sweep(options["sweep"], proposed, config.models)
+        except SettingError as exc:
+            self._fail(str(exc))
+        window = recorded_window(since, until)
+        setup = setup_of(config)
+        before = replay(window.records, setup, in_force, window.warm)
+        measured = fidelity(window.records, before)
+        if sweep is not None:
+            key, runs = sweep[0], [(value, replay(window.records, setup, s, window.warm)) for value, s in sweep[1]]
+            self._print_sweep(window, measured, before, key, runs, options["json"])
+        else:
+            after = replay(window.records, setup, proposed, window.warm)
+            self._print_comparison(window, measured, before, after, options["json"])
+
+    def _fail(self, message: str) -> None:
+        self.stderr.write(message)
+        sys.exit(2)
+
+    def _moment(self, option: str, text: str | None) -> datetime | None:
+        if text is None:
+            return None
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            self._fail(f"{option} {text!r}: not an ISO 8601 time — e.g. 2026-12-03T09:00 or 2026-12-03T09:00+01:00")
+        return moment if timezone.is_aware(moment) else timezone.make_aware(moment)
+
+    def _sweep(self, text: str | None, base: SerialSettings, models):
+        """(key, [(value, settings)]) for `--sweep KEY=V1,V2,...`, or None."""
+        if text is None:
+            return None
+        key, sep, values = text.partition("=")
+        if not sep or not values.strip():
+            raise SettingError(f"--sweep {text!r}: expected KEY=N,N,... e.g. agingDivisor=15,30,60,120")
+        return key.strip(), [(v.strip(), with_setting(base, "--sweep", f"{key.strip()}={v.strip()}", models))
+                             for v in values.split(",")]
+
+    # -- output -------------------------------------------------------------------------------
+
+    def _header(self, window, measured) -> list[str]:
+        handled = len(window.records)
+        lines = [f"Replay of {handled:,} requests that arrived from {window.since.isoformat(timespec='seconds')} "
+                 f"to {window.until.isoformat(timespec='seconds')}"]
+        if measured.same_order is None:
+            order = "no two requests waited together"
+        else:
+            order = f"{measured.same_order:.1%} of {measured.pairs:,} pairs that waited together sent in the same order"
+        lines.append(f"Fidelity (the settings in force against the recording, {measured.compared:,} requests sent in "
+                     f"both): {order}; median wait error {seconds(measured.wait_error_s)} s")
+        if not window.records:
+            lines.append("No requests arrived in this window: widen it with --since and --until")
+        if window.settings_changes:
+            lines.append(f"note: the settings were edited {window.settings_changes} times within the window; "
+                         "the replay uses those in force now throughout")
+        return lines
+
+    def _print_comparison(self, window, measured, before, after, as_json: bool) -> None:
+        comparison = compare(before, after)
+        if as_json:
+            self.stdout.write(json.dumps({
+                "window": self._window_json(window),
+                "fidelity": dataclasses.asdict(measured),
+                "in_force": run_json(before),
+                "proposed": run_json(after),
+                "changed_most": [dataclasses.asdict(c) for c in comparison.changed_most],
+            }, indent=2))
+            return
+        rows = [("settings", shown(before.settings), shown(after.settings))]
+        for band, (ahead, behind) in comparison.bands.items():
+            rows.append((f"{band} wait p50/p95/max s", self._waits(ahead), self._waits(behind)))
+        rows += [
+            ("swaps (model loads)", str(before.swaps), str(after.swaps)),
+            ("GPU busy share", f"{before.busy_share:.1%}", f"{after.busy_share:.1%}"),
+            ("picks aging changed", str(before.reorders_aging), str(after.reorders_aging)),
+            ("picks affinity changed", str(before.reorders_affinity), str(after.reorders_affinity)),
+        ]
+        width = max(len(r[0]) for r in rows)
+        middle = max(len(r[1]) for r in rows)
+        lines = self._header(window, measured) + [""]
+        lines.append(f"{'':<{width}}  {'in force':<{middle}}  proposed")
+        lines += [f"{name:<{width}}  {a:<{middle}}  {b}" for name, a, b in rows]
+        lines += ["", self._handling(before, after)]
+        if comparison.changed_most:
+            lines += ["", "Requests whose wait changed most:"]
+            lines += [f"  #{c.id} {c.model} {c.band}: {c.before_s:.2f} s → {c.after_s:.2f} s "
+                      f"({c.after_s - c.before_s:+.2f} s)" for c in comparison.changed_most]
+        self.stdout.write("\n".join(lines))
+
+    def _print_sweep(self, window, measured, before, key, runs, as_json: bool) -> None:
+        if as_json:
+            self.stdout.write(json.dumps({
+                "window": self._window_json(window),
+                "fidelity": dataclasses.asdict(measured),
+                "in_force": run_json(before),
+                "sweep": {"key": key, "runs": [{"value": number(value), **run_json(r)} for value, r in runs]},
+            }, indent=2))
+            return
+        lines = self._header(window, measured) + ["", f"In force: {shown(before.settings)}", ""]
+        bands = list(waits_by_band(before))
+        head = [key, *(f"{band} p50/p95/max s" for band in bands), "swaps", "GPU busy", "aging / affinity changed"]
+        table = [head]
+        for value, result in [("in force", before), *runs]:
+            by_band = waits_by_band(result)
+            table.append([value, *(self._waits(by_band[band]) for band in bands), str(result.swaps),
+                          f"{result.busy_share:.1%}", f"{result.reorders_aging} / {result.reorders_affinity}"])
+        widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
+        lines += ["", self._handling(before, None)]
+        self.stdout.write("\n".join(lines))
+
+    @staticmethod
+    def _waits(w) -> str:
+        if not w.count:
+            return "—"
+        return f"{w.p50:.2f} / {w.p95:.2f} / {w.max:.2f} (n={w.count})"
+
+    @staticmethod
+    def _handling(before: ReplayResult, after: ReplayResult | None) -> str:
+        h = before.handling
+        left_out = f"left out: {h.failed_starts} refused for a failed start, {h.refused_recorded} refused otherwise, " \
+                   f"{h.unconfigured} of models no longer configured"
+        runs = [("in force", before)] + ([("proposed", after)] if after is not None else [])
+        each = "; ".join(
+            f"{name}: {r.handling.left} clients left while waiting, {r.handling.timed_out} maximum waits ran out, "
+            f"{r.handling.refused} refused, {r.handling.service_assumed} job lengths and "
+            f"{r.handling.loads_assumed} loads taken as the median"
+            for name, r in runs
+        )
+        return f"Handled: {left_out}. {each}."
+
+    @staticmethod
+    def _window_json(window) -> dict:
+        return {"since": window.since.isoformat(), "until": window.until.isoformat(), "requests": len(window.records),
+                "warm": window.warm, "settings_changes": window.settings_changes}
