@@ -83,6 +83,7 @@ def _recorded(row: tuple, since: datetime) -> Recorded:
         stream=stream,
         service_s=duration_ms / 1000 if ran_to_end and duration_ms is not None else None,
         left_after_s=(finished_at - arrived_at).total_seconds() if left else None,
+        ran_s=duration_ms / 1000 if left and dispatched is not None and duration_ms is not None else None,
         max_wait_s=max_wait_s,
         load_s=load,
         dispatched_s=dispatched,

@@ -15,7 +15,8 @@ in the same order and reproduces the recording; a median would blur each start.
 What the recording cannot tell is handled in the open and counted, never
 dropped silently: a client that left leaves again at the same moment (while
 waiting, or cutting its job short); a request whose job never ran to its end
-runs for the median of its kind (see `durations`); a model never loaded in the
+runs for the median of its kind (see `durations`), or as long as it had run
+when its client cut it, if that is longer; a model never loaded in the
 window loads in the median of all loads; requests refused for a failed start or
 another reason the replay cannot reproduce, and those of models no longer
 configured, are left out.
@@ -52,6 +53,7 @@ class Recorded:
     stream: bool = False
     service_s: float | None = None  # time on its model, when its job ran to its end (completed or failed)
     left_after_s: float | None = None  # its client left this long after arriving: waiting, or cutting its job
+    ran_s: float | None = None  # a job its client cut short: how long it had run (it would have run longer)
     max_wait_s: float | None = None  # refused if not sent to its model within this
     load_s: float | None = None  # the start of its model its dispatch needed took this long
     dispatched_s: float | None = None  # when it was recorded sent to its model
@@ -149,14 +151,13 @@ class _Replay:
         self.granted = 0
         self.swaps = self.aging = self.affinity = 0
         self.active = 0  # jobs and loads running
-        self.busy_since = self.busy = 0.0
+        self.busy_since = self.busy = self.idle_since = 0.0
         self.ticks: set[float] = set()
 
     def run(self, warm: Sequence[str]) -> ReplayResult:
         arrivals = sorted(self.records.values(), key=lambda r: (r.arrival_s, r.id))
         first = arrivals[0].arrival_s if arrivals else 0.0
         self._warm(warm, first)
-        now = first
         index = 0
         while index < len(arrivals) or self.events:
             # What ends at an instant goes before what arrives at it.
@@ -170,7 +171,7 @@ class _Replay:
                 self._arrive(record, now)
             if self.ttl:
                 self._arm_tick()
-        span = now - first
+        span = self.idle_since - first  # to the last job's end
         return ReplayResult(
             settings=self.settings,
             requests=self.results,
@@ -251,7 +252,7 @@ class _Replay:
         )
         end = now + record.service_s if record.service_s is not None else None
         if end is None:
-            end = now + self.durations.job_s(record.kind)
+            end = now + max(self.durations.job_s(record.kind), record.ran_s or 0.0)
             if record.left_after_s is None or end <= record.arrival_s + record.left_after_s:
                 self.counts["service_assumed"] += 1
         if record.left_after_s is not None:
@@ -274,6 +275,7 @@ class _Replay:
         self.active += change
         if self.active == 0:
             self.busy += now - self.busy_since
+            self.idle_since = now
 
     def _at(self, when: float, event: str, subject) -> None:
         heapq.heappush(self.events, (when, next(self.sequence), event, subject))

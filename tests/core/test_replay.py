@@ -91,18 +91,21 @@ def test_what_the_recording_cannot_tell_is_handled_and_counted():
         Recorded(3, "chat", NORMAL, 20.0, max_wait_s=30.0),  # refused at 50 s
         Recorded(4, "chat", NORMAL, 40.0, left_after_s=100.0),  # sent at 100 s, cut at 140 s
         Recorded(5, "chat", NORMAL, 50.0),  # in flight when the window ended: the median
+        Recorded(9, "chat", NORMAL, 60.0, left_after_s=500.0, ran_s=150.0),  # cut after 150 s: at least that
         Recorded(6, "gone", NORMAL, 50.0, service_s=1.0),
         Recorded(7, "chat", NORMAL, 50.0, refused="failed start"),
         Recorded(8, "chat", NORMAL, 50.0, refused="refused"),
     ]
     result = replay(records, one_gpu("chat"), SerialSettings(), warm=["chat"])
     outcomes = {rid: r.outcome for rid, r in result.requests.items()}
-    assert outcomes == {1: "served", 2: "left", 3: "timed_out", 4: "served", 5: "served"}
+    assert outcomes == {1: "served", 2: "left", 3: "timed_out", 4: "served", 5: "served", 9: "served"}
     assert result.requests[5].dispatched_s == 140.0  # 4's job was cut when its client left
+    assert result.requests[9].dispatched_s == 240.0  # 5 ran the median, 100 s
     handling = result.handling
     assert (handling.left, handling.timed_out, handling.unconfigured) == (1, 1, 1)
     assert (handling.failed_starts, handling.refused_recorded) == (1, 1)
-    assert handling.service_assumed == 1  # 5's job: 100 s, the median of the one known
+    assert handling.service_assumed == 2  # 5's job: 100 s, the median of the one known; 9's: 150 s
+    assert result.busy_share == 1.0 and result.swaps == 0
     assert handling.loads_assumed == 0
 
 
