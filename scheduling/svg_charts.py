@@ -67,6 +67,9 @@ def render(chart: Chart) -> SafeString:
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP + plot_h}" y2="{TOP + plot_h + 4}" stroke="currentColor"/>')
         parts.append(f'<text x="{x:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" fill="currentColor">'
                      f"{escape(chart.labels[b])}</text>")
+    if not chart.series:
+        parts.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{TOP + plot_h / 2:.0f}" text-anchor="middle" '
+                     'fill="currentColor">none in this window</text>')
     if chart.stacked_bars:
         parts += _bars(chart, colours, slot, y)
     else:

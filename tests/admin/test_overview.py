@@ -108,6 +108,13 @@ def test_the_overview_page_draws_the_charts_and_the_totals(admin_client, history
     assert re.search(r'<tr id="total-interactive">.*?<td class="p95">≤ 4.0 s</td>', page, re.S)
 
 
+def test_an_empty_window_draws_empty_charts(admin_client):
+    page = admin_client.get(URL, HOUR).content.decode()
+    assert page.count('<svg class="chart"') == 5
+    assert page.count("none in this window") == 2  # no model loads, no model busy
+    assert '<td class="p50">—</td>' in page
+
+
 @pytest.mark.parametrize("window,step", [("1h", "1 min"), ("24h", "30 min"), ("7d", "3 h"), ("30d", "12 h")])
 def test_each_preset_window_renders(admin_client, history, window, step):
     page = admin_client.get(URL, {"window": window}).content.decode()
