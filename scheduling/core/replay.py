@@ -99,7 +99,7 @@ class Handling:
     left: int = 0  # clients that left before being sent
     timed_out: int = 0  # maximum waits that ran out
     refused: int = 0  # refused by the replayed scheduler
-    service_assumed: int = 0  # jobs whose length was not recorded: the median of their kind
+    service_assumed: int = 0  # jobs whose length was not recorded: the median of their kind (see `replay`)
     loads_assumed: int = 0  # starts of a model with no recorded load: the median of all loads
     failed_starts: int = 0  # left out: refused because their model failed to start
     refused_recorded: int = 0  # left out: refused for another reason the replay cannot reproduce
@@ -250,11 +250,11 @@ class _Replay:
             record.id, record.model, str(decision.band), record.arrival_s, "served", now, self.granted,
             decision.needs_swap,
         )
-        end = now + record.service_s if record.service_s is not None else None
-        if end is None:
+        if record.service_s is not None:
+            end = now + record.service_s
+        else:
             end = now + max(self.durations.job_s(record.kind), record.ran_s or 0.0)
-            if record.left_after_s is None or end <= record.arrival_s + record.left_after_s:
-                self.counts["service_assumed"] += 1
+            self.counts["service_assumed"] += 1
         if record.left_after_s is not None:
             end = min(end, record.arrival_s + record.left_after_s)
         self._busy(+1, now)
@@ -389,7 +389,8 @@ class Fidelity:
 
     `same_order`: of the pairs of requests that waited at the same time in the recording (each arrived
     before the other was sent) and were sent in both, the share sent in the same order; None without
-    such pairs. `wait_error_s`: the median |replayed − recorded| wait, over the requests sent in both.
+    such pairs (two sent at the same recorded instant have no order). `wait_error_s`: the median
+    |replayed − recorded| wait, over the requests sent in both.
     """
 
     compared: int  # requests sent to their model in both
@@ -406,13 +407,13 @@ def fidelity(records: Iterable[Recorded], result: ReplayResult) -> Fidelity:
     )
     pairs = agree = 0
     for i, (record, replayed) in enumerate(both):
-        recorded_rank = (record.dispatched_s, record.id)
         for j in range(i + 1, len(both)):
             other, other_replayed = both[j]
             if other.arrival_s >= record.dispatched_s:
                 break
-            pairs += 1
-            agree += ((other.dispatched_s, other.id) > recorded_rank) == (other_replayed.order > replayed.order)
+            if other.dispatched_s != record.dispatched_s:
+                pairs += 1
+                agree += (other.dispatched_s > record.dispatched_s) == (other_replayed.order > replayed.order)
     errors = [abs((replayed.dispatched_s - replayed.arrival_s) - (record.dispatched_s - record.arrival_s))
               for record, replayed in both]
     return Fidelity(len(both), pairs, agree / pairs if pairs else None, median(errors) if errors else None)

@@ -104,7 +104,7 @@ def test_what_the_recording_cannot_tell_is_handled_and_counted():
     handling = result.handling
     assert (handling.left, handling.timed_out, handling.unconfigured) == (1, 1, 1)
     assert (handling.failed_starts, handling.refused_recorded) == (1, 1)
-    assert handling.service_assumed == 2  # 5's job: 100 s, the median of the one known; 9's: 150 s
+    assert handling.service_assumed == 3  # 4's, cut; 5's: 100 s, the median of the one known; 9's: 150 s
     assert result.busy_share == 1.0 and result.swaps == 0
     assert handling.loads_assumed == 0
 
