@@ -36,11 +36,19 @@ class Window:
 
 
 @dataclass(frozen=True)
-class WhatIf:
+class Replays:
     window: Window
     fidelity: Fidelity  # of `before` against the recording
     before: ReplayResult  # the settings in force
-    after: ReplayResult  # the proposed ones
+    after: list[ReplayResult]  # each proposal's
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    window: Window
+    fidelity: Fidelity
+    before: ReplayResult
+    after: ReplayResult
 
 
 def recorded_window(since: datetime, until: datetime) -> Window:
@@ -108,13 +116,19 @@ def settings_in_force(config) -> SerialSettings:
     return stored_serial_settings(config.scheduler.serial, config.models)
 
 
-def what_if(since: datetime, until: datetime, proposed: SerialSettings, config=None) -> WhatIf:
-    """The window replayed with the settings in force and with `proposed`, and how faithful the
+def replays(since: datetime, until: datetime, proposals: list[SerialSettings], config=None) -> Replays:
+    """The window replayed with the settings in force and with each of `proposals`, and how faithful the
     first is to the recording. `config`: the one in force (`frontdoor.current_config()` if None)."""
     if config is None:
         config = frontdoor.current_config()
     window = recorded_window(since, until)
     setup = setup_of(config)
     before = replay(window.records, setup, settings_in_force(config), window.warm)
-    after = replay(window.records, setup, proposed, window.warm)
-    return WhatIf(window, fidelity(window.records, before), before, after)
+    after = [replay(window.records, setup, proposed, window.warm) for proposed in proposals]
+    return Replays(window, fidelity(window.records, before), before, after)
+
+
+def what_if(since: datetime, until: datetime, proposed: SerialSettings, config=None) -> WhatIf:
+    """What `proposed` would have done to the window, beside the settings in force (see `replays`)."""
+    played = replays(since, until, [proposed], config)
+    return WhatIf(played.window, played.fidelity, played.before, played.after[0])

@@ -114,3 +114,16 @@ def test_a_bad_setting_is_refused_in_one_line_naming_it_and_the_fix(config, assi
         call_command("replay", "--config", config, "--set", assignment, stderr=err)
     assert exit_.value.code == 2
     assert err.getvalue().startswith(message) and err.getvalue().count("\n") == 1
+
+
+def test_what_if_gives_the_admin_the_same_comparison(config, recorded):
+    from proxy.config import load_config
+    from scheduling.core import SerialSettings
+    from scheduling.replay_history import what_if
+
+    result = what_if(T, T + timedelta(hours=1), SerialSettings(aging_divisor=5, swap_affinity_bonus=0),
+                     load_config(config))
+    assert result.fidelity.same_order == 1.0
+    assert result.window.warm == ["gone"]  # its first request needed no start; no longer configured, not warmed
+    assert (result.before.settings.aging_divisor, result.after.settings.aging_divisor) == (30, 5)
+    assert result.after.requests[2].wait_s == 11.0

@@ -15,7 +15,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from scheduling.core import SerialSettings, serial_settings_problems
-from scheduling.core.replay import ReplayResult, compare, replay, waits_by_band
+from scheduling.core.replay import ReplayResult, compare, waits_by_band
 
 KEYS = "agingDivisor=N, swapAffinityBonus=N or slots.MODEL=N"
 
@@ -95,8 +95,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         from proxy.management.config_file import read_config
-        from scheduling.replay_history import recorded_window, settings_in_force, setup_of
-        from scheduling.core.replay import fidelity
+        from scheduling.replay_history import replays, settings_in_force
 
         path = options["config"] or settings.LLAMASWAP_CONFIG
         if not path:
@@ -118,16 +117,14 @@ class Command(BaseCommand):
             sweep = self._sweep(options["sweep"], proposed, config.models)
         except SettingError as exc:
             self._fail(str(exc))
-        window = recorded_window(since, until)
-        setup = setup_of(config)
-        before = replay(window.records, setup, in_force, window.warm)
-        measured = fidelity(window.records, before)
-        if sweep is not None:
-            key, runs = sweep[0], [(value, replay(window.records, setup, s, window.warm)) for value, s in sweep[1]]
-            self._print_sweep(window, measured, before, key, runs, options["json"])
+        if sweep is None:
+            played = replays(since, until, [proposed], config)
+            self._print_comparison(played.window, played.fidelity, played.before, played.after[0], options["json"])
         else:
-            after = replay(window.records, setup, proposed, window.warm)
-            self._print_comparison(window, measured, before, after, options["json"])
+            key, values = sweep
+            played = replays(since, until, [s for _, s in values], config)
+            runs = [(value, result) for (value, _), result in zip(values, played.after, strict=True)]
+            self._print_sweep(played.window, played.fidelity, played.before, key, runs, options["json"])
 
     def _fail(self, message: str) -> None:
         self.stderr.write(message)
