@@ -193,7 +193,7 @@ class Command(BaseCommand):
         lines = self._header(window, measured) + [""]
         lines.append(f"{'':<{width}}  {'in force':<{middle}}  proposed")
         lines += [f"{name:<{width}}  {a:<{middle}}  {b}" for name, a, b in rows]
-        lines += ["", self._handling(before, after)]
+        lines += ["", *self._handling(before, after)]
         if comparison.changed_most:
             lines += ["", "Requests whose wait changed most:"]
             lines += [f"  #{c.id} {c.model} {c.band}: {c.before_s:.2f} s → {c.after_s:.2f} s "
@@ -219,7 +219,7 @@ class Command(BaseCommand):
                           f"{result.busy_share:.1%}", f"{result.reorders_aging} / {result.reorders_affinity}"])
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
-        lines += ["", self._handling(before, None)]
+        lines += ["", *self._handling(before, None)]
         self.stdout.write("\n".join(lines))
 
     @staticmethod
@@ -229,18 +229,15 @@ class Command(BaseCommand):
         return f"{w.p50:.2f} / {w.p95:.2f} / {w.max:.2f} (n={w.count})"
 
     @staticmethod
-    def _handling(before: ReplayResult, after: ReplayResult | None) -> str:
+    def _handling(before: ReplayResult, after: ReplayResult | None) -> list[str]:
         h = before.handling
-        left_out = f"left out: {h.failed_starts} refused for a failed start, {h.refused_recorded} refused otherwise, " \
-                   f"{h.unconfigured} of models no longer configured"
-        runs = [("in force", before)] + ([("proposed", after)] if after is not None else [])
-        each = "; ".join(
-            f"{name}: {r.handling.left} clients left while waiting, {r.handling.timed_out} maximum waits ran out, "
-            f"{r.handling.refused} refused, {r.handling.service_assumed} job lengths and "
-            f"{r.handling.loads_assumed} loads taken as the median"
-            for name, r in runs
-        )
-        return f"Handled: {left_out}. {each}."
+        lines = [f"Left out: {h.failed_starts} refused for a failed start, {h.refused_recorded} refused otherwise, "
+                 f"{h.unconfigured} of models no longer configured"]
+        for name, r in [("In force", before)] + ([("Proposed", after)] if after is not None else []):
+            lines.append(f"{name}: {r.handling.left} clients left while waiting, {r.handling.timed_out} maximum "
+                         f"waits ran out, {r.handling.refused} refused; {r.handling.service_assumed} job lengths and "
+                         f"{r.handling.loads_assumed} loads not recorded, taken as the median")
+        return lines
 
     @staticmethod
     def _window_json(window) -> dict:
