@@ -7,7 +7,8 @@ through llamaswap against straight to the model, alternating, and the serial dis
 same requests again with LiteLLM's proxy (the peer, installed into `.bench-venv/` on first use)
 in the rotation, all three in front of one fake model; interactive wait under batch saturation
 (serial, then fifo); swap thrash (swapAffinityBonus 10, then 0); the wait prediction's error (each
-waiting request's predicted wait against its actual one, three bands, two models swapping); models
+waiting request's predicted wait against its actual one, three bands, two models swapping); the replay
+of recorded traffic (requests replayed per second, fidelity to a recorded run); models
 that coexist and models with several slots (embeddings beside a batch job, concurrent streams on
 slots, service CPU per streamed chunk); queue capacity; and distributed mode beside one process
 (grant and dispatch gap over Redis, added latency through a front end, throughput through one and
@@ -37,8 +38,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import (distributed, interactive, load, peer, prediction, proxy, scheduler_core, slots,  # noqa: E402
-                   streaming, thrash)
+from bench import (distributed, interactive, load, peer, prediction, proxy, replay, scheduler_core,  # noqa: E402
+                   slots, streaming, thrash)
 from bench.common import REPO, Stats, added, direct_base, load_average, machine, stats, versions  # noqa: E402
 
 BEGIN = "<!-- bench:results -->"
@@ -69,12 +70,16 @@ class Sizes:
     throughput_requests: int  # tiny chats a distributed-mode throughput run
     throughput_rounds: int
     prediction_seconds: float  # how long the wait prediction's workload keeps arriving
+    replay_rows: int  # synthetic recorded requests the replay's speed is measured on
+    replay_seconds: float  # how long the recorded run the replay's fidelity is measured on keeps arriving
 
 
 # Queue capacity drains through one model: with several in one swap group the drain is bound by the
 # swaps (one whenever the next request's model differs), which swap thrash measures, not the queue.
-FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 1, 200, 4, 5, 2, 10_000, 300, 3, 60)
-QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 1, 100, 2, 3, 1, 5_000, 150, 2, 25)
+FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 1, 200, 4, 5, 2, 10_000, 300, 3, 60,
+             100_000, 60)
+QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 1, 100, 2, 3, 1, 5_000, 150, 2, 25,
+              100_000, 20)
 
 
 @dataclass(frozen=True)
@@ -275,6 +280,28 @@ def prediction_part(report: Report, sizes: Sizes) -> None:
     )
 
 
+def replay_part(report: Report, sizes: Sizes) -> None:
+    """Requests replayed per second, and a replay with the settings in force against a recorded run."""
+    speed = replay.measure_speed(sizes.replay_rows)
+    what = f"replay of recorded traffic, core only, {speed.rows:,} requests"
+    report.judge(what, "requests replayed per second", f"≥ {replay.TARGET_PER_S:,}", f"{speed.per_s:,.0f}",
+                 speed.per_s >= replay.TARGET_PER_S)
+    report.figure(f"the same {speed.rows:,} requests read from SQLite as the replay reads them",
+                  f"{speed.read_s:.2f} s")
+    result = replay.measure_fidelity(sizes.replay_seconds)
+    measured = result.plain["fidelity"]
+    same = "—" if measured["same_order"] is None else f"{measured['same_order']:.1%}"
+    error = "—" if measured["wait_error_s"] is None else f"{measured['wait_error_s'] * 1000:.0f} ms"
+    report.figure(f"replay with the settings in force against a recorded run of {result.requests} requests: pairs "
+                  "that waited together sent in the same order; median \\|wait error\\|", f"{same}; {error}")
+    report.section(
+        f"Replay: speed at {speed.rows:,} requests, fidelity on a recorded run of {sizes.replay_seconds:g} s",
+        replay.method(),
+        replay.speed_rows(speed),
+        replay.fidelity_rows(result),
+    )
+
+
 def slots_part(report: Report, sizes: Sizes) -> None:
     """Embeddings beside a batch job, concurrent streams on slots, and the service's CPU per chunk."""
     beside = slots.measure_embeddings(sizes.embeddings, sizes.embeddings_blocks, sizes.single_slot_rounds)
@@ -432,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         "interactive wait": lambda: interactive_part(report, sizes),
         "swap thrash": lambda: thrash_part(report, sizes),
         "wait prediction": lambda: prediction_part(report, sizes),
+        "replay": lambda: replay_part(report, sizes),
         "coexisting models and slots": lambda: slots_part(report, sizes),
         "queue capacity": lambda: capacity_part(report, sizes),
         "distributed mode": lambda: distributed_part(report, sizes),
