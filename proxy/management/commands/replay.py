@@ -85,7 +85,8 @@ class Command(BaseCommand):
     help = "Replay the recorded requests of a window with other scheduler settings, beside the settings in force."
 
     def add_arguments(self, parser):
-        parser.add_argument("--since", help="start of the window, ISO 8601 (default: 24 hours before --until)")
+        parser.add_argument("--since", help="start of the window, ISO 8601, UTC unless it has an offset "
+                            "(default: 24 hours before --until)")
         parser.add_argument("--until", help="end of the window, ISO 8601 (default: now)")
         parser.add_argument("--set", action="append", default=[], metavar="KEY=N", help=f"a proposed value: {KEYS}")
         parser.add_argument("--sweep", metavar="KEY=N,N,...",
