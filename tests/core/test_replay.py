@@ -118,6 +118,16 @@ def test_a_model_never_loaded_in_the_recording_loads_in_the_median_of_all_loads_
     assert waits(result) == {1: 4.0, 2: 4.0} and result.handling.loads_assumed == 1
 
 
+def test_a_model_idle_past_its_ttl_is_unloaded_and_started_again():
+    records = [
+        Recorded(1, "chat", NORMAL, 0.0, service_s=1.0, load_s=2.0, dispatched_s=2.0),
+        Recorded(2, "chat", NORMAL, 5.0, service_s=1.0),  # within the ttl of 10 s: no start
+        Recorded(3, "chat", NORMAL, 100.0, service_s=1.0),  # unloaded at 16 s: started again
+    ]
+    result = replay(records, one_gpu("chat", ttl=10.0), SerialSettings())
+    assert waits(result) == {1: 2.0, 2: 0.0, 3: 2.0} and result.swaps == 2
+
+
 def test_fidelity_counts_only_requests_that_waited_together():
     records = [
         Recorded(1, "chat", NORMAL, 0.0, service_s=10.0, dispatched_s=0.0),
