@@ -1,8 +1,9 @@
 """The admin's Overview: what the queue and the GPUs did over a window, aggregated in the database.
 
-Five grouped queries answer every chart, whatever the window holds: rows are
-counted per time bucket (integer arithmetic on epoch milliseconds, the same on
-SQLite and PostgreSQL) and only the group totals come back. Queue depth and GPU
+One statement answers every chart, whatever the window holds: it reads the
+window's rows once through the `arrived_at` index, turns their times into
+integer milliseconds, and groups them five ways per time bucket (integer
+arithmetic, the same on SQLite and PostgreSQL); only the group totals come back. Queue depth and GPU
 busy share are time averages over each bucket, rebuilt from the events that
 change them (arrivals and departures; job starts and ends). Wait percentiles
 come from a histogram of fixed wait bins counted in SQL, so they are exact to
@@ -16,8 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone as dt_timezone
 
-from django.db.models import BigIntegerField, Case, Count, Q, Sum, Value, When
-from django.db.models.functions import Coalesce
+from django.db import connection
+from django.db.models import BigIntegerField, F, Value
 from django.db.models.expressions import Func
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
@@ -156,89 +157,38 @@ class Overview:
 
 
 def summarize(window: Window) -> Overview:
-    """Run the five grouped queries over the request rows and shape the series."""
-    rows = QueuedRequest.objects.all()
-    since_ms, step_ms, count = _ms(window.since), window.step_ms, len(window.starts)
-
-    def offset(field):
-        return EpochMs(field) - Value(since_ms)
-
-    def bucket(field):
-        return (EpochMs(field) - Value(since_ms)) / Value(step_ms)
-
-    around = rows.filter(arrived_at__gte=window.since - LOOKBACK, arrived_at__lt=window.until).order_by()
-    left = Coalesce("dispatched_at", "finished_at")
-
-    arrivals = (
-        rows.filter(arrived_at__gte=window.since, arrived_at__lt=window.until).order_by()
-        .annotate(b=bucket("arrived_at")).values("band", "b")
-        .annotate(n=Count("id"), t=Sum(offset("arrived_at")))
-    )
-    departures = (
-        around.annotate(left=left).filter(left__gte=window.since, left__lt=window.until)
-        .annotate(b=bucket("left")).values("band", "model", "b")
-        .annotate(
-            n=Count("id"), t=Sum(offset("left")),
-            started=Count("dispatched_at"), t_started=Sum(offset("dispatched_at")),
-            aging=Count("id", filter=Q(changed_by_aging=True)),
-            affinity=Count("id", filter=Q(changed_by_affinity=True)),
-            swaps=Count("id", filter=Q(needed_swap=True)),
-        )
-    )
-    job_ends = (
-        around.filter(dispatched_at__isnull=False, finished_at__gte=window.since, finished_at__lt=window.until)
-        .annotate(b=bucket("finished_at")).values("model", "b")
-        .annotate(n=Count("id"), t=Sum(offset("finished_at")))
-    )
-    at_start = (
-        around.filter(arrived_at__lt=window.since).annotate(left=left).values("band", "model")
-        .annotate(
-            waiting=Count("id", filter=Q(left__isnull=True) | Q(left__gte=window.since)),
-            running=Count("id", filter=Q(dispatched_at__lt=window.since)
-                          & (Q(finished_at__isnull=True) | Q(finished_at__gte=window.since))),
-        )
-    )
-    waits = (
-        around.filter(dispatched_at__gte=window.since, dispatched_at__lt=window.until)
-        .annotate(wait=EpochMs("dispatched_at") - EpochMs("arrived_at"))
-        .annotate(b=bucket("dispatched_at"), bin=_wait_bin(0, len(WAIT_EDGES_MS)))
-        .values("band", "b", "bin").annotate(n=Count("id"))
-    )
-
+    """Aggregate the window's rows in one statement and shape the series."""
+    count, step_ms = len(window.starts), window.step_ms
     lengths = window.lengths_ms()
     depth_in, depth_out, depth0 = _events(count), _events(count), defaultdict(int)
     run_in, run_out, run0 = _events(count), _events(count), defaultdict(int)
-    for row in at_start:
-        depth0[row["band"]] += row["waiting"]
-        run0[row["model"]] += row["running"]
     arrived = defaultdict(int)
-    # A time less than half a millisecond before `until` rounds to it: it belongs to the last bucket.
-    last = count - 1
-    for row in arrivals:
-        band, b = row["band"], min(row["b"], last)
-        depth_in[band][b] = _add(depth_in[band][b], row["n"], row["t"])
-        arrived[row["band"]] += row["n"]
     dispatched_per_bucket = [0] * count
     reorders = {"aging": [0] * count, "swap affinity": [0] * count}
     loads: dict[str, list[int]] = {}
-    for row in departures:
-        band, model, b = row["band"], row["model"], min(row["b"], last)
-        depth_out[band][b] = _add(depth_out[band][b], row["n"], row["t"])
-        if row["started"]:
-            run_in[model][b] = _add(run_in[model][b], row["started"], row["t_started"])
-        dispatched_per_bucket[b] += row["started"]
-        reorders["aging"][b] += row["aging"]
-        reorders["swap affinity"][b] += row["affinity"]
-        if row["swaps"]:
-            loads.setdefault(model, [0] * count)[b] += row["swaps"]
-    for row in job_ends:
-        model, b = row["model"], min(row["b"], last)
-        run_out[model][b] = _add(run_out[model][b], row["n"], row["t"])
-
     histograms: dict[str, list[list[int]]] = {band: [[0] * len(WAIT_EDGES_MS) for _ in range(count)] for band in BANDS}
-    for row in waits:
-        band_histograms = histograms.setdefault(row["band"], [[0] * len(WAIT_EDGES_MS) for _ in range(count)])
-        band_histograms[min(row["b"], last)][row["bin"]] += row["n"]
+    for kind, band, model, b, n, t, *more in _grouped(window):
+        if kind == "arrived":
+            depth_in[band][b] = _add(depth_in[band][b], n, t)
+            arrived[band] += n
+        elif kind == "left":
+            started, t_started, aging, affinity, swaps = more
+            depth_out[band][b] = _add(depth_out[band][b], n, t)
+            if started:
+                run_in[model][b] = _add(run_in[model][b], started, t_started)
+            dispatched_per_bucket[b] += started
+            reorders["aging"][b] += aging
+            reorders["swap affinity"][b] += affinity
+            if swaps:
+                loads.setdefault(model, [0] * count)[b] += swaps
+        elif kind == "ended":
+            run_out[model][b] = _add(run_out[model][b], n, t)
+        elif kind == "at start":  # n: waiting, t: running
+            depth0[band] += n
+            run0[model] += t
+        else:  # "waited": b is the dispatch's bucket, more[0] the wait's bin
+            band_histograms = histograms.setdefault(band, [[0] * len(WAIT_EDGES_MS) for _ in range(count)])
+            band_histograms[b][more[0]] += n
 
     per_hour = [3_600_000 / length for length in lengths]
     models = sorted(set(run0) | set(run_in) | set(run_out))
@@ -255,6 +205,53 @@ def summarize(window: Window) -> Overview:
                     for model in models},
         totals=[_band_total(band, arrived[band], histograms[band]) for band in BANDS],
     )
+
+
+# Each part groups the window's rows one way; every part has the same columns (kind, band, model, bucket,
+# count, time sum, then five more) so they come back as one UNION ALL. Times are ms since the window's start.
+_PARTS = (
+    # Arrivals in the window, per band.
+    "SELECT 'arrived', band, '', a / %(step)s, COUNT(*), CAST(SUM(a) AS BIGINT), 0, 0, 0, 0, 0 FROM r"
+    " WHERE a >= 0 AND a < %(span)s GROUP BY band, a / %(step)s",
+    # Queue departures (dispatch, or leaving unserved) in the window, with the dispatches among them.
+    "SELECT 'left', band, model, COALESCE(d, f) / %(step)s, COUNT(*), CAST(SUM(COALESCE(d, f)) AS BIGINT),"
+    " COUNT(d), CAST(COALESCE(SUM(d), 0) AS BIGINT), SUM(CASE WHEN aging THEN 1 ELSE 0 END),"
+    " SUM(CASE WHEN affinity THEN 1 ELSE 0 END), SUM(CASE WHEN swap THEN 1 ELSE 0 END) FROM r"
+    " WHERE COALESCE(d, f) >= 0 AND COALESCE(d, f) < %(span)s GROUP BY band, model, COALESCE(d, f) / %(step)s",
+    # Ends of jobs in the window.
+    "SELECT 'ended', '', model, f / %(step)s, COUNT(*), CAST(SUM(f) AS BIGINT), 0, 0, 0, 0, 0 FROM r"
+    " WHERE d IS NOT NULL AND f >= 0 AND f < %(span)s GROUP BY model, f / %(step)s",
+    # At the window's start: requests waiting, jobs running.
+    "SELECT 'at start', band, model, 0, SUM(CASE WHEN COALESCE(d, f) IS NULL OR COALESCE(d, f) >= 0 THEN 1 ELSE 0 END),"
+    " SUM(CASE WHEN d < 0 AND (f IS NULL OR f >= 0) THEN 1 ELSE 0 END), 0, 0, 0, 0, 0 FROM r"
+    " WHERE a < 0 GROUP BY band, model",
+    # Waits of the requests dispatched in the window, counted in histogram bins.
+    "SELECT 'waited', band, '', d / %(step)s, COUNT(*), 0, %(bin)s, 0, 0, 0, 0 FROM r"
+    " WHERE d >= 0 AND d < %(span)s GROUP BY band, d / %(step)s, %(bin)s",
+)
+
+
+def _grouped(window: Window) -> list[tuple]:
+    """The window's rows (and those of LOOKBACK before it), their times turned into integers once, grouped."""
+    since_ms = _ms(window.since)
+    rows = (
+        QueuedRequest.objects.filter(arrived_at__gte=window.since - LOOKBACK, arrived_at__lt=window.until)
+        .order_by()
+        .annotate(
+            a=EpochMs("arrived_at") - Value(since_ms), d=EpochMs("dispatched_at") - Value(since_ms),
+            f=EpochMs("finished_at") - Value(since_ms),
+            aging=F("changed_by_aging"), affinity=F("changed_by_affinity"), swap=F("needed_swap"),
+        )
+        .values("band", "model", "a", "d", "f", "aging", "affinity", "swap")
+    )
+    inner, params = rows.query.sql_with_params()
+    # Integers only from here on (no user input): the step, the span and the bin edges.
+    numbers = {"step": window.step_ms, "span": window.span_ms, "bin": _wait_bin("(d - a)", 0, len(WAIT_EDGES_MS))}
+    parts = " UNION ALL ".join(part % numbers for part in _PARTS)
+    # Used by every part, the CTE is read and converted once (SQLite 3.35+ and PostgreSQL 12+ materialize it).
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH r AS ({inner}) {parts}", params)
+        return cursor.fetchall()
 
 
 def _events(count: int) -> defaultdict[str, list[tuple[int, int]]]:
@@ -279,13 +276,13 @@ def _time_average(level: int, ins: list[tuple[int, int]], outs: list[tuple[int, 
     return averages
 
 
-def _wait_bin(low: int, high: int):
-    """The index of the first edge at or above the wait, as a CASE that halves the edges at each level."""
+def _wait_bin(wait: str, low: int, high: int) -> str:
+    """SQL for the index of the first edge at or above the wait, a CASE that halves the edges at each level."""
     if high - low == 1:
-        return Value(low)
+        return str(low)
     middle = (low + high) // 2
-    return Case(When(wait__lte=WAIT_EDGES_MS[middle - 1], then=_wait_bin(low, middle)),
-                default=_wait_bin(middle, high))
+    return (f"CASE WHEN {wait} <= {WAIT_EDGES_MS[middle - 1]} THEN {_wait_bin(wait, low, middle)} "
+            f"ELSE {_wait_bin(wait, middle, high)} END")
 
 
 def _percentile(histogram: list[int], share: float) -> float | None:
