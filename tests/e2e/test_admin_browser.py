@@ -130,5 +130,6 @@ def test_the_overview_draws_its_charts_from_the_traffic_served(browser, served):
     assert browser.find_element(By.CSS_SELECTOR, "#total-normal .dispatched").text == "3"
     loads = browser.find_elements(By.CSS_SELECTOR, "#chart-4 svg rect title")
     assert sum(int(title.get_attribute("textContent").rsplit(": ", 1)[1]) for title in loads) >= 2
+    browser.set_window_size(1400, browser.execute_script("return document.body.scrollHeight") + 200)  # every chart
     OVERVIEW_SCREENSHOT.parent.mkdir(exist_ok=True)
     browser.save_screenshot(str(OVERVIEW_SCREENSHOT))
