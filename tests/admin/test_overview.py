@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from scheduling.overview import BadWindow, Window, summarize
-from scheduling.svg_charts import nice_ticks, number
+from scheduling.svg_charts import Chart, Series, nice_ticks, number, render
 
 pytestmark = pytest.mark.django_db
 
@@ -187,3 +187,9 @@ def test_times_count_to_the_millisecond_at_the_window_s_end(make_request):
     make_request(id=2, arrived_at=at(3599.9996), dispatched_at=at(3599.9997), finished_at=at(3599.9999))
     summary = summarize(hour())  # the second rounds to 13:00:00.000: after the window
     assert summary.dispatches_per_h[-1] == 60 and summary.totals[1]["arrived"] == 1
+
+
+def test_names_in_a_chart_are_escaped():
+    svg = render(Chart("a <b> & c", ["12:00"], ["12:00–12:01"], [Series("<model>", [1.0])], stacked_bars=True))
+    assert "<model>" not in svg and "<b>" not in svg
+    assert "&lt;model&gt;" in svg and "<title>12:00–12:01 · &lt;model&gt;: 1</title>" in svg
