@@ -1,7 +1,7 @@
 """Small charts drawn as inline SVG on the server: no JavaScript and nothing fetched, so the admin works offline.
 
 A chart is a row of buckets with one or more series over them, drawn as lines
-or as stacked bars, with a y axis, bucket labels, a legend, and a tooltip
+or as stacked or grouped bars, with a y axis, bucket labels, a legend, and a tooltip
 (an SVG <title>) on every point and bar.
 """
 
@@ -37,6 +37,7 @@ class Chart:
     series: Sequence[Series]
     unit: str = ""  # after each value: " s", "%", "/h"
     stacked_bars: bool = False
+    grouped_bars: bool = False  # each bucket's series side by side, e.g. before and after
 
 
 def render(chart: Chart) -> SafeString:
@@ -72,6 +73,8 @@ def render(chart: Chart) -> SafeString:
                      'fill="currentColor">none in this window</text>')
     if chart.stacked_bars:
         parts += _bars(chart, colours, slot, y)
+    elif chart.grouped_bars:
+        parts += _grouped(chart, colours, slot, y)
     else:
         parts += _lines(chart, colours, slot, y)
     parts += _legend(chart, colours)
@@ -103,6 +106,21 @@ def _bars(chart: Chart, colours: list[str], slot: float, y) -> list[str]:
     return parts
 
 
+def _grouped(chart: Chart, colours: list[str], slot: float, y) -> list[str]:
+    parts, width = [], max(slot * 0.8 / max(len(chart.series), 1), 1)
+    for b in range(len(chart.labels)):
+        x = LEFT + slot * b + slot * 0.1
+        for series, colour in zip(chart.series, colours):
+            value = series.values[b]
+            faded = ' fill-opacity="0.55"' if series.dashed else ""  # a dashed series' bars are paler
+            if value is not None and value > 0:
+                parts.append(f'<rect x="{x:.1f}" y="{y(value):.1f}" width="{width:.1f}" '
+                             f'height="{y(0) - y(value):.1f}" fill="{colour}"{faded}>'
+                             f"<title>{_tip(chart, b, series)}</title></rect>")
+            x += width
+    return parts
+
+
 def _lines(chart: Chart, colours: list[str], slot: float, y) -> list[str]:
     parts = []
     for series, colour in zip(chart.series, colours):
@@ -129,7 +147,7 @@ def _legend(chart: Chart, colours: list[str]) -> list[str]:
     for series, colour in zip(chart.series, colours):
         dash = ' stroke-dasharray="5 3"' if series.dashed else ""
         parts.append(f'<line x1="{x}" x2="{x + 16}" y1="{y - 4}" y2="{y - 4}" stroke="{colour}" stroke-width="'
-                     f'{8 if chart.stacked_bars else 3}"{dash}/>')
+                     f'{8 if chart.stacked_bars or chart.grouped_bars else 3}"{dash}/>')
         parts.append(f'<text x="{x + 20}" y="{y}" fill="currentColor">{escape(series.name)}</text>')
         x += 30 + 7 * len(series.name)
     return parts

@@ -16,21 +16,13 @@ from django.utils import timezone
 
 from scheduling.core import SerialSettings, serial_settings_problems
 from scheduling.core.replay import ReplayResult, compare, waits_by_band
+from scheduling.replay_report import comparison_rows, fidelity_text, handling_lines, number, shown, waits_text
 
 KEYS = "agingDivisor=N, swapAffinityBonus=N or slots.MODEL=N"
 
 
 class SettingError(ValueError):
     """A --set or --sweep the operator must fix; the message names the key and the fix."""
-
-
-def number(text: str) -> int | float | str:
-    """What an operator typed, as a number when it is one (60 as 60, not 60.0), else as typed."""
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return int(value) if value.is_integer() else value
 
 
 def with_setting(base: SerialSettings, option: str, assignment: str, models) -> SerialSettings:
@@ -57,16 +49,6 @@ def with_setting(base: SerialSettings, option: str, assignment: str, models) -> 
     if problems:
         raise SettingError(f"{option} {assignment}: {next(iter(problems.values()))}")
     return SerialSettings(aging_divisor=aging, swap_affinity_bonus=bonus, slots=slots)
-
-
-def shown(settings_: SerialSettings) -> str:
-    slots = ", ".join(f"{m}: {n}" for m, n in settings_.slots.items()) or "1 each"
-    return f"agingDivisor={number(str(settings_.aging_divisor))} swapAffinityBonus={settings_.swap_affinity_bonus} " \
-           f"slots={slots}"
-
-
-def seconds(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}"
 
 
 def run_json(result: ReplayResult) -> dict:
@@ -156,12 +138,7 @@ class Command(BaseCommand):
         handled = len(window.records)
         lines = [f"Replay of {handled:,} requests that arrived from {window.since.isoformat(timespec='seconds')} "
                  f"to {window.until.isoformat(timespec='seconds')}"]
-        if measured.same_order is None:
-            order = "no two requests waited together"
-        else:
-            order = f"{measured.same_order:.1%} of {measured.pairs:,} pairs that waited together sent in the same order"
-        lines.append(f"Fidelity (the settings in force against the recording, {measured.compared:,} requests sent in "
-                     f"both): {order}; median wait error {seconds(measured.wait_error_s)} s")
+        lines.append(f"Fidelity ({fidelity_text(measured)})")
         if not window.records:
             lines.append("No requests arrived in this window: widen it with --since and --until")
         if window.settings_changes:
@@ -180,21 +157,13 @@ class Command(BaseCommand):
                 "changed_most": [dataclasses.asdict(c) for c in comparison.changed_most],
             }, indent=2))
             return
-        rows = [("settings", shown(before.settings), shown(after.settings))]
-        for band, (ahead, behind) in comparison.bands.items():
-            rows.append((f"{band} wait p50/p95/max s", self._waits(ahead), self._waits(behind)))
-        rows += [
-            ("swaps (model loads)", str(before.swaps), str(after.swaps)),
-            ("GPU busy share", f"{before.busy_share:.1%}", f"{after.busy_share:.1%}"),
-            ("picks aging changed", str(before.reorders_aging), str(after.reorders_aging)),
-            ("picks affinity changed", str(before.reorders_affinity), str(after.reorders_affinity)),
-        ]
+        rows = comparison_rows(before, after, comparison)
         width = max(len(r[0]) for r in rows)
         middle = max(len(r[1]) for r in rows)
         lines = self._header(window, measured) + [""]
         lines.append(f"{'':<{width}}  {'in force':<{middle}}  proposed")
         lines += [f"{name:<{width}}  {a:<{middle}}  {b}" for name, a, b in rows]
-        lines += ["", *self._handling(before, after)]
+        lines += ["", *handling_lines(before, after)]
         if comparison.changed_most:
             lines += ["", "Requests whose wait changed most:"]
             lines += [f"  #{c.id} {c.model} {c.band}: {c.before_s:.2f} s → {c.after_s:.2f} s "
@@ -216,29 +185,12 @@ class Command(BaseCommand):
         table = [head]
         for value, result in [("in force", before), *runs]:
             by_band = waits_by_band(result)
-            table.append([value, *(self._waits(by_band[band]) for band in bands), str(result.swaps),
+            table.append([value, *(waits_text(by_band[band]) for band in bands), str(result.swaps),
                           f"{result.busy_share:.1%}", f"{result.reorders_aging} / {result.reorders_affinity}"])
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
-        lines += ["", *self._handling(before, None)]
+        lines += ["", *handling_lines(before, None)]
         self.stdout.write("\n".join(lines))
-
-    @staticmethod
-    def _waits(w) -> str:
-        if not w.count:
-            return "—"
-        return f"{w.p50:.2f} / {w.p95:.2f} / {w.max:.2f} (n={w.count})"
-
-    @staticmethod
-    def _handling(before: ReplayResult, after: ReplayResult | None) -> list[str]:
-        h = before.handling
-        lines = [f"Left out: {h.failed_starts} refused for a failed start, {h.refused_recorded} refused otherwise, "
-                 f"{h.unconfigured} of models no longer configured"]
-        for name, r in [("In force", before)] + ([("Proposed", after)] if after is not None else []):
-            lines.append(f"{name}: {r.handling.left} clients left while waiting, {r.handling.timed_out} maximum "
-                         f"waits ran out, {r.handling.refused} refused; {r.handling.service_assumed} job lengths and "
-                         f"{r.handling.loads_assumed} loads not recorded, taken as the median")
-        return lines
 
     @staticmethod
     def _window_json(window) -> dict:

@@ -1,0 +1,81 @@
+"""A replay's comparison in words and numbers, shared by `llamaswap replay` and the settings page's
+preview so both show the same rows under the same labels."""
+
+from __future__ import annotations
+
+from django.utils.safestring import SafeString
+
+from scheduling.core import SerialSettings
+from scheduling.core.replay import Comparison, Fidelity, ReplayResult, Waits
+from scheduling.svg_charts import PALETTE, Chart, Series, render
+
+
+def number(text: str) -> int | float | str:
+    """What an operator typed, as a number when it is one (60 as 60, not 60.0), else as typed."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return int(value) if value.is_integer() else value
+
+
+def shown(settings: SerialSettings) -> str:
+    slots = ", ".join(f"{m}: {n}" for m, n in settings.slots.items()) or "1 each"
+    return f"agingDivisor={number(str(settings.aging_divisor))} swapAffinityBonus={settings.swap_affinity_bonus} " \
+           f"slots={slots}"
+
+
+def seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def waits_text(w: Waits) -> str:
+    if not w.count:
+        return "—"
+    return f"{w.p50:.2f} / {w.p95:.2f} / {w.max:.2f} (n={w.count})"
+
+
+def fidelity_text(measured: Fidelity) -> str:
+    """How faithfully the settings in force reproduce the recording, in one sentence."""
+    if measured.same_order is None:
+        order = "no two requests waited together"
+    else:
+        order = f"{measured.same_order:.1%} of {measured.pairs:,} pairs that waited together sent in the same order"
+    return (f"the settings in force against the recording, {measured.compared:,} requests sent in both: {order}; "
+            f"median wait error {seconds(measured.wait_error_s)} s")
+
+
+def comparison_rows(before: ReplayResult, after: ReplayResult, comparison: Comparison) -> list[tuple[str, str, str]]:
+    """(what, in force, proposed) rows: waits by band, swaps, GPU busy share, reorders by term."""
+    rows = [("settings", shown(before.settings), shown(after.settings))]
+    for band, (ahead, behind) in comparison.bands.items():
+        rows.append((f"{band} wait p50/p95/max s", waits_text(ahead), waits_text(behind)))
+    return rows + [
+        ("swaps (model loads)", str(before.swaps), str(after.swaps)),
+        ("GPU busy share", f"{before.busy_share:.1%}", f"{after.busy_share:.1%}"),
+        ("picks aging changed", str(before.reorders_aging), str(after.reorders_aging)),
+        ("picks affinity changed", str(before.reorders_affinity), str(after.reorders_affinity)),
+    ]
+
+
+def handling_lines(before: ReplayResult, after: ReplayResult | None) -> list[str]:
+    """What was left out of the replay, and what each run assumed where the recording could not tell."""
+    h = before.handling
+    lines = [f"Left out: {h.failed_starts} refused for a failed start, {h.refused_recorded} refused otherwise, "
+             f"{h.unconfigured} of models no longer configured"]
+    for name, r in [("In force", before)] + ([("Proposed", after)] if after is not None else []):
+        lines.append(f"{name}: {r.handling.left} clients left while waiting, {r.handling.timed_out} maximum "
+                     f"waits ran out, {r.handling.refused} refused; {r.handling.service_assumed} job lengths and "
+                     f"{r.handling.loads_assumed} loads not recorded, taken as the median")
+    return lines
+
+
+def wait_chart(comparison: Comparison) -> SafeString:
+    """p50 and p95 wait per band, in force beside proposed, as grouped bars (p95 paler)."""
+    bands = list(comparison.bands)
+    series = [
+        Series(f"{run} {name}", [getattr(comparison.bands[band][side], name) for band in bands],
+               dashed=name == "p95", colour=PALETTE[side])
+        for name in ("p50", "p95") for side, run in enumerate(("in force", "proposed"))
+    ]
+    return render(Chart("Wait by band, in force and proposed", bands, bands, series, unit=" s", grouped_bars=True))
