@@ -11,6 +11,7 @@ from __future__ import annotations
 from asgiref.sync import async_to_sync
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -18,7 +19,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from scheduling import frontdoor, overview
+from scheduling import frontdoor, overview, settings_preview
 from scheduling.core.settings import slot_count_problem
 from scheduling.forms import PriorityForm, SlotsField
 from scheduling.history import CappedCountPaginator, HistoryQuerySet, search_requests
@@ -316,9 +317,29 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
 
     def change_view(self, request: HttpRequest, object_id, form_url="", extra_context=None) -> HttpResponse:
         stored = SchedulerSettings.load()
-        return super().change_view(
-            request, str(stored.pk), form_url, {**(extra_context or {}), **self._overview(stored)}
+        window = settings_preview.chosen_window(request.POST.get("preview_window"))
+        context = {**(extra_context or {}), **self._overview(stored),
+                   "preview_windows": settings_preview.WINDOWS, "preview_window": window}
+        if request.method == "POST" and "_preview" in request.POST:
+            form = self.get_form(request, stored, change=True)(request.POST, instance=SchedulerSettings.load())
+            if form.is_valid():
+                return self._preview_page(request, form, window, form_url, context)
+        # An invalid preview takes Save's path, which shows the same errors and saves nothing.
+        return super().change_view(request, str(stored.pk), form_url, context)
+
+    def _preview_page(self, request: HttpRequest, form, window: str, form_url: str, context: dict) -> HttpResponse:
+        """The page again with the values as typed and what they would have done; nothing saved or audited."""
+        edited = form.instance  # the proposed values, unsaved
+        admin_form = helpers.AdminForm(form, list(self.get_fieldsets(request, edited)), {}, model_admin=self)
+        context.update(
+            self.admin_site.each_context(request),
+            title=f"Change {self.opts.verbose_name}", subtitle=str(edited), adminform=admin_form,
+            object_id=str(edited.pk), original=edited, is_popup=False, to_field=None, inline_admin_formsets=[],
+            media=self.media + admin_form.media, errors=helpers.AdminErrorList(form, []),
+            preserved_filters=self.get_preserved_filters(request),
+            preview=settings_preview.preview(edited, window, timezone.now()),
         )
+        return self.render_change_form(request, context, change=True, obj=edited, form_url=form_url)
 
     def save_model(self, request: HttpRequest, obj: SchedulerSettings, form, change: bool) -> None:
         save_settings(obj, request.user.get_username())

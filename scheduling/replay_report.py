@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.utils.safestring import SafeString
 
 from scheduling.core import SerialSettings
-from scheduling.core.replay import Comparison, Fidelity, ReplayResult, Waits
+from scheduling.core.replay import Change, Comparison, Fidelity, ReplayResult, Waits
 from scheduling.svg_charts import PALETTE, Chart, Series, render
 
 
@@ -56,6 +56,10 @@ def comparison_rows(before: ReplayResult, after: ReplayResult, comparison: Compa
         ("picks aging changed", str(before.reorders_aging), str(after.reorders_aging)),
         ("picks affinity changed", str(before.reorders_affinity), str(after.reorders_affinity)),
     ]
+
+
+def change_text(c: Change) -> str:
+    return f"#{c.id} {c.model} {c.band}: {c.before_s:.2f} s → {c.after_s:.2f} s ({c.after_s - c.before_s:+.2f} s)"
 
 
 def handling_lines(before: ReplayResult, after: ReplayResult | None) -> list[str]:

@@ -44,8 +44,12 @@ def stored_serial_settings(config: SerialSettings, models: Collection[str] | Non
     drops it. Without `models` only the counts are checked.
     """
     stored = SchedulerSettings.objects.filter(pk=1).first()
-    if stored is None:
-        return config
+    return config if stored is None else with_overrides(config, stored, models)
+
+
+def with_overrides(config: SerialSettings, stored: SchedulerSettings, models: Collection[str] | None = None
+                   ) -> SerialSettings:
+    """`config` with the overrides of `stored` (saved or only proposed), as `stored_serial_settings` applies them."""
     overrides = stored.overrides()
     if "slots" in overrides:
         ignored = ignored_slots(overrides["slots"], models)

@@ -16,7 +16,9 @@ from django.utils import timezone
 
 from scheduling.core import SerialSettings, serial_settings_problems
 from scheduling.core.replay import ReplayResult, compare, waits_by_band
-from scheduling.replay_report import comparison_rows, fidelity_text, handling_lines, number, shown, waits_text
+from scheduling.replay_report import (
+    change_text, comparison_rows, fidelity_text, handling_lines, number, shown, waits_text,
+)
 
 KEYS = "agingDivisor=N, swapAffinityBonus=N or slots.MODEL=N"
 
@@ -166,8 +168,7 @@ class Command(BaseCommand):
         lines += ["", *handling_lines(before, after)]
         if comparison.changed_most:
             lines += ["", "Requests whose wait changed most:"]
-            lines += [f"  #{c.id} {c.model} {c.band}: {c.before_s:.2f} s → {c.after_s:.2f} s "
-                      f"({c.after_s - c.before_s:+.2f} s)" for c in comparison.changed_most]
+            lines += [f"  {change_text(c)}" for c in comparison.changed_most]
         self.stdout.write("\n".join(lines))
 
     def _print_sweep(self, window, measured, before, key, runs, as_json: bool) -> None:
