@@ -64,7 +64,7 @@ def render(chart: Chart) -> SafeString:
                      f"{escape(number(tick) + chart.unit)}</text>")
     every = max(1, -(-count // MAX_LABELS))
     for b in range(0, count, every):
-        x = LEFT + slot * b
+        x = LEFT + slot * (b + 0.5 if chart.grouped_bars else b)  # a group is named, a time bucket starts
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP + plot_h}" y2="{TOP + plot_h + 4}" stroke="currentColor"/>')
         parts.append(f'<text x="{x:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" fill="currentColor">'
                      f"{escape(chart.labels[b])}</text>")

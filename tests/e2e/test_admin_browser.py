@@ -17,6 +17,7 @@ pytestmark = pytest.mark.e2e
 
 SCREENSHOT = REPO / "test-artifacts" / "queue-page.png"
 OVERVIEW_SCREENSHOT = REPO / "test-artifacts" / "overview-page.png"
+PREVIEW_SCREENSHOT = REPO / "test-artifacts" / "settings-preview.png"
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1400,900",
@@ -43,6 +44,15 @@ def browser_or_skip(profile: Path):
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+def log_in(browser, served) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(served.base + "/admin/login/?next=/admin/")
+    browser.find_element(By.NAME, "username").send_keys("alice")
+    browser.find_element(By.NAME, "password").send_keys("correct-horse-battery")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
 
 
 @pytest.fixture
@@ -117,10 +127,7 @@ def test_the_overview_draws_its_charts_from_the_traffic_served(browser, served):
         assert Caller(served, model, 0, model).wait()[0] == 200
     wait_until(lambda: len(db_rows(served.data_dir, "state = 'completed'")) == 3, 30, what="three finished rows")
 
-    browser.get(served.base + "/admin/login/?next=/admin/")
-    browser.find_element(By.NAME, "username").send_keys("alice")
-    browser.find_element(By.NAME, "password").send_keys("correct-horse-battery")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    log_in(browser, served)
     browser.find_element(By.LINK_TEXT, "Overview").click()
     browser.find_element(By.LINK_TEXT, "1h").click()
     assert browser.find_element(By.CSS_SELECTOR, ".overview-windows strong").text == "1h"
@@ -133,3 +140,28 @@ def test_the_overview_draws_its_charts_from_the_traffic_served(browser, served):
     browser.set_window_size(1400, browser.execute_script("return document.body.scrollHeight") + 200)  # every chart
     OVERVIEW_SCREENSHOT.parent.mkdir(exist_ok=True)
     browser.save_screenshot(str(OVERVIEW_SCREENSHOT))
+
+
+def test_a_preview_replays_the_traffic_served_with_the_values_typed_and_saves_nothing(browser, served):
+    from selenium.webdriver.common.by import By
+
+    for model in ("alpha", "beta", "alpha"):
+        assert Caller(served, model, 0, model).wait()[0] == 200
+    wait_until(lambda: len(db_rows(served.data_dir, "state = 'completed'")) == 3, 30, what="three finished rows")
+
+    log_in(browser, served)
+    browser.get(served.base + "/admin/scheduling/schedulersettings/")
+    bonus = browser.find_element(By.NAME, "swap_affinity_bonus")
+    bonus.clear()
+    bonus.send_keys("0")
+    browser.find_element(By.NAME, "_preview").click()
+    panel = browser.find_element(By.ID, "settings-preview")
+    assert panel.is_displayed() and "Replay of 3 requests" in panel.text
+    chart = browser.find_element(By.CSS_SELECTOR, "#preview-chart svg.chart")
+    assert chart.is_displayed() and chart.size["height"] > 100
+    assert "swapAffinityBonus=0" in browser.find_element(By.ID, "preview-table").text
+    assert browser.find_element(By.NAME, "swap_affinity_bonus").get_attribute("value") == "0"
+    assert browser.find_element(By.CSS_SELECTOR, "#setting-swapAffinityBonus .override").text == "—"  # not saved
+    browser.set_window_size(1400, browser.execute_script("return document.body.scrollHeight") + 200)
+    PREVIEW_SCREENSHOT.parent.mkdir(exist_ok=True)
+    browser.save_screenshot(str(PREVIEW_SCREENSHOT))
