@@ -90,3 +90,15 @@ def test_the_window_is_chosen_and_kept(admin_client, config_file):
 def test_save_still_saves(admin_client, config_file):
     assert post(admin_client, "_save", bonus="0", preview_window="1h").status_code == 302
     assert SchedulerSettings.load().swap_affinity_bonus == 0
+
+
+def test_grouped_bars_stand_side_by_side_in_their_group_and_skip_gaps():
+    from scheduling.svg_charts import Chart, Series, render
+
+    svg = render(Chart("waits", ["normal", "batch"], ["normal", "batch"],
+                       [Series("in force", [1.0, None]), Series("proposed", [2.0, 3.0], dashed=True)],
+                       grouped_bars=True))
+    bars = [(float(x), title) for x, title in re.findall(r'<rect x="([0-9.]+)"[^>]*><title>([^<]*)</title>', svg)]
+    assert [title for _, title in bars] == ["normal · in force: 1", "normal · proposed: 2", "batch · proposed: 3"]
+    assert bars[0][0] < bars[1][0] < bars[2][0]
+    assert svg.count('fill-opacity="0.55"') == 2  # the dashed series' bars are paler
