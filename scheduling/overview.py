@@ -32,6 +32,8 @@ MAX_BUCKETS = 60
 # Bucket lengths in seconds: the shortest that keeps a window within MAX_BUCKETS.
 STEPS_S = (60, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
 MAX_SPAN = timedelta(days=366)
+EARLIEST = datetime(1971, 1, 1, tzinfo=dt_timezone.utc)
+LATEST = datetime(9998, 12, 31, tzinfo=dt_timezone.utc)
 # Rows that arrived this long before the window still count in it (they waited or ran into it);
 # a request that waited or ran longer than this before the window is left out of its depth and busy share.
 LOOKBACK = timedelta(days=1)
@@ -138,7 +140,10 @@ def _moment(name: str, text: str) -> datetime:
         moment = None
     if moment is None:
         raise BadWindow(f"{name}: {text[:40]!r} is not a date or a date and time (e.g. 2026-12-01 or 2026-12-01T08:00).")
-    return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
+    moment = timezone.make_aware(moment) if timezone.is_naive(moment) else moment
+    if not EARLIEST <= moment <= LATEST:  # a day of look-back or a bucket's rounding must stay in the calendar
+        raise BadWindow(f"{name}: {text[:40]!r} is outside {EARLIEST:%Y} to {LATEST:%Y}.")
+    return moment
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ def fidelity_text(measured: Fidelity) -> str:
         order = "no two requests waited together"
     else:
         order = f"{measured.same_order:.1%} of {measured.pairs:,} pairs that waited together sent in the same order"
-    return (f"the settings in force against the recording, {measured.compared:,} requests sent in both: {order}; "
-            f"median wait error {seconds(measured.wait_error_s)} s")
+    error = "no wait to compare" if measured.wait_error_s is None else f"median wait error {seconds(measured.wait_error_s)} s"
+    return f"the settings in force against the recording, {measured.compared:,} requests sent in both: {order}; {error}"
 
 
 def comparison_rows(before: ReplayResult, after: ReplayResult, comparison: Comparison) -> list[tuple[str, str, str]]:
@@ -68,10 +68,15 @@ def handling_lines(before: ReplayResult, after: ReplayResult | None) -> list[str
     lines = [f"Left out: {h.failed_starts} refused for a failed start, {h.refused_recorded} refused otherwise, "
              f"{h.unconfigured} of models no longer configured"]
     for name, r in [("In force", before)] + ([("Proposed", after)] if after is not None else []):
-        lines.append(f"{name}: {r.handling.left} clients left while waiting, {r.handling.timed_out} maximum "
-                     f"waits ran out, {r.handling.refused} refused; {r.handling.service_assumed} job lengths and "
-                     f"{r.handling.loads_assumed} loads not recorded, taken as the median")
+        lines.append(f"{name}: {_count(r.handling.left, 'client')} left while waiting, "
+                     f"{_count(r.handling.timed_out, 'maximum wait')} ran out, {r.handling.refused} refused; "
+                     f"{_count(r.handling.service_assumed, 'job length')} and {_count(r.handling.loads_assumed, 'load')} "
+                     "not recorded, taken as the median")
     return lines
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
 def wait_chart(comparison: Comparison) -> SafeString:

@@ -446,7 +446,13 @@ class SchedulerRuntime:
             stops=[model for model in self._stops if model not in self._starting_since],
         )
         waiting = [*starting, *ranked]
-        outlooks = forecast(self.scheduler, underway, kinds, waiting, self.durations, now, self.expected_arrivals(now))
+        try:
+            outlooks = forecast(self.scheduler, underway, kinds, waiting, self.durations, now, self.expected_arrivals(now))
+        except Exception:  # a prediction is a hint: never let it stop a refusal, a page or a stream
+            log.exception("the forecast of the queue failed; waits are shown without a prediction")
+            unknown = "the forecast failed (see the log)"
+            outlooks = {tid: Outlook(tid, None, None, unknown=unknown) for tid in starting}
+            outlooks.update((tid, Outlook(tid, n, None, unknown=unknown)) for n, tid in enumerate(ranked, 1))
         self._forecast = (self._version, now, outlooks)
         return outlooks
 

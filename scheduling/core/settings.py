@@ -26,14 +26,29 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_finite(value: int | float) -> bool:
+    """Every int is finite; math.isfinite would overflow on one beyond a float's range."""
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+# Seconds per priority point beyond which aging is nil anyway; larger values would overflow the queue's
+# keys (priority × divisor) to infinity for large priorities.
+MAX_AGING_DIVISOR = 1e9
+
+
 def _aging_divisor_problem(value: object) -> str | None:
     allowed = "use seconds per priority point, e.g. 60, or 0 to disable aging"
     if not _is_number(value):
         return f"{_shown(value)} is not a number — {allowed}"
-    if not math.isfinite(value):
+    if not _is_finite(value):
         return f"{_shown(value)} is not a finite number — {allowed}"
     if value < 0:
         return f"{_shown(value)} is negative — use 0 to disable aging, or seconds per priority point"
+    if value > MAX_AGING_DIVISOR:
+        return (
+            f"{_shown(value)} is above {MAX_AGING_DIVISOR:.0e} seconds per point (31 years: no aging at all, and beyond "
+            "it scores stop being numbers) — use 0 to disable aging"
+        )
     return None
 
 
@@ -41,7 +56,7 @@ def _swap_affinity_bonus_problem(value: object) -> str | None:
     allowed = f"use a whole number from 0 to {MAX_SWAP_AFFINITY_BONUS} (0 disables it)"
     if not _is_number(value):
         return f"{_shown(value)} is not a number — {allowed}"
-    if not math.isfinite(value) or value != int(value):
+    if not _is_finite(value) or value != int(value):
         return f"{_shown(value)} is not a whole number — {allowed}"
     if not 0 <= value <= MAX_SWAP_AFFINITY_BONUS:
         return (

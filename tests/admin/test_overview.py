@@ -129,6 +129,8 @@ def test_each_preset_window_renders(admin_client, history, window, step):
     ({"since": "2025-03-02", "until": "2025-03-01"}, "until (2025-03-01) must be after since (2025-03-02)."),
     ({"until": "2025-03-01"}, "until needs a since"),
     ({"since": "2020-01-01", "until": "2025-01-01"}, "The window is at most 366 days"),
+    ({"since": "0001-01-01", "until": "0001-01-02"}, "since: &#x27;0001-01-01&#x27; is outside 1971 to 9998."),
+    ({"since": "9999-12-31T23:00:00-05:00", "until": "9999-12-31T23:30:00-05:00"}, "is outside 1971 to 9998."),
 ])
 def test_a_bad_window_is_refused_with_a_clear_message(admin_client, query, message):
     response = admin_client.get(URL, query)

@@ -4,7 +4,16 @@ import math
 
 import pytest
 
-from scheduling.core import MAX_SWAP_AFFINITY_BONUS, SerialSettings, serial_settings_problems
+from scheduling.core import (
+    MAX_SWAP_AFFINITY_BONUS,
+    Grant,
+    ModelSpec,
+    SerialScheduler,
+    SerialSettings,
+    SwapPolicy,
+    Ticket,
+    serial_settings_problems,
+)
 
 
 def test_defaults_are_one_point_per_minute_and_a_bonus_of_ten():
@@ -33,6 +42,26 @@ def test_negative_divisor_explains_how_to_disable_aging():
     assert serial_settings_problems(-1, 10) == {
         "agingDivisor": "-1 is negative — use 0 to disable aging, or seconds per priority point"
     }
+
+
+def test_a_divisor_so_large_that_scores_would_overflow_is_refused():
+    assert serial_settings_problems(1e9, 10) == {}
+    problem = serial_settings_problems(1e308, 10)["agingDivisor"]
+    assert problem.startswith("1e+308 is above 1e+09 seconds per point") and "use 0 to disable aging" in problem
+    assert "agingDivisor" in serial_settings_problems(10**400, 10)
+
+
+def test_the_largest_divisor_with_the_most_extreme_priorities_still_ranks_them():
+    models = {"m": ModelSpec("m")}
+    scheduler = SerialScheduler(models, SwapPolicy([], ("m",)), SerialSettings(aging_divisor=1e9))
+    scheduler.submit(Ticket(1, "m", 0, 0.0), 0.0)
+    scheduler.model_ready("m", 1.0)
+    for ticket_id, priority in ((2, -(2**63)), (3, 2**63 - 1), (4, 0)):
+        scheduler.submit(Ticket(ticket_id, "m", priority, 2.0), 2.0)
+    order = []
+    for finishing in (1, 3, 4):
+        order += [e.ticket_id for e in scheduler.finished(finishing, 3.0) if isinstance(e, Grant)]
+    assert order == [3, 4, 2]
 
 
 @pytest.mark.parametrize("value", [True, False, "60", None, [60], math.nan, math.inf, -math.inf])

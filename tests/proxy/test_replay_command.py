@@ -99,7 +99,7 @@ def test_the_text_report_puts_both_runs_side_by_side(config, recorded):
     text = out.getvalue()
     assert "100.0% of 2 pairs that waited together sent in the same order" in text
     assert "agingDivisor=30 swapAffinityBonus=5" in text and "agingDivisor=10 swapAffinityBonus=5" in text
-    assert "In force: 1 clients left while waiting" in text and "1 refused for a failed start" in text
+    assert "In force: 1 client left while waiting" in text and "1 refused for a failed start" in text
 
 
 @pytest.mark.parametrize(("assignment", "message"), [
