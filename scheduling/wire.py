@@ -156,7 +156,13 @@ class Heartbeat:
 @dataclass(frozen=True)
 class Stop:
     """A process to its own channel: end the receive loop. Cancelling a receive that is blocked in
-    Redis can leave the task hanging in the client's cleanup; a message always ends it."""
+    Redis can leave the task hanging in the client's cleanup; a message always ends it.
+
+    `sender`: the worker that sent it. Workers for the same models share a channel, and channels_redis
+    keeps a copy of each message read until its reader's cleanup task runs: a worker that exits as it
+    reads its stop leaves the copy, which the next worker on the channel then reads first."""
+
+    sender: str = ""
 
 
 Message = Submit | Hello | Announce | Discover | Cancel | Release | Granted | Refused | Cut | Ask | Answer | Heartbeat | Stop

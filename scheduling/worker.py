@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import socket
+import uuid
 from collections import deque
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -154,6 +155,7 @@ class SchedulerWorker:
         self._gathering: dict[str, Carried] | None = {} if gather_s > 0 else None  # by key, until run() ranks them
         self._sends: set[asyncio.Task] = set()
         self.name = f"pid {os.getpid()} on {socket.gethostname()}"
+        self._stop_token = uuid.uuid4().hex  # unique even where a restarted worker gets the same pid
 
     def rebuild(self, carried: list[Carried]) -> None:
         """Serve the requests a previous worker left queued (their rows), for the front ends that
@@ -207,7 +209,10 @@ class SchedulerWorker:
                     log.warning("ignoring a message the worker cannot read (%s): %r", exc, body)
                     continue
                 if isinstance(message, Stop):
-                    return
+                    if message.sender == self._stop_token:
+                        return
+                    log.info("ignoring the stop a previous worker left on this channel")
+                    continue
                 self.handle(message)
         finally:
             reaper.cancel()
@@ -266,7 +271,7 @@ class SchedulerWorker:
 
     async def stop(self) -> None:
         """End `run()` once the messages sent before this one are handled."""
-        await self._send(self.channel, Stop())
+        await self._send(self.channel, Stop(self._stop_token))
 
     def handle(self, message: Message) -> None:
         """Act on one message; never blocks, so messages are taken in the order they came."""

@@ -155,3 +155,21 @@ async def test_a_request_whose_client_left_while_no_worker_served_it_ends_its_ro
     leaving.cancel()
     await until(lambda: gpu.recorder.rows[2]["state"] == "cancelled", "the left request's row to end")
     assert successor.fleet.calls == [], "no model is started for a client that is gone"
+
+
+async def test_a_stop_its_predecessor_left_on_the_channel_does_not_stop_the_next_worker(
+    gpu_for, workers, front_ends, redis_layer_factory
+):
+    """A worker that exits as it reads its own stop leaves channels_redis's in-flight copy, which the
+    next worker for the same models reads first from their shared channel."""
+    start, _ = workers
+    first, _ = front_ends
+    gone = SchedulerWorker(InProcessFrontDoor(gpu_for("a").runtime, None, None), redis_layer_factory(), ["a"])
+    await gone.stop()  # never read: as the copy put back on the channel
+    gpu = gpu_for("a")
+    start(gpu)
+    holding = submit(first, "a")
+    await gpu.fleet.start("a")
+    lease = await asyncio.wait_for(holding, DEADLINE)
+    first.release(lease.ticket_id, DONE)
+    await until(lambda: not gpu.recorder.unfinished(), "the request's row to end")
