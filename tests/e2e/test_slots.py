@@ -3,6 +3,8 @@ jobs at once and never three: the third waits in llamaswap's queue, not in the m
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import httpx
 import pytest
 
@@ -61,14 +63,18 @@ def test_two_slots_run_two_jobs_at_once_and_the_third_waits_for_a_free_one(tmp_p
         second.close()
 
         assert starts(events) == {"first": 1, "second": 2, "third": 2}
-        # llamaswap never sent the server a request it had no free slot for.
-        assert not [e for e in read_events(events) if e["event"] == "queued"]
         finished = wait_until(
             lambda: (found := rows(served.data_dir, "state IN ('completed', 'cancelled', 'failed')"))
             and len(found) == 3 and found,
             what="all three rows to finish",
         )
         assert [row["slot"] for row in finished] == [1, 2, 1]
+        # llamaswap never sent the server a request it had no free slot for. The server may hold the third back
+        # for the moment it takes to notice the first's connection closed, but it got it only once llamaswap had
+        # closed that connection and freed the slot.
+        freed = datetime.fromisoformat(finished[0]["finished_at"]).replace(tzinfo=timezone.utc).timestamp()
+        held_back = [e for e in read_events(events) if e["event"] == "queued"]
+        assert all(e["id"] == "third" and e["t"] >= freed - 0.001 for e in held_back), (held_back, freed)
         wait_until(lambda: slot_metrics(served) == (0.0, 2.0), what="the slots to be free again")
 
 
