@@ -16,6 +16,7 @@ from scheduling.config_inputs import model_specs, swap_policy
 from scheduling.core import SerialSettings
 from scheduling.core.replay import Fidelity, Recorded, ReplayResult, Setup, fidelity, replay
 from scheduling.models import QueuedRequest, RequestState, SettingsChange
+from scheduling.row_durations import load_time
 from scheduling.settings_store import stored_serial_settings
 
 _FIELDS = (
@@ -78,8 +79,8 @@ def _recorded(row: tuple, since: datetime) -> Recorded:
     arrival = (arrived_at - since).total_seconds()
     dispatched = None if dispatched_at is None else (dispatched_at - since).total_seconds()
     load = None
-    if needed_swap and dispatched is not None and queue_wait_ms is not None:
-        load = max(0.0, dispatched - arrival - queue_wait_ms / 1000)
+    if needed_swap and dispatched_at is not None and queue_wait_ms is not None:
+        load = max(0.0, load_time(arrived_at, dispatched_at, queue_wait_ms))
     ran_to_end = state in (RequestState.COMPLETED, RequestState.FAILED) and dispatched is not None
     left = state == RequestState.CANCELLED and finished_at is not None
     return Recorded(

@@ -9,6 +9,7 @@ its wait in the queue, is the load (with the stops it needed first).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
 from scheduling.core.durations import WINDOW, DurationHistory, JobKind
 
@@ -31,7 +32,13 @@ def durations_from_rows(models: Iterable[str]) -> DurationHistory:
             .values_list("arrived_at", "dispatched_at", "serial_queue_wait_ms")[:WINDOW]
         )
         for arrived_at, dispatched_at, queue_wait_ms in reversed(list(loads)):
-            seconds = (dispatched_at - arrived_at).total_seconds() - queue_wait_ms / 1000
+            seconds = load_time(arrived_at, dispatched_at, queue_wait_ms)
             if seconds >= 0:
                 history.add_load(model, seconds)
     return history
+
+
+def load_time(arrived_at: datetime, dispatched_at: datetime, queue_wait_ms: int) -> float:
+    """The load a row whose dispatch started its model waited for: from arrival to being sent to the
+    model, less its wait in the queue (a few milliseconds below 0 when the clocks round apart)."""
+    return (dispatched_at - arrived_at).total_seconds() - queue_wait_ms / 1000
