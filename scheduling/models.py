@@ -54,6 +54,10 @@ class QueuedRequest(models.Model):
     route = models.CharField(max_length=40, blank=True)
     # The caller's X-LlamaSwap-Max-Wait, so a worker that takes the queue over keeps enforcing it.
     max_wait_s = models.FloatField(null=True, blank=True)
+    # The selector (a virtual model ID) that picked `model`, as llama-swap's activity key `selector`.
+    selector = models.CharField(max_length=255, blank=True)
+    # A peer's requests are relayed to another server, never queued: its ID, with `model` as the peer names it.
+    peer = models.CharField(max_length=255, blank=True)
     priority = models.BigIntegerField(default=0)
     band = models.CharField(max_length=12, choices=BandChoice.choices, default=BandChoice.NORMAL)
     state = models.CharField(max_length=12, choices=RequestState.choices, default=RequestState.QUEUED)
