@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .command import split_command, strip_comment_lines
+from .compat import concurrency_floor, read_ignore_websockets
 from .errors import ProblemLog, kind_of
 from .fields import MISSING, Section
 from .filters import ModelFilters, parse_strip_params
@@ -22,7 +23,7 @@ PID_REF = "${PID}"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Known llama-swap model keys that llamaswap reads but does not act on.
-UNSUPPORTED_MODEL_KEYS = frozenset({"compat", "capabilities"})
+UNSUPPORTED_MODEL_KEYS = frozenset({"capabilities"})
 # llama-swap transport timeouts that httpx has no counterpart for.
 UNSUPPORTED_TIMEOUT_KEYS = frozenset({"keepalive", "tlsHandshake", "expectContinue", "idleConn"})
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -62,6 +63,8 @@ class ModelConfig:
     timeouts: UpstreamTimeouts = field(default_factory=UpstreamTimeouts)
     # Stream the wait (place in the queue, predicted wait, loading) to a streaming chat client.
     send_loading_state: bool = False
+    # compat.ignoreWebsockets: upgrades bypass the scheduler, never load the model, are not counted.
+    ignore_websockets: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,12 +120,15 @@ def read_model(
         use_model_name=section.text("useModelName"),
         name=section.text("name"),
         description=section.text("description"),
-        concurrency_limit=section.integer("concurrencyLimit", 0, minimum=0, example="4") or DEFAULT_CONCURRENCY_LIMIT,
+        concurrency_limit=concurrency_floor(
+            model_id, section.integer("concurrencyLimit", 0, minimum=0, example="4") or DEFAULT_CONCURRENCY_LIMIT
+        ),
         filters=_read_filters(section),
         metadata=_read_metadata(section),
         port=port,
         timeouts=_read_timeouts(section),
         send_loading_state=section.boolean("sendLoadingState", defaults.send_loading_state),
+        ignore_websockets=read_ignore_websockets(section, model_id),
     )
     section.warn_unread(UNSUPPORTED_MODEL_KEYS, MODEL_KEY_NOTES)
     return model

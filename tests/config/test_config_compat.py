@@ -114,9 +114,10 @@ def test_example_unsupported_keys_are_named_in_warnings():
     data["models"]["unlisted-model"]["proxy"] = "http://127.0.0.1:8090"
     warned = {warning.split(": ")[1] for warning in load_data(data).warnings}
     assert warned == {
-        "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "ui", "performance",
-        "includeAliasesInList", "upstream", "profiles", "selectors", "peers",
-        "models.gpt-oss-120b.compat",
+        "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "ui",
+        "includeAliasesInList", "upstream", "profiles", "selectors",
+        "peers.openrouter.timeouts.keepalive", "peers.openrouter.timeouts.tlsHandshake",
+        "peers.openrouter.timeouts.idleConn",
         "models.gpt-oss-120b.timeouts.keepalive", "models.gpt-oss-120b.timeouts.tlsHandshake",
         "models.gpt-oss-120b.timeouts.idleConn", "models.gpt-oss-120b.capabilities",
         "models.gpt-oss-120b.filters.setParamsByID", "routing.router.settings.matrix",
