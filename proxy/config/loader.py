@@ -6,6 +6,7 @@ import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 
 from scheduling.core.matrix import MatrixPolicy
@@ -16,6 +17,7 @@ from .fields import MISSING, Section
 from .macros import MacroScope
 from .model import ModelConfig, ModelDefaults, read_model
 from .model_index import ModelIndex
+from .peers import PeerConfig, PeerModels, read_peers, warn_shadowed
 from .routing import SchedulerConfig, read_router, read_scheduler
 from .yaml_document import read_yaml_document
 
@@ -32,7 +34,7 @@ UNSUPPORTED_TOP_KEYS = frozenset(
     {
         "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "store", "ui",
         "performance", "includeAliasesInList", "upstream", "profiles",
-        "selectors", "peers",
+        "selectors",
     }
 )
 TOP_KEY_NOTES = {"logRequests": "deprecated in llama-swap and ignored — remove it"}
@@ -56,6 +58,7 @@ class Config:
     warnings: tuple[str, ...]
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # alias -> model ID
     matrix: MatrixPolicy | None = None  # set when routing.router.use is matrix; groups are then empty
+    peers: Mapping[str, PeerConfig] = field(default_factory=lambda: MappingProxyType({}))  # peer ID -> peer
 
     def resolve(self, name: str) -> ModelConfig | None:
         """The model a request names, by ID or alias."""
@@ -63,6 +66,21 @@ class Config:
         if model is None and name in self.aliases:
             model = self.models[self.aliases[name]]
         return model
+
+    def peer_model(self, name: str) -> tuple[PeerConfig, str] | None:
+        """The peer serving `name` and the peer's own name for it, when `name` is not a local ID or alias:
+        `<peer>/<model>`, or a bare model name that exactly one peer lists (see `peers_offering`)."""
+        if self.resolve(name) is not None:
+            return None
+        return self._peer_models.find(name)
+
+    def peers_offering(self, name: str) -> tuple[str, ...]:
+        """The `<peer>/<model>` names of every peer listing the bare `name` (two or more: it is ambiguous)."""
+        return self._peer_models.offering(name)
+
+    @cached_property
+    def _peer_models(self) -> PeerModels:
+        return PeerModels(self.peers)
 
     def describe(self) -> str:
         """Human summary printed at start, so operators see what was understood."""
@@ -165,6 +183,8 @@ def parse_config(text: str, path: str = "<string>") -> Config:
         "maxRequestBodyBytes", DEFAULT_MAX_REQUEST_BODY_BYTES, minimum=1, example=str(DEFAULT_MAX_REQUEST_BODY_BYTES)
     )
     metrics_require_api_key = top.boolean("metricsRequireApiKey", False)
+    peers = read_peers(top)
+    warn_shadowed(peers, lambda name: index.resolve(name) is not None, log)
     top.warn_unread(UNSUPPORTED_TOP_KEYS, TOP_KEY_NOTES)
     log.raise_if_any()
 
@@ -185,6 +205,7 @@ def parse_config(text: str, path: str = "<string>") -> Config:
         warnings=tuple(log.warnings),
         aliases=MappingProxyType(index.aliases()),
         matrix=router.matrix,
+        peers=MappingProxyType(peers),
     )
 
 

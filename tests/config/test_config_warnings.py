@@ -16,7 +16,6 @@ def test_known_llama_swap_keys_are_reported_as_unsupported(load):
     config = load(
         """
         logToStdout: both
-        peers: {}
         profiles: {}
         selectors: {}
         includeAliasesInList: true
@@ -38,7 +37,7 @@ def test_known_llama_swap_keys_are_reported_as_unsupported(load):
         """
     )
     warnings = set(config.warnings)
-    for key in ("logToStdout", "peers", "profiles", "selectors", "includeAliasesInList",
+    for key in ("logToStdout", "profiles", "selectors", "includeAliasesInList",
                 "models.m.capabilities", "models.m.timeouts.idleConn",
                 "models.m.filters.setParamsByID"):
         assert f"config.yaml: {key}: not supported by llamaswap, ignored" in warnings
