@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import path, re_path
 
-from proxy import queue_views, views
+from proxy import llama_swap_views, queue_views, views
 from proxy.metrics_view import metrics_view
 from scheduling.admin import overview_page
 
@@ -18,6 +18,10 @@ urlpatterns = [
     path("api/models/unload", views.unload_all),
     path("api/models/unload/<path:model>", views.unload_model),
     path("api/activity", views.activity),
+    path("api/metrics/activity", llama_swap_views.metrics_activity),
+    path("api/metrics/stats", llama_swap_views.metrics_stats),
+    path("api/captures/<int:capture_id>", llama_swap_views.capture),
+    path("api/version", llama_swap_views.version),
     path("api/events", views.api_events),
     path("api/queue", queue_views.queue),
     path("api/queue/<int:ticket_id>", queue_views.queue_entry),

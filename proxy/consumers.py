@@ -8,6 +8,7 @@ import re
 from urllib.parse import quote, unquote
 
 from proxy.auth import CREDENTIAL_HEADERS, is_authorized
+from proxy.captures import CaptureRecorder, begin_capture
 from proxy.errors import ProxyError, error_event
 from proxy.hosts import host_refusal
 from proxy.http import StreamingHttpConsumer
@@ -38,6 +39,25 @@ def as_sent(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
 
 class ModelConsumer(StreamingHttpConsumer):
     """Shared path of every model request: authorise, queue, relay, release."""
+
+    #: Collects the exchange for `GET /api/captures/<id>` when captureBuffer is on.
+    capture: CaptureRecorder | None = None
+
+    async def send_headers(self, *, status=200, headers=None):
+        if self.capture is not None:
+            self.capture.response_started(status, headers or [])
+        await super().send_headers(status=status, headers=headers)
+
+    async def send_body(self, body, *, more_body=False):
+        if self.capture is not None:
+            self.capture.response_sent(body)
+            if not more_body:
+                self.capture.finish()
+        await super().send_body(body, more_body=more_body)
+
+    async def disconnect(self):
+        if self.capture is not None:
+            self.capture.finish()  # the client left mid-response: keep what it was sent
 
     def body_limit(self) -> int:
         service = get_service()
@@ -77,6 +97,7 @@ class ModelConsumer(StreamingHttpConsumer):
     async def serve(self, service, model_cfg, *, requested: str, stream: bool, method: str,
                     upstream_path: str, body: bytes, headers: dict[str, str]) -> None:
         door = service.door
+        self.capture = begin_capture(service.config.capture_buffer_mb, self.scope["path"], upstream_path, headers, body)
         request = TicketRequest(
             model=model_cfg.id,
             path=self.scope["path"],
@@ -104,6 +125,8 @@ class ModelConsumer(StreamingHttpConsumer):
                 headers["Retry-After"] = str(int(exc.retry_after))
             raise ProxyError(exc.status, exc.message, exc.code, headers=headers) from None
         identity = identity_headers(lease.ticket_id, loop.time() - asked)
+        if self.capture is not None:
+            self.capture.ticket_id = lease.ticket_id
 
         def upstream_done(result) -> None:
             door.release(lease.ticket_id, Outcome(

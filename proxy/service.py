@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
 
+from proxy import system_metrics
 from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
 from proxy.upstreams import ClientUse, UpstreamClients
@@ -164,7 +165,10 @@ class ProxyService:
         self._clients = UpstreamClients()
 
     def start(self) -> None:
-        """Begin background work: load `hooks.on_startup.preload` models, one at a time, through the scheduler."""
+        """Begin background work: sample the machine for /metrics (`performance:`) where the models run, and
+        load `hooks.on_startup.preload` models, one at a time, through the scheduler."""
+        if self.runtime is not None:  # a front end's machine runs no model: the worker exports its machine's
+            system_metrics.SAMPLER.configure(self.config.performance)
         if self.config.preload:
             self._preload_task = asyncio.get_running_loop().create_task(self._preload())
 
@@ -196,6 +200,7 @@ class ProxyService:
                 self._clients.retire(model)
         if self.runtime is not None:
             metrics.export_service(self.runtime, self.fleet, config)
+            system_metrics.SAMPLER.configure(config.performance)
         else:
             metrics.export_front_end(config)
 
@@ -228,6 +233,7 @@ class ProxyService:
 
     async def shutdown(self, drain_seconds: float) -> None:
         """Drain in-flight work within the budget, stop every model, flush the rows."""
+        system_metrics.SAMPLER.stop()
         if self.runtime is None:
             await self.door.close()
             await self._clients.aclose()

@@ -17,6 +17,7 @@ from .fields import MISSING, Section
 from .macros import MacroScope
 from .model import ModelConfig, ModelDefaults, read_model
 from .model_index import ModelIndex
+from .performance import PerformanceConfig, read_performance
 from .peers import PeerConfig, PeerModels, read_peers, warn_shadowed
 from .routing import SchedulerConfig, read_router, read_scheduler
 from .yaml_document import read_yaml_document
@@ -33,7 +34,7 @@ LOG_LEVELS = ("debug", "info", "warn", "error")
 UNSUPPORTED_TOP_KEYS = frozenset(
     {
         "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "store", "ui",
-        "performance", "includeAliasesInList", "upstream", "profiles",
+        "includeAliasesInList", "upstream", "profiles",
         "selectors",
     }
 )
@@ -59,6 +60,7 @@ class Config:
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # alias -> model ID
     matrix: MatrixPolicy | None = None  # set when routing.router.use is matrix; groups are then empty
     peers: Mapping[str, PeerConfig] = field(default_factory=lambda: MappingProxyType({}))  # peer ID -> peer
+    performance: PerformanceConfig = PerformanceConfig()
 
     def resolve(self, name: str) -> ModelConfig | None:
         """The model a request names, by ID or alias."""
@@ -183,6 +185,7 @@ def parse_config(text: str, path: str = "<string>") -> Config:
         "maxRequestBodyBytes", DEFAULT_MAX_REQUEST_BODY_BYTES, minimum=1, example=str(DEFAULT_MAX_REQUEST_BODY_BYTES)
     )
     metrics_require_api_key = top.boolean("metricsRequireApiKey", False)
+    performance = read_performance(top)
     peers = read_peers(top)
     warn_shadowed(peers, lambda name: index.resolve(name) is not None, log)
     top.warn_unread(UNSUPPORTED_TOP_KEYS, TOP_KEY_NOTES)
@@ -206,6 +209,7 @@ def parse_config(text: str, path: str = "<string>") -> Config:
         aliases=MappingProxyType(index.aliases()),
         matrix=router.matrix,
         peers=MappingProxyType(peers),
+        performance=performance,
     )
 
 

@@ -114,7 +114,7 @@ def test_example_unsupported_keys_are_named_in_warnings():
     data["models"]["unlisted-model"]["proxy"] = "http://127.0.0.1:8090"
     warned = {warning.split(": ")[1] for warning in load_data(data).warnings}
     assert warned == {
-        "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "ui",
+        "logTimeFormat", "logToStdout", "metricsMaxInMemory", "ui",
         "includeAliasesInList", "upstream", "profiles", "selectors",
         "peers.openrouter.timeouts.keepalive", "peers.openrouter.timeouts.tlsHandshake",
         "peers.openrouter.timeouts.idleConn",
