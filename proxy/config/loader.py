@@ -33,7 +33,7 @@ LOG_LEVELS = ("debug", "info", "warn", "error")
 # Known llama-swap top-level keys that llamaswap does not implement.
 UNSUPPORTED_TOP_KEYS = frozenset(
     {
-        "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer", "store", "ui",
+        "logTimeFormat", "logToStdout", "metricsMaxInMemory", "store", "ui",
         "includeAliasesInList", "upstream", "profiles",
         "selectors",
     }
@@ -59,6 +59,7 @@ class Config:
     warnings: tuple[str, ...]
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # alias -> model ID
     matrix: MatrixPolicy | None = None  # set when routing.router.use is matrix; groups are then empty
+    capture_buffer_mb: float = 0.0  # captureBuffer: MB of request/response captures kept in memory; 0 is off
     peers: Mapping[str, PeerConfig] = field(default_factory=lambda: MappingProxyType({}))  # peer ID -> peer
     performance: PerformanceConfig = PerformanceConfig()
 
@@ -185,6 +186,7 @@ def parse_config(text: str, path: str = "<string>") -> Config:
         "maxRequestBodyBytes", DEFAULT_MAX_REQUEST_BODY_BYTES, minimum=1, example=str(DEFAULT_MAX_REQUEST_BODY_BYTES)
     )
     metrics_require_api_key = top.boolean("metricsRequireApiKey", False)
+    capture_buffer_mb = top.number("captureBuffer", 0, minimum=0, example="5")
     performance = read_performance(top)
     peers = read_peers(top)
     warn_shadowed(peers, lambda name: index.resolve(name) is not None, log)
@@ -208,6 +210,7 @@ def parse_config(text: str, path: str = "<string>") -> Config:
         warnings=tuple(log.warnings),
         aliases=MappingProxyType(index.aliases()),
         matrix=router.matrix,
+        capture_buffer_mb=capture_buffer_mb,
         peers=MappingProxyType(peers),
         performance=performance,
     )
