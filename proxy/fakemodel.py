@@ -12,6 +12,8 @@ ACKs, which would make every latency figure measured through it fiction.
 Per-request behaviour can be changed with the JSON body key ``"fake"``:
 ``{"tokens": n, "tps": x, "crash_after": n, "delay": s, "status": code, "id": str}``.
 ``id`` names the request in the ``--events`` file (default: its arrival number, "1", "2"…).
+A POST to any other path (``/v1/rerank``…) is answered with what reached the server, its JSON
+body included, so tests can check what the proxy forwarded.
 
 ``--events FILE`` gets one JSON line per request "start", "end" or "disconnect" (not for
 ``GET /health``); "end" is written just before the response's last bytes, so a client that has
@@ -44,6 +46,8 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs
+
+from proxy import websocket_frames as wsf
 
 WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
@@ -348,6 +352,9 @@ class FakeModelHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._read_body()  # a body on a GET must not be left to corrupt the next request on this connection
         path = self.path.split("?", 1)[0]
+        if self.headers.get("Upgrade", "").lower() == "websocket":
+            self._websocket_echo()
+            return
         if path == "/health":
             if self.server.loaded.is_set():
                 self._respond(200, {"status": "ok"})
@@ -452,9 +459,45 @@ class FakeModelHandler(BaseHTTPRequestHandler):
             echo = {"text": "fake transcription", "model": body.get("model"), "file_size": body.get("file_size", 0)}
             self._respond(200, echo)
         else:
-            self._respond(200, self._echo(body.get("model")))
+            self._respond(200, {**self._echo(body.get("model")), "body": body})
 
     # -- endpoints --------------------------------------------------------------------------
+
+    def _websocket_echo(self) -> None:
+        """Any GET upgrade: echo each message back; the text "whoami" gets the path it was opened on, and
+        "close-me" a close with code 4321. "websocket" events record the open and the close."""
+        protocols = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+        headers = {"Upgrade": "websocket", "Connection": "Upgrade",
+                   "Sec-WebSocket-Accept": wsf.accept_key(self.headers.get("Sec-WebSocket-Key", ""))}
+        if protocols:
+            headers["Sec-WebSocket-Protocol"] = protocols[0]
+        self.close_connection = True
+        self.server.events.record("websocket", state="open", path=self.path)
+        self.wfile.write(self._header_block(101, headers))
+        code = wsf.NO_STATUS
+        while True:
+            head = self.rfile.read(2)
+            if len(head) < 2:
+                break
+            _fin, opcode, masked, length = wsf.frame_header(head)
+            if wsf.extended_length_size(length):
+                length = wsf.extended_length(self.rfile.read(wsf.extended_length_size(length)))
+            mask = self.rfile.read(4) if masked else b""
+            payload = wsf.unmask(self.rfile.read(length), mask)
+            if opcode == wsf.CLOSE:
+                code = wsf.parse_close(payload)[0]
+                self.wfile.write(wsf.encode_frame(wsf.CLOSE, payload, masked=False))
+                break
+            if opcode == wsf.PING:
+                self.wfile.write(wsf.encode_frame(wsf.PONG, payload, masked=False))
+            elif payload == b"whoami":
+                answer = json.dumps({"path": self.path, "served_by": self.server.behaviour.model}).encode()
+                self.wfile.write(wsf.encode_frame(wsf.TEXT, answer, masked=False))
+            elif payload == b"close-me":
+                self.wfile.write(wsf.encode_frame(wsf.CLOSE, wsf.close_payload(4321, "asked to"), masked=False))
+            elif opcode in (wsf.TEXT, wsf.BINARY):
+                self.wfile.write(wsf.encode_frame(opcode, payload, masked=False))
+        self.server.events.record("websocket", state="closed", path=self.path, code=code)
 
     def _echo(self, requested_model: str | None) -> dict[str, Any]:
         """What reached this server, for checking the proxy's forwarding and routing."""

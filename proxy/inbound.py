@@ -24,6 +24,7 @@ from urllib.parse import parse_qs
 
 from proxy.errors import ProxyError
 from proxy.multipart import MultipartError, replace_field, text_fields
+from proxy.route_paths import EXTRA_JSON_ROUTES, GET_ROUTES, versionless
 
 # Reading a body this large inline would hold the event loop for about a millisecond.
 OFF_LOOP_BODY_BYTES = 256 * 1024
@@ -51,8 +52,12 @@ JSON_ROUTES = frozenset(
 )
 # POST routes that carry a multipart form with a `model` field.
 MULTIPART_ROUTES = frozenset({"/v1/audio/transcriptions", "/v1/images/edits"})
-MODEL_ROUTES = JSON_ROUTES | MULTIPART_ROUTES
+# Each /v1 route also answers at its versionless /v/... alias.
+JSON_ROUTES = JSON_ROUTES | EXTRA_JSON_ROUTES | versionless(JSON_ROUTES | EXTRA_JSON_ROUTES)
+MULTIPART_ROUTES = MULTIPART_ROUTES | versionless(MULTIPART_ROUTES)
+MODEL_ROUTES = JSON_ROUTES | MULTIPART_ROUTES | GET_ROUTES
 UPSTREAM_ROUTE = "/upstream"
+COMFYUI_ROUTE = "/comfyui"
 MAX_WAIT_HEADER = "X-LlamaSwap-Max-Wait"
 MAX_WAIT_SHOWN = 40  # characters of a refused value the error repeats: enough to recognise it
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")  # ASCII only: float() takes "1_0", "١٢", "nan"
@@ -79,11 +84,13 @@ def max_wait_seconds(headers: dict[str, str]) -> float | None:
 
 
 def route_label(path: str) -> str:
-    """A request path as a bounded metrics label: one of the model routes, `/upstream`, or `other`."""
+    """A request path as a bounded metrics label: one of the model routes, `/upstream`, `/comfyui`, or `other`."""
     if path in MODEL_ROUTES:
         return path
     if path.startswith(UPSTREAM_ROUTE + "/"):
         return UPSTREAM_ROUTE
+    if path.startswith(COMFYUI_ROUTE + "/"):
+        return COMFYUI_ROUTE
     return "other"
 
 
@@ -184,7 +191,7 @@ def forwarded_body(request: ModelRequest, use_model_name: str, filters) -> bytes
     payload = request.payload
     if use_model_name:
         payload["model"] = use_model_name
-    payload = filters.apply(payload)
+    payload = filters.apply(payload, requested=request.requested_model)  # setParamsByID picks by the name asked for
     if len(request.body) > OFF_LOOP_BODY_BYTES:
         return _encode_in_pieces(payload)
     return json.dumps(payload, ensure_ascii=False).encode()

@@ -11,7 +11,11 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from proxy import events_stream
+from proxy.active_profile import active_profile
 from proxy.auth import is_authorized
+from proxy.model_listing import add_capabilities, alias_entries
+from proxy.model_choice import listed_choices
+from proxy.peer_relay import listed_peer_models
 from proxy.responses import allow_methods, json_error
 from proxy.service import get_service
 from scheduling.activity import ActivityQuery, ActivityQueryError, activity_page
@@ -68,7 +72,17 @@ async def list_models(request: HttpRequest, service) -> JsonResponse:
                 "meta": {"llamaswap": {"type": "model", "aliases": list(model.aliases), **dict(model.metadata)}},
             }
         )
-    return JsonResponse({"object": "list", "data": data})
+        add_capabilities(data[-1], model.capabilities)
+        if service.config.include_aliases_in_list:
+            data += alias_entries(data[-1], model)
+    data += listed_peer_models(service.config, created)
+    profile = await active_profile(service.config)
+    data += listed_choices(service.config, profile, states, created, {entry["id"] for entry in data})
+    data.sort(key=lambda entry: entry["id"])  # as llama-swap lists them
+    response = JsonResponse({"object": "list", "data": data})
+    if "Origin" in request.headers:  # a web page on another origin may read the list, as with llama-swap
+        response["Access-Control-Allow-Origin"] = request.headers["Origin"]
+    return response
 
 
 @api_key_required

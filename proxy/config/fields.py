@@ -69,6 +69,23 @@ class Section:
             return MISSING
         return value
 
+    def expanded_key(self, name: str, key: Any) -> str | None:
+        """`key`, a key of the mapping at `name`, with macros expanded (None when one is left unresolved).
+
+        Mapping keys are taken as written everywhere else; setParamsByID's keys are request names
+        such as `${MODEL_ID}:high`, which llama-swap expands.
+        """
+        text = str(key)
+        if self.scope is not None:
+            try:
+                text = self.scope.expand(text, typed=False)
+            except MacroCycle as exc:
+                self.error(f"{name}.{key}", str(exc))
+                return None
+        if not self._report_leftovers(f"{self.path(name)}.{key}", text, ()):
+            return None
+        return text
+
     def _report_leftovers(self, key: str, value: Any, allow_refs: Collection[str]) -> bool:
         if isinstance(value, str):
             bad = [ref for ref in leftover_references(value) if ref not in allow_refs]

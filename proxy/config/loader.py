@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,12 +15,16 @@ from scheduling.core.swap import SwapGroup
 
 from .errors import ConfigError, Problem, ProblemLog, kind_of
 from .fields import MISSING, Section
+from .log_output import LogOutput, read_log_output
 from .macros import MacroScope
 from .model import ModelConfig, ModelDefaults, read_model
 from .model_index import ModelIndex
-from .performance import PerformanceConfig, read_performance
 from .peers import PeerConfig, PeerModels, read_peers, warn_shadowed
+from .profiles import ProfileConfig, read_profiles
+from .selectors import SelectorConfig, coexistence_check, read_selectors
+from .performance import PerformanceConfig, read_performance
 from .routing import SchedulerConfig, read_router, read_scheduler
+from .upstream_paths import DEFAULT_IGNORE_PATHS, read_ignore_paths
 from .yaml_document import read_yaml_document
 
 DEFAULT_HEALTH_CHECK_TIMEOUT = 120.0
@@ -33,9 +38,7 @@ LOG_LEVELS = ("debug", "info", "warn", "error")
 # Known llama-swap top-level keys that llamaswap does not implement.
 UNSUPPORTED_TOP_KEYS = frozenset(
     {
-        "logTimeFormat", "logToStdout", "metricsMaxInMemory", "store", "ui",
-        "includeAliasesInList", "upstream", "profiles",
-        "selectors",
+        "metricsMaxInMemory", "store", "ui",
     }
 )
 TOP_KEY_NOTES = {"logRequests": "deprecated in llama-swap and ignored — remove it"}
@@ -59,9 +62,14 @@ class Config:
     warnings: tuple[str, ...]
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # alias -> model ID
     matrix: MatrixPolicy | None = None  # set when routing.router.use is matrix; groups are then empty
-    capture_buffer_mb: float = 0.0  # captureBuffer: MB of request/response captures kept in memory; 0 is off
+    include_aliases_in_list: bool = False  # /v1/models also lists each alias as a model of its own
+    ignore_paths: tuple[re.Pattern, ...] = DEFAULT_IGNORE_PATHS  # /upstream paths that never load a model
+    log_output: LogOutput = LogOutput()
     peers: Mapping[str, PeerConfig] = field(default_factory=lambda: MappingProxyType({}))  # peer ID -> peer
     performance: PerformanceConfig = PerformanceConfig()
+    selectors: Mapping[str, SelectorConfig] = field(default_factory=lambda: MappingProxyType({}))  # selector ID -> selector
+    profiles: Mapping[str, ProfileConfig] = field(default_factory=lambda: MappingProxyType({}))  # name -> profile
+    capture_buffer_mb: float = 0.0  # captureBuffer: MB of request/response captures kept in memory; 0 is off
 
     def resolve(self, name: str) -> ModelConfig | None:
         """The model a request names, by ID or alias."""
@@ -138,8 +146,13 @@ def _ttl_text(ttl: float) -> str:
     return "never" if ttl == 0 else f"{ttl:g}s"
 
 
-def load_config(path: str | os.PathLike) -> Config:
-    """Read and check the file at `path`; raises ConfigError listing every problem."""
+def load_config(path: str | os.PathLike | None, config_dir: str | os.PathLike | None = None) -> Config:
+    """Read and check the file at `path`, merged with the files of `config_dir` when one is given
+    (`--config-dir`, see `config_dir.load_merged`); raises ConfigError listing every problem."""
+    if config_dir:
+        from .config_dir import load_merged
+
+        return load_merged(path, config_dir)
     try:
         with open(path, encoding="utf-8") as file:
             text = file.read()
@@ -158,7 +171,12 @@ def parse_config(text: str, path: str = "<string>") -> Config:
     want a dead upstream to fail fast).
     """
     log = ProblemLog(path)
-    data = read_yaml_document(text, log)
+    return check_document(read_yaml_document(text, log), log)
+
+
+def check_document(data, log: ProblemLog) -> Config:
+    """Check a config already read from YAML (one file's, or several merged); `log.path` names it in messages."""
+    path = log.path
     if data is None:
         log.raise_if_any()  # no document to check further; unset ${env.*} values do not stop the checks
     if not isinstance(data, dict):
@@ -186,10 +204,19 @@ def parse_config(text: str, path: str = "<string>") -> Config:
         "maxRequestBodyBytes", DEFAULT_MAX_REQUEST_BODY_BYTES, minimum=1, example=str(DEFAULT_MAX_REQUEST_BODY_BYTES)
     )
     metrics_require_api_key = top.boolean("metricsRequireApiKey", False)
+    include_aliases_in_list = top.boolean("includeAliasesInList", False)
+    ignore_paths = read_ignore_paths(top)
+    log_output = read_log_output(top)
     capture_buffer_mb = top.number("captureBuffer", 0, minimum=0, example="5")
-    performance = read_performance(top)
     peers = read_peers(top)
     warn_shadowed(peers, lambda name: index.resolve(name) is not None, log)
+    performance = read_performance(top)
+    peer_models = PeerModels(peers)
+    selectors = read_selectors(
+        top, index, together=coexistence_check(router.groups, router.matrix, models),
+        peer_model=lambda name: peer_models.find(name) is not None, peer_ids=peers,
+    )
+    profiles = read_profiles(top, index, selector_ids=selectors, peer_model=lambda name: peer_models.find(name) is not None)
     top.warn_unread(UNSUPPORTED_TOP_KEYS, TOP_KEY_NOTES)
     log.raise_if_any()
 
@@ -210,9 +237,14 @@ def parse_config(text: str, path: str = "<string>") -> Config:
         warnings=tuple(log.warnings),
         aliases=MappingProxyType(index.aliases()),
         matrix=router.matrix,
-        capture_buffer_mb=capture_buffer_mb,
+        include_aliases_in_list=include_aliases_in_list,
+        ignore_paths=ignore_paths,
+        log_output=log_output,
         peers=MappingProxyType(peers),
         performance=performance,
+        selectors=MappingProxyType(selectors),
+        profiles=MappingProxyType(profiles),
+        capture_buffer_mb=capture_buffer_mb,
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from .capabilities import ModelCapabilities, read_capabilities
 from .command import split_command, strip_comment_lines
 from .compat import concurrency_floor, read_ignore_websockets
 from .errors import ProblemLog, kind_of
@@ -23,10 +24,13 @@ PID_REF = "${PID}"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Known llama-swap model keys that llamaswap reads but does not act on.
-UNSUPPORTED_MODEL_KEYS = frozenset({"capabilities"})
-# llama-swap transport timeouts that httpx has no counterpart for.
-UNSUPPORTED_TIMEOUT_KEYS = frozenset({"keepalive", "tlsHandshake", "expectContinue", "idleConn"})
+UNSUPPORTED_MODEL_KEYS = frozenset()
 DEFAULT_CONNECT_TIMEOUT = 30.0
+DEFAULT_KEEPALIVE_INTERVAL = 30.0
+DEFAULT_TLS_HANDSHAKE_TIMEOUT = 10.0
+# llama-swap keeps an idle pooled connection 90 s. llama-server (cpp-httplib) closes one after 5 s,
+# and a request written to a connection the server is closing fails, so llamaswap's default is 5 s.
+DEFAULT_IDLE_CONN_TIMEOUT = 5.0
 MODEL_KEY_NOTES = {
     "healthCheckTimeout": "cannot be set per model, ignored — set the top-level healthCheckTimeout",
 }
@@ -34,11 +38,16 @@ MODEL_KEY_NOTES = {
 
 @dataclass(frozen=True)
 class UpstreamTimeouts:
-    """llama-swap's `timeouts` (seconds; 0 disables one). `response_header` also bounds each gap
-    between response chunks, since httpx has one read timeout for both."""
+    """llama-swap's `timeouts` (seconds; None: 0 in the file, no limit). `response_header` also
+    bounds each gap between response chunks, since httpcore has one read timeout for both.
+    `expectContinue` has no field: llamaswap never sends `Expect: 100-continue`, so there is no
+    wait for it to bound."""
 
     connect: float | None = DEFAULT_CONNECT_TIMEOUT
     response_header: float | None = None
+    keepalive: float | None = DEFAULT_KEEPALIVE_INTERVAL  # TCP keepalive probes: idle time and interval
+    tls_handshake: float | None = DEFAULT_TLS_HANDSHAKE_TIMEOUT  # https upstreams only
+    idle_conn: float | None = DEFAULT_IDLE_CONN_TIMEOUT  # how long an unused pooled connection is kept
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,9 @@ class ModelConfig:
     send_loading_state: bool = False
     # compat.ignoreWebsockets: upgrades bypass the scheduler, never load the model, are not counted.
     ignore_websockets: bool = False
+    capabilities: ModelCapabilities = ModelCapabilities()
+    # Where each alias was named (aliases[i] or a setParamsByID key), for messages about a clash.
+    alias_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,8 @@ def read_model(
     section.scope = scope
 
     cmd = _read_cmd(section)
+    filters = _read_filters(section)
+    aliases, alias_keys = _read_aliases(section, filters)
     cmd_stop = _read_argv(section, "cmdStop", allow_refs=(PID_REF,))
     model = ModelConfig(
         id=model_id,
@@ -114,7 +128,7 @@ def read_model(
         check_endpoint=_read_check_endpoint(section),
         ttl=_read_ttl(section, defaults.global_ttl),
         unload_timeout=section.number("unloadTimeout", 0, minimum=0, example="10") or defaults.unload_timeout,
-        aliases=section.text_list("aliases", example='"gpt-4o-mini"'),
+        aliases=aliases,
         env=_read_env(section),
         unlisted=section.boolean("unlisted", False),
         use_model_name=section.text("useModelName"),
@@ -123,12 +137,14 @@ def read_model(
         concurrency_limit=concurrency_floor(
             model_id, section.integer("concurrencyLimit", 0, minimum=0, example="4") or DEFAULT_CONCURRENCY_LIMIT
         ),
-        filters=_read_filters(section),
+        filters=filters,
         metadata=_read_metadata(section),
         port=port,
         timeouts=_read_timeouts(section),
         send_loading_state=section.boolean("sendLoadingState", defaults.send_loading_state),
         ignore_websockets=read_ignore_websockets(section, model_id),
+        capabilities=read_capabilities(section),
+        alias_keys=alias_keys,
     )
     section.warn_unread(UNSUPPORTED_MODEL_KEYS, MODEL_KEY_NOTES)
     return model
@@ -225,14 +241,40 @@ def _read_env(section: Section) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def _read_aliases(section: Section, filters: ModelFilters) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`aliases`, then each setParamsByID key that is not the model's ID or already an alias: the names
+    a client can ask for the model by, and where each was written."""
+    aliases = list(section.text_list("aliases", example='"gpt-4o-mini"'))
+    keys = [f"{section.path('aliases')}[{index}]" for index in range(len(aliases))]
+    for name in filters.set_params_by_id:
+        if name != section.model_id and name not in aliases:
+            aliases.append(name)
+            keys.append(f"{section.path('filters.setParamsByID')}.{name}")
+    return tuple(aliases), tuple(keys)
+
+
 def _read_timeouts(section: Section) -> UpstreamTimeouts:
-    timeouts = section.section("timeouts")
+    return read_upstream_timeouts(section.section("timeouts"), UpstreamTimeouts())
+
+
+def read_upstream_timeouts(timeouts: Section | None, defaults: UpstreamTimeouts) -> UpstreamTimeouts:
+    """A model's or a peer's `timeouts:` block, over `defaults`; 0 turns a limit off."""
     if timeouts is None:
-        return UpstreamTimeouts()
-    connect = timeouts.number("connect", DEFAULT_CONNECT_TIMEOUT, minimum=0, example="30")
-    header = timeouts.number("responseHeader", 0, minimum=0, example="120")
-    timeouts.warn_unread(UNSUPPORTED_TIMEOUT_KEYS)
-    return UpstreamTimeouts(connect=connect or None, response_header=header or None)
+        return defaults
+
+    def seconds(name: str, default: float | None, example: str) -> float | None:
+        return timeouts.number(name, default or 0, minimum=0, example=example) or None
+
+    read = UpstreamTimeouts(
+        connect=seconds("connect", defaults.connect, "30"),
+        response_header=seconds("responseHeader", defaults.response_header, "120"),
+        keepalive=seconds("keepalive", defaults.keepalive, "30"),
+        tls_handshake=seconds("tlsHandshake", defaults.tls_handshake, "10"),
+        idle_conn=seconds("idleConn", defaults.idle_conn, "90"),
+    )
+    timeouts.number("expectContinue", 1, minimum=0, example="1")  # checked; nothing waits for a 100 Continue
+    timeouts.warn_unread()
+    return read
 
 
 def _read_filters(section: Section) -> ModelFilters:
@@ -256,8 +298,53 @@ def _read_filters(section: Section) -> ModelFilters:
     for name in [name for name in set_params if name == "model"]:
         filters.log.warn(filters.path(f"setParams.{name}"), "model is protected and never overridden, ignored — use useModelName to rename the model upstream")
         del set_params[name]
-    filters.warn_unread({"setParamsByID"})
-    return ModelFilters(strip_params=tuple(strip), set_params=freeze({str(k): v for k, v in set_params.items()}))
+    set_params_by_id = _read_set_params_by_id(filters)
+    filters.warn_unread()
+    return ModelFilters(
+        strip_params=tuple(strip),
+        set_params=freeze({str(k): v for k, v in set_params.items()}),
+        set_params_by_id=freeze(set_params_by_id),
+    )
+
+
+def _read_set_params_by_id(filters: Section) -> dict[str, dict]:
+    """`{requested name: params}`; the names are macro-expanded, the params are checked like setParams."""
+    table = filters.raw("setParamsByID")
+    if table is MISSING or table is None:
+        return {}
+    if not isinstance(table, dict):
+        filters.error(
+            "setParamsByID",
+            f"expected a mapping of model name: params, got {kind_of(table)} — "
+            'e.g. setParamsByID: {"${MODEL_ID}:high": {reasoning_effort: high}}',
+        )
+        return {}
+    by_id: dict[str, dict] = {}
+    written: dict[str, str] = {}
+    entries = Section(table, filters.path("setParamsByID"), filters.log, filters.scope, model_id=filters.model_id)
+    for raw_name in table:
+        name = filters.expanded_key("setParamsByID", raw_name)
+        params = entries.expanded(raw_name)
+        key = entries.path(str(raw_name))
+        if name is None or params is MISSING:
+            continue
+        if not name.strip():
+            filters.log.error(key, "the model name is empty — use the model ID or an alias, e.g. \"${MODEL_ID}:high\"")
+            continue
+        if name in written:
+            filters.log.error(key, f'names "{name}", as "{written[name]}" does — keep one entry')
+            continue
+        written[name] = str(raw_name)
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            filters.log.error(key, f"expected a mapping of param: value, got {kind_of(params)} — e.g. {{temperature: 0.7}}")
+            continue
+        if "model" in params:
+            filters.log.warn(f"{key}.model", "model is protected and never overridden, ignored — use useModelName to rename the model upstream")
+            params = {k: v for k, v in params.items() if k != "model"}
+        by_id[name] = {str(k): v for k, v in params.items()}
+    return by_id
 
 
 def _read_metadata(section: Section) -> Mapping[str, Any]:

@@ -17,8 +17,9 @@ class ModelIndex:
         self.ids = sorted(models)
         self._real: dict[str, str] = {model_id: model_id for model_id in models}
         for model_id in self.ids:
-            for index, alias in enumerate(models[model_id].aliases):
-                key = f"models.{model_id}.aliases[{index}]"
+            model = models[model_id]
+            for index, alias in enumerate(model.aliases):
+                key = model.alias_keys[index] if index < len(model.alias_keys) else f"models.{model_id}.aliases[{index}]"
                 owner = self._real.get(alias)
                 if alias == model_id:
                     log.error(key, f'"{alias}" is the model\'s own ID — remove it from aliases')

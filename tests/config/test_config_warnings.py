@@ -15,7 +15,7 @@ def test_no_warnings_for_a_clean_config(load):
 def test_known_llama_swap_keys_are_reported_as_unsupported(load):
     config = load(
         """
-        logToStdout: both
+        metricsMaxInMemory: 500
         profiles: {}
         selectors: {}
         includeAliasesInList: true
@@ -37,9 +37,7 @@ def test_known_llama_swap_keys_are_reported_as_unsupported(load):
         """
     )
     warnings = set(config.warnings)
-    for key in ("logToStdout", "profiles", "selectors", "includeAliasesInList",
-                "models.m.capabilities", "models.m.timeouts.idleConn",
-                "models.m.filters.setParamsByID"):
+    for key in ("metricsMaxInMemory",):
         assert f"config.yaml: {key}: not supported by llamaswap, ignored" in warnings
     assert "config.yaml: logRequests: deprecated in llama-swap and ignored — remove it" in warnings
     assert any(w.startswith("config.yaml: models.m.healthCheckTimeout: cannot be set per model") for w in warnings)

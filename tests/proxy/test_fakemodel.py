@@ -181,7 +181,8 @@ def test_other_paths_echo_path_method_requested_and_serving_model(launch):
     with model.client() as client:
         posted = client.post("/v1/rerank?x=1", json={"model": "r"}).json()
         got = client.get("/props?model=p").json()
-    assert posted == {"path": "/v1/rerank?x=1", "method": "POST", "model": "r", "served_by": "server-a"}
+    assert posted == {"path": "/v1/rerank?x=1", "method": "POST", "model": "r", "served_by": "server-a",
+                      "body": {"model": "r"}}
     assert got == {"path": "/props?model=p", "method": "GET", "model": "p", "served_by": "server-a"}
 
 
@@ -192,7 +193,8 @@ def test_a_body_on_any_method_is_read_so_the_next_request_on_the_connection_is_i
         answered = client.request(method, "/any/path", content=b'{"model": "m"}' + b" " * 5000)
         after = client.post("/v1/rerank", json={"model": "next"})
     assert answered.json()["method"] == method
-    assert after.json() == {"path": "/v1/rerank", "method": "POST", "model": "next", "served_by": "server-a"}
+    assert after.json() == {"path": "/v1/rerank", "method": "POST", "model": "next", "served_by": "server-a",
+                            "body": {"model": "next"}}
 
 
 def test_invalid_requests_get_openai_errors(launch):
