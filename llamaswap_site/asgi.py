@@ -10,8 +10,12 @@ django_asgi_app = get_asgi_application()  # must run before the consumers import
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from proxy.routing import http_patterns  # noqa: E402
+from proxy.cors import PreflightAnswerer  # noqa: E402
+from proxy.routing import http_patterns, websocket_patterns  # noqa: E402
 
 application = ProtocolTypeRouter(
-    {"http": URLRouter([*http_patterns, re_path(r"", django_asgi_app)])}
+    {
+        "http": PreflightAnswerer(URLRouter([*http_patterns, re_path(r"", django_asgi_app)])),
+        "websocket": URLRouter(websocket_patterns),
+    }
 )

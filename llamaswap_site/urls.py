@@ -1,12 +1,15 @@
 from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import path, re_path
+from django.views.generic import RedirectView
 
 from proxy import llama_swap_views, queue_views, views
 from proxy.metrics_view import metrics_view
 from scheduling.admin import overview_page
 
 urlpatterns = [
+    # llama-swap's / leads to its UI; here the admin is the UI.
+    path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/overview/", overview_page, name="admin-overview"),
     path("admin/", admin.site.urls),
     # The admin's CSS and scripts: daphne serves no static files, and a local tool needs no separate web server.

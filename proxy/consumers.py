@@ -17,6 +17,7 @@ from proxy.inbound import (
     MODEL_ROUTES, forwarded_body, max_wait_seconds, off_loop_when_large, read_model_request, route_label,
 )
 from proxy.relay import relay, upstream_headers
+from proxy.route_paths import model_in_query, route_methods, upstream_path
 from proxy.service import get_service
 from scheduling.core import PRIORITY_HEADER, parse_priority
 from scheduling.runtime import Outcome, Rejected, TicketRequest
@@ -184,17 +185,26 @@ class OpenAIConsumer(ModelConsumer):
         service = get_service()
         headers = await self.authorise(service)
         path = self.scope["path"]
-        if self.scope["method"] != "POST":
-            raise ProxyError(405, f"{path} accepts POST only", "method_not_allowed", headers={"Allow": "POST"})
+        methods = route_methods(path)
+        if self.scope["method"] not in methods:
+            allowed = ", ".join(methods)
+            raise ProxyError(405, f"{path} accepts {allowed} only", "method_not_allowed", headers={"Allow": allowed})
         if path not in MODEL_ROUTES:
             raise ProxyError(404, f"no route {path}", "route_not_found")
+        query = self.scope.get("query_string", b"").decode("latin-1")
+        if self.scope["method"] == "GET":
+            requested = model_in_query(path, query)
+            await self.serve(
+                service, service.resolve_model(requested), requested=requested, stream=False, method="GET",
+                upstream_path=upstream_path(path) + f"?{query}", body=b"", headers=headers,
+            )
+            return
         parsed = await off_loop_when_large(body, read_model_request, path, headers.get("content-type", ""), body)
         model_cfg = service.resolve_model(parsed.requested_model)
         forwarded = await off_loop_when_large(body, forwarded_body, parsed, model_cfg.use_model_name, model_cfg.filters)
-        query = self.scope.get("query_string", b"").decode("latin-1")
         await self.serve(
             service, model_cfg, requested=parsed.requested_model, stream=parsed.stream, method="POST",
-            upstream_path=path + (f"?{query}" if query else ""), body=forwarded, headers=headers,
+            upstream_path=upstream_path(path) + (f"?{query}" if query else ""), body=forwarded, headers=headers,
         )
 
 

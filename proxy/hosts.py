@@ -23,6 +23,8 @@ ENV = "LLAMASWAP_ALLOWED_HOSTS"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 ANY_HOST = "*"
 HEALTH_PATH = "/health"
+# llama-swap's second liveness path, polled by wake-on-LAN proxies: the same answer.
+HEALTH_PATHS = frozenset({HEALTH_PATH, "/wol-health"})
 
 
 def is_loopback(host: str) -> bool:
@@ -100,7 +102,7 @@ def host_check_middleware(get_response):
     from proxy.views import health
 
     def early_answer(request):
-        if request.path == HEALTH_PATH:
+        if request.path in HEALTH_PATHS:
             return health(request)
         host = request.META.get("HTTP_HOST")
         refusal = host_refusal(host) if host is not None else None

@@ -1,0 +1,173 @@
+"""WebSockets through `llamaswap serve`: /upstream/<model>/... and /comfyui/..., with and without
+compat.ignoreWebsockets, against the fake model's echo socket."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import httpx
+import pytest
+import websocket  # websocket-client: a client that shares no code with the passthrough
+
+from tests.served import Served, fake_cmd, read_events, wait_until
+
+pytestmark = pytest.mark.e2e
+
+KEY = "sk-ws-0123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("websockets")
+    events = tmp / "events.jsonl"
+    text = f"""
+        apiKeys: ["{KEY}"]
+        models:
+          counted:
+            cmd: {fake_cmd("counted", events, "--tps", "0")}
+            concurrencyLimit: 1
+          ignoring:
+            cmd: {fake_cmd("ignoring", events, "--tps", "0")}
+            ttl: 1
+            compat:
+              ignoreWebsockets: true
+          comfyui_auto:
+            cmd: {fake_cmd("comfy", events, "--tps", "0")}
+            checkEndpoint: /health
+    """
+    with Served(tmp, text) as s:
+        s.events = events
+        yield s
+
+
+def ws_url(served, path: str) -> str:
+    return served.base.replace("http://", "ws://") + path
+
+
+def open_socket(served, path: str, headers=AUTH, **kwargs) -> websocket.WebSocket:
+    return websocket.create_connection(
+        ws_url(served, path), header=[f"{k}: {v}" for k, v in headers.items()], timeout=15, **kwargs
+    )
+
+
+def close_code(ws: websocket.WebSocket) -> int:
+    """The code of the close frame the server sends next."""
+    opcode, data = ws.recv_data(control_frame=True)
+    assert opcode == websocket.ABNF.OPCODE_CLOSE, (opcode, data)
+    return struct.unpack("!H", data[:2])[0]
+
+
+def state(served, model: str) -> str:
+    running = httpx.get(served.base + "/running", headers=AUTH).json()["running"]
+    return next((m["state"] for m in running if m["model"] == model), "stopped")
+
+
+def unload(served, model: str) -> None:
+    assert httpx.post(f"{served.base}/api/models/unload/{model}", headers=AUTH, timeout=30).status_code == 200
+    wait_until(lambda: state(served, model) == "stopped", 30, what=f"{model} to stop")
+
+
+def ws_events(served, **match) -> list[dict]:
+    return [e for e in read_events(served.events) if e["event"] == "websocket" and match.items() <= e.items()]
+
+
+def test_a_counted_websocket_starts_its_model_and_echoes_text_and_binary(served):
+    unload(served, "counted")
+    ws = open_socket(served, "/upstream/counted/ws?client=1")
+    try:
+        assert state(served, "counted") == "ready"
+        ws.send("hello")
+        assert ws.recv() == "hello"
+        ws.send_binary(b"\x00\x01\xff")
+        assert ws.recv() == b"\x00\x01\xff"
+        ws.send("whoami")
+        assert json.loads(ws.recv()) == {"path": "/ws?client=1", "served_by": "counted"}
+    finally:
+        ws.close()
+    wait_until(lambda: ws_events(served, state="closed", path="/ws?client=1"), what="the model's side to close")
+    assert ws_events(served, state="closed", path="/ws?client=1")[-1]["code"] == 1000
+
+
+def test_a_counted_websocket_holds_its_place_while_open(served):
+    """concurrencyLimit 1: while the socket is open a request is refused; once it closes, served."""
+    ws = open_socket(served, "/upstream/counted/ws")
+    try:
+        ws.send("ping?")
+        assert ws.recv() == "ping?"
+        busy = httpx.post(served.base + "/v1/chat/completions", json={"model": "counted", "messages": []}, headers=AUTH)
+        assert busy.status_code == 429
+    finally:
+        ws.close()
+
+    def served_again():
+        r = httpx.post(served.base + "/v1/chat/completions", json={"model": "counted", "messages": []}, headers=AUTH)
+        return r.status_code == 200
+
+    wait_until(served_again, 10, what="the socket's place to be given back")
+
+
+def test_the_model_servers_close_reaches_the_client(served):
+    ws = open_socket(served, "/upstream/counted/ws")
+    try:
+        ws.send("close-me")
+        assert close_code(ws) == 4321
+    finally:
+        ws.close()
+
+
+def test_an_ignored_websocket_never_starts_its_model(served):
+    unload(served, "ignoring")
+    ws = open_socket(served, "/upstream/ignoring/ws")
+    try:
+        assert close_code(ws) == 4409
+    finally:
+        ws.close()
+    assert state(served, "ignoring") == "stopped"
+
+
+def test_an_ignored_websocket_passes_when_ready_and_does_not_keep_the_model_loaded(served):
+    """ttl 1: a request loads the model; an open ignored socket does not hold off the idle unload."""
+    r = httpx.post(served.base + "/v1/chat/completions", json={"model": "ignoring", "messages": []}, headers=AUTH)
+    assert r.status_code == 200
+    ws = open_socket(served, "/upstream/ignoring/live")
+    try:
+        ws.send("still here")
+        assert ws.recv() == "still here"
+        wait_until(lambda: state(served, "ignoring") == "stopped", 15, what="the TTL to unload the model under the socket")
+    finally:
+        ws.close()
+
+
+def test_the_api_key_is_checked_on_the_handshake(served):
+    ws = open_socket(served, "/upstream/counted/ws", headers={"Authorization": "Bearer wrong"})
+    try:
+        assert close_code(ws) == 4401
+    finally:
+        ws.close()
+
+
+def test_an_unknown_model_is_refused(served):
+    ws = open_socket(served, "/upstream/nope/ws")
+    try:
+        assert close_code(ws) == 4404
+    finally:
+        ws.close()
+
+
+def test_comfyui_websocket_needs_the_model_ready_and_drops_the_prefix(served):
+    unload(served, "comfyui_auto")
+    ws = open_socket(served, "/comfyui/ws?clientId=7")
+    try:
+        assert close_code(ws) == 4409
+    finally:
+        ws.close()
+    assert state(served, "comfyui_auto") == "stopped"
+    assert httpx.get(served.base + "/comfyui/", headers=AUTH, timeout=30).status_code == 200
+    ws = open_socket(served, "/comfyui/ws?clientId=7")
+    try:
+        ws.send("whoami")
+        assert json.loads(ws.recv()) == {"path": "/ws?clientId=7", "served_by": "comfy"}
+    finally:
+        ws.close()
