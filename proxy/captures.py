@@ -186,7 +186,7 @@ class CaptureRecorder:
         self.status = status
         sent: dict[str, str] = {}
         for key, value in headers:
-            name = key.decode("latin-1")
+            name = key.decode("latin-1").lower()  # as the request's: HTTP/2 style, one spelling per name
             sent.setdefault(name, value.decode("latin-1"))
             if key.lower() == REQUEST_ID_HEADER and value.isdigit():
                 self.ticket_id = int(value)
