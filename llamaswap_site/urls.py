@@ -3,7 +3,7 @@ from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import path, re_path
 from django.views.generic import RedirectView
 
-from proxy import llama_swap_views, queue_views, views
+from proxy import llama_swap_views, profile_views, queue_views, views
 from proxy.metrics_view import metrics_view
 from scheduling.admin import overview_page
 
@@ -26,6 +26,8 @@ urlpatterns = [
     path("api/captures/<int:capture_id>", llama_swap_views.capture),
     path("api/version", llama_swap_views.version),
     path("api/events", views.api_events),
+    path("api/profiles", profile_views.profiles),
+    path("api/profiles/active", profile_views.activate_profile),
     path("api/queue", queue_views.queue),
     path("api/queue/<int:ticket_id>", queue_views.queue_entry),
     path("api/inflight/<int:ticket_id>/cancel", queue_views.cancel_inflight),

@@ -21,6 +21,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db.models import Max
 
+from proxy.active_profile import active_profile
 from scheduling.activity import activity_row
 from scheduling.models import QueuedRequest, RequestState
 
@@ -107,6 +108,7 @@ class EventStream:
         self.arrived: dict[int, float] = {}
         self.started: dict[int, float] = {}
         self.activity = ActivityWatch()
+        self.profile: str | None = None  # the active profile this connection was last told of
 
     async def first(self) -> str:
         """Everything: log history, every model's status, the in-flight snapshot and the queue."""
@@ -118,6 +120,7 @@ class EventStream:
         pieces.append(envelope("inflight", {"op": "snapshot", "requests": list(self.inflight.values())}))
         self.queue = self._queue_items(entries)
         pieces.append(envelope("queue", self.queue))
+        pieces += await self._profile_changed()
         return "".join(pieces)
 
     async def changes(self) -> str:
@@ -133,7 +136,16 @@ class EventStream:
         if _queue_changed(self.queue, queue):
             self.queue = queue
             pieces.append(envelope("queue", queue))
+        pieces += await self._profile_changed()
         return "".join(pieces)
+
+    async def _profile_changed(self) -> list[str]:
+        """`profileChanged` when the active profile is not the one this connection was last told of."""
+        name = await active_profile(self.service.config)
+        if name == self.profile:
+            return []
+        self.profile = name
+        return [envelope("profileChanged", {"activeProfileName": name})]
 
     async def _logs(self) -> list[str]:
         """New text of each log, as `logData` from the model it belongs to."""

@@ -132,6 +132,8 @@ def activity_row(row: QueuedRequest) -> dict[str, Any]:
         "id": row.id,
         "model": row.model,
         "requested_model": row.requested_model,
+        "selector": row.selector,  # the selector that picked `model`, "" when none did
+        "peer": row.peer,  # the peer the request was relayed to ("" for a local model)
         "method": row.method,
         "path": row.path,
         "stream": row.stream,

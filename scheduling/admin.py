@@ -444,8 +444,8 @@ class QueuedRequestAdmin(admin.ModelAdmin):
         ("Why it ran when it did", {"fields": ("why", "timeline", "tokens")}),
         (
             "Request",
-            {"fields": ("id", "model", "requested_model", "method", "path", "stream", "client", "priority", "band",
-                        "state", "status_code", "error")},
+            {"fields": ("id", "model", "requested_model", "selector", "method", "path", "stream", "client", "priority",
+                        "band", "state", "status_code", "error")},
         ),
         (
             "Decision",

@@ -247,3 +247,14 @@ class SettingsChange(models.Model):
     @staticmethod
     def shown(value: str | None) -> str:
         return "config file value" if value is None else value
+
+
+class ActiveProfile(models.Model):
+    """The profile an operator switched on (`PUT /api/profiles/active`), empty for none. One row, in
+    the database every front end reads, so a switch holds whichever process a request reaches."""
+
+    name = models.CharField(max_length=255, blank=True)
+    changed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "active profile"

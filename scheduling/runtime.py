@@ -78,6 +78,7 @@ class TicketRequest:
     route: str = "other"  # the path as a bounded metrics label, which only the front end can tell
     origin: str = ""  # distributed mode: the front end's key for it (see QueuedRequest.origin)
     max_wait_s: float | None = None  # refused if not granted this long after it arrived (the caller's limit)
+    selector: str = ""  # the selector (a virtual model ID) that picked `model`, if one did
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ class SchedulerRuntime:
         self._waiting: dict[int, _Waiter] = {}
         self._granted: dict[int, tuple[TicketRequest, Decision, float]] = {}
         self._leases: dict[int, Lease] = {}
+        self._relayed: dict[int, tuple[TicketRequest, datetime]] = {}  # served without the scheduler, until they end
         self._effects: deque = deque()
         self._applying = False
         self._timer: asyncio.TimerHandle | None = None
@@ -267,6 +269,7 @@ class SchedulerRuntime:
                 origin=request.origin,
                 route=request.route,
                 max_wait_s=request.max_wait_s,
+                selector=request.selector,
                 priority=request.priority,
                 band=band.value,
                 state="queued",
@@ -401,6 +404,61 @@ class SchedulerRuntime:
             )
         )
         self._run(lambda: self.scheduler.finished(ticket_id, now))
+
+    def begin_relayed(self, request: TicketRequest, peer: str, started_at: datetime, explanation: str) -> int:
+        """A request served without the scheduler (relayed to `peer`) began at `started_at`: its row, as
+        dispatched at once. Returns its ticket id; end it with `end_relayed`."""
+        ticket_id = self._ticket_id()
+        self._relayed[ticket_id] = (request, started_at)
+        self.recorder.create(
+            ticket_id,
+            model=request.model,
+            requested_model=request.requested_model,
+            method=request.method,
+            path=request.path,
+            stream=request.stream,
+            client=request.client,
+            origin=request.origin,
+            route=request.route,
+            selector=request.selector,
+            peer=peer,
+            priority=request.priority,
+            band=band_of(request.priority).value,
+            state="dispatched",
+            arrived_at=started_at,
+            dispatched_at=started_at,
+            explanation=explanation,
+        )
+        return ticket_id
+
+    def end_relayed(self, ticket_id: int, outcome: Outcome, seconds: float, first_byte_s: float | None) -> None:
+        """A relayed request ended, `seconds` after it began (its first byte `first_byte_s` after).
+        Idempotent, as `release`."""
+        relayed = self._relayed.pop(ticket_id, None)
+        if relayed is None:
+            return
+        request, started_at = relayed
+        finished_at = started_at + timedelta(seconds=seconds)
+        fields: dict[str, Any] = {
+            "state": outcome.state,
+            "status_code": outcome.status_code,
+            "error": outcome.error,
+            "finished_at": finished_at,
+            "duration_ms": int(seconds * 1000),
+        }
+        if first_byte_s is not None:
+            fields["first_byte_at"] = started_at + timedelta(seconds=first_byte_s)
+        if outcome.response_bytes is not None:
+            fields["response_bytes"] = outcome.response_bytes
+        if outcome.usage:
+            fields.update(outcome.usage)
+        self.recorder.update(ticket_id, **fields)
+        self._observer(
+            Finished(
+                model=request.model, route=request.route, band=band_of(request.priority), state=outcome.state,
+                status=outcome.status_code, seconds=seconds, ttfb_s=first_byte_s, usage=outcome.usage or {},
+            )
+        )
 
     # -- operator API ---------------------------------------------------------------------------
     def retune(self, settings: SerialSettings) -> None:
