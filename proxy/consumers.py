@@ -11,6 +11,7 @@ from proxy.auth import CREDENTIAL_HEADERS, is_authorized
 from proxy.captures import CaptureRecorder, begin_capture
 from proxy.errors import ProxyError, error_event
 from proxy.hosts import host_refusal
+from proxy.ignored_paths import refuse_unless_ready, send_unscheduled
 from proxy.http import StreamingHttpConsumer
 from proxy.loading_state import shows_loading_state, wait_showing_state
 from proxy.inbound import (
@@ -19,6 +20,7 @@ from proxy.inbound import (
 from proxy.relay import relay, upstream_headers
 from proxy.route_paths import model_in_query, route_methods, upstream_path
 from proxy.service import get_service
+from proxy.config.upstream_paths import is_ignored
 from scheduling.core import PRIORITY_HEADER, parse_priority
 from scheduling.runtime import Outcome, Rejected, TicketRequest
 
@@ -209,7 +211,8 @@ class OpenAIConsumer(ModelConsumer):
 
 
 class UpstreamConsumer(ModelConsumer):
-    """Any method on /upstream/<model>/<path>: straight through to that model's server, still scheduled."""
+    """Any method on /upstream/<model>/<path>: straight through to that model's server, still scheduled
+    (but for upstream.ignorePaths: proxy/ignored_paths.py)."""
 
     async def handle(self, body: bytes) -> None:
         service = get_service()
@@ -227,7 +230,11 @@ class UpstreamConsumer(ModelConsumer):
             await self.send_response(308, b"", headers=[(b"location", target.encode("latin-1"))])
             return
         query = self.scope.get("query_string", b"").decode("latin-1")
-        await self.serve(
-            service, model_cfg, requested=model_cfg.id, stream=False, method=self.scope["method"],
-            upstream_path="/" + remainder + (f"?{query}" if query else ""), body=body, headers=headers,
-        )
+        forward = dict(method=self.scope["method"], upstream_path="/" + remainder + (f"?{query}" if query else ""),
+                       body=body, headers=headers)
+        if is_ignored(unquote("/" + remainder), service.config.ignore_paths):
+            await refuse_unless_ready(service, model_cfg, "/" + remainder)
+            if service.fleet is not None:
+                await send_unscheduled(self, service, model_cfg, as_sent=as_sent, **forward)
+                return
+        await self.serve(service, model_cfg, requested=model_cfg.id, stream=False, **forward)

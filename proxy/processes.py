@@ -25,6 +25,7 @@ from typing import Any, Callable, Coroutine, Protocol, TypeVar
 import httpx
 
 from proxy import proctable
+from proxy.log_output import copy_model_output
 from proxy.logring import LogRing
 
 logger = logging.getLogger("llamaswap.processes")
@@ -321,6 +322,7 @@ class ModelProcess:
         assert process.stdout is not None
         while chunk := await process.stdout.read(65536):
             self.log.append(chunk)
+            copy_model_output(chunk)
             if attempt_log is not None:
                 attempt_log.append(chunk)
 

@@ -14,6 +14,7 @@ import os
 from proxy.config import ConfigError, load_config
 from proxy.fleet import process_changed
 from proxy.log_level import apply_log_level
+from proxy.log_output import apply_log_output
 
 log = logging.getLogger("llamaswap.reload")
 
@@ -46,6 +47,7 @@ async def reload_config(service, path: str) -> bool:
     settings = await loop.run_in_executor(None, stored_serial_settings, new.scheduler.serial, new.models)
     service.apply_config(new, restart, settings)
     apply_log_level(new.log_level)
+    apply_log_output(new.log_output)
     added = sorted(set(new.models) - set(old.models))
     removed = sorted(set(old.models) - set(new.models))
     log.info(

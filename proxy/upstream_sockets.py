@@ -24,8 +24,9 @@ _READ_LIMIT = 256 * 1024  # buffered bytes at which reading from the socket paus
 class SocketStream(asyncio.Protocol, httpcore.AsyncNetworkStream):
     """One TCP connection: the asyncio protocol that fills the buffer, and the stream httpcore reads."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, tls_handshake_timeout: float | None = None):
         self._loop = loop
+        self._tls_handshake_timeout = tls_handshake_timeout
         self._transport: asyncio.Transport | None = None
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
@@ -109,6 +110,8 @@ class SocketStream(asyncio.Protocol, httpcore.AsyncNetworkStream):
 
     async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
                         timeout: float | None = None) -> SocketStream:
+        # httpcore passes the connect timeout; the handshake has its own (`timeouts.tlsHandshake`).
+        timeout = self._tls_handshake_timeout
         try:
             self._transport = await asyncio.wait_for(
                 self._loop.start_tls(self._transport, self, ssl_context, server_hostname=server_hostname), timeout)
@@ -159,10 +162,13 @@ async def _within(waiter: asyncio.Future, timeout: float | None, error: type[Exc
 
 
 class AsyncioBackend(httpcore.AsyncNetworkBackend):
+    def __init__(self, tls_handshake_timeout: float | None = None):
+        self.tls_handshake_timeout = tls_handshake_timeout
+
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                           local_address: str | None = None, socket_options=None) -> SocketStream:
         loop = asyncio.get_running_loop()
-        stream = SocketStream(loop)
+        stream = SocketStream(loop, self.tls_handshake_timeout)
         try:
             transport, _ = await asyncio.wait_for(loop.create_connection(
                 lambda: stream, host, port, local_addr=(local_address, 0) if local_address else None), timeout)

@@ -14,6 +14,7 @@ the retired client is closed once the last request using it has ended.
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import httpcore
 import httpx
@@ -23,7 +24,6 @@ from proxy.upstream_sockets import AsyncioBackend
 # Writes are small (a request body to a local server); a stuck write still ends.
 WRITE_TIMEOUT_S = 60.0
 MAX_KEEPALIVE = 64
-KEEPALIVE_EXPIRY_S = 5.0
 
 # Every error httpcore raises for a request that could not be sent or answered.
 UPSTREAM_ERRORS = (
@@ -49,14 +49,29 @@ class UpstreamClient:
             ssl_context=httpx.create_ssl_context(trust_env=False),
             max_connections=None,
             max_keepalive_connections=MAX_KEEPALIVE,
-            keepalive_expiry=KEEPALIVE_EXPIRY_S,
-            network_backend=AsyncioBackend(),
+            keepalive_expiry=timeouts.idle_conn,
+            socket_options=keepalive_options(timeouts.keepalive),
+            network_backend=AsyncioBackend(tls_handshake_timeout=timeouts.tls_handshake),
         )
         self.is_closed = False
 
     async def aclose(self) -> None:
         self.is_closed = True
         await self.pool.aclose()
+
+
+def keepalive_options(interval: float | None) -> list[tuple[int, int, int]]:
+    """TCP keepalive probes after `interval` idle seconds and every `interval` seconds after that, so
+    a model server that vanished (a host that went down, a dropped route) is noticed even while a
+    request waits for its answer; None leaves the system's default (no probes)."""
+    if interval is None:
+        return []
+    seconds = max(1, round(interval))
+    return [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, seconds),
+        (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, seconds),
+    ]
 
 
 def build_client(timeouts) -> UpstreamClient:

@@ -49,6 +49,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         from proxy.log_level import apply_log_level
+        from proxy.log_output import apply_log_output
         from proxy.management.config_file import read_config, serve_config_from
 
         config = read_config(self, options["config"])
@@ -63,6 +64,7 @@ class Command(BaseCommand):
         from llamaswap_site.asgi import application
 
         apply_log_level(config.log_level)
+        apply_log_output(config.log_output)
         if settings.CHANNEL_LAYERS:  # a front end: the worker owns the rows, the models and the migrations
             from proxy.service import prepare_front_end
 

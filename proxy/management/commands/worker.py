@@ -37,6 +37,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         from proxy.log_level import apply_log_level
+        from proxy.log_output import apply_log_output
         from proxy.management.config_file import read_config, serve_config_from
 
         if not settings.CHANNEL_LAYERS:
@@ -47,6 +48,7 @@ class Command(BaseCommand):
         config = read_config(self, options["config"])
         serve_config_from(options["config"])
         apply_log_level(config.log_level)
+        apply_log_output(config.log_output)
         from proxy.instance_lock import InstanceLockError, hold_instance_lock
 
         try:
