@@ -17,4 +17,5 @@ http_patterns = [
 websocket_patterns = [
     re_path(r"^upstream/.+", WebSocketPassthrough.as_asgi()),
     re_path(r"^comfyui(?:/.*)?$", WebSocketPassthrough.as_asgi()),
+    re_path(r"", WebSocketPassthrough.as_asgi()),  # any other path: refused with 4404, not a server error
 ]

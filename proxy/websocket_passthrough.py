@@ -129,6 +129,11 @@ class WebSocketPassthrough(AsyncConsumer):
         raw = (self.scope.get("raw_path") or self.scope["path"].encode()).decode("latin-1").split("?", 1)[0]
         if raw.startswith(COMFYUI_PREFIX):
             return comfyui_model(service), comfyui_rest(self.scope) or "/"
+        if not raw.startswith(UPSTREAM_PREFIX):
+            raise ProxyError(
+                404, f"no WebSocket at {raw}: they pass through on /upstream/<model>/<path> and /comfyui/<path>",
+                "route_not_found",
+            )
         model_cfg, remainder = service.resolve_upstream_path(raw[len(UPSTREAM_PREFIX):])
         if remainder is not None and climbs_out(remainder):
             raise ProxyError(400, f"{raw}: '..' path segments are not forwarded", "invalid_path")

@@ -148,8 +148,9 @@ def test_the_api_key_is_checked_on_the_handshake(served):
         ws.close()
 
 
-def test_an_unknown_model_is_refused(served):
-    ws = open_socket(served, "/upstream/nope/ws")
+@pytest.mark.parametrize("path", ["/upstream/nope/ws", "/v1/realtime"])
+def test_an_unknown_model_or_path_is_refused(served, path):
+    ws = open_socket(served, path)
     try:
         assert close_code(ws) == 4404
     finally:
@@ -169,5 +170,24 @@ def test_comfyui_websocket_needs_the_model_ready_and_drops_the_prefix(served):
     try:
         ws.send("whoami")
         assert json.loads(ws.recv()) == {"path": "/ws?clientId=7", "served_by": "comfy"}
+    finally:
+        ws.close()
+
+
+def test_an_unload_cuts_a_counted_websocket_with_the_reason(served):
+    ws = open_socket(served, "/upstream/counted/ws")
+    try:
+        ws.send("x")
+        assert ws.recv() == "x"
+        assert httpx.post(served.base + "/api/models/unload/counted", headers=AUTH, timeout=30).status_code == 200
+        assert close_code(ws) == 4503
+    finally:
+        ws.close()
+
+
+def test_the_subprotocol_the_model_server_picks_reaches_the_client(served):
+    ws = open_socket(served, "/upstream/counted/ws", subprotocols=["v2.chat", "v1.chat"])
+    try:
+        assert ws.getsubprotocol() == "v2.chat"
     finally:
         ws.close()
