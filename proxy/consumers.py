@@ -11,16 +11,15 @@ from proxy.auth import CREDENTIAL_HEADERS, is_authorized
 from proxy.captures import CaptureRecorder, begin_capture
 from proxy.errors import ProxyError, error_event
 from proxy.hosts import host_refusal
-from proxy.ignored_paths import refuse_unless_ready, send_unscheduled
 from proxy.http import StreamingHttpConsumer
 from proxy.loading_state import shows_loading_state, wait_showing_state
 from proxy.inbound import (
     MODEL_ROUTES, forwarded_body, max_wait_seconds, off_loop_when_large, read_model_request, route_label,
 )
+from proxy.peer_relay import peer_for, serve_peer, serve_peer_body
 from proxy.relay import relay, upstream_headers
 from proxy.route_paths import model_in_query, route_methods, upstream_path
 from proxy.service import get_service
-from proxy.config.upstream_paths import is_ignored
 from scheduling.core import PRIORITY_HEADER, parse_priority
 from scheduling.runtime import Outcome, Rejected, TicketRequest
 
@@ -196,12 +195,20 @@ class OpenAIConsumer(ModelConsumer):
         query = self.scope.get("query_string", b"").decode("latin-1")
         if self.scope["method"] == "GET":
             requested = model_in_query(path, query)
+            if (found := peer_for(service.config, requested)) is not None:
+                await serve_peer(self, service, *found, requested=requested, stream=False, method="GET",
+                                 upstream_path=upstream_path(path) + f"?{query}", body=b"", headers=headers)
+                return
             await self.serve(
                 service, service.resolve_model(requested), requested=requested, stream=False, method="GET",
                 upstream_path=upstream_path(path) + f"?{query}", body=b"", headers=headers,
             )
             return
         parsed = await off_loop_when_large(body, read_model_request, path, headers.get("content-type", ""), body)
+        if (found := peer_for(service.config, parsed.requested_model)) is not None:
+            await serve_peer_body(self, service, found, parsed, asked=parsed.requested_model, headers=headers,
+                                  upstream_path=upstream_path(path) + (f"?{query}" if query else ""))
+            return
         model_cfg = service.resolve_model(parsed.requested_model)
         forwarded = await off_loop_when_large(body, forwarded_body, parsed, model_cfg.use_model_name, model_cfg.filters)
         await self.serve(
@@ -211,8 +218,7 @@ class OpenAIConsumer(ModelConsumer):
 
 
 class UpstreamConsumer(ModelConsumer):
-    """Any method on /upstream/<model>/<path>: straight through to that model's server, still scheduled
-    (but for upstream.ignorePaths: proxy/ignored_paths.py)."""
+    """Any method on /upstream/<model>/<path>: straight through to that model's server, still scheduled."""
 
     async def handle(self, body: bytes) -> None:
         service = get_service()
@@ -230,11 +236,7 @@ class UpstreamConsumer(ModelConsumer):
             await self.send_response(308, b"", headers=[(b"location", target.encode("latin-1"))])
             return
         query = self.scope.get("query_string", b"").decode("latin-1")
-        forward = dict(method=self.scope["method"], upstream_path="/" + remainder + (f"?{query}" if query else ""),
-                       body=body, headers=headers)
-        if is_ignored(unquote("/" + remainder), service.config.ignore_paths):
-            await refuse_unless_ready(service, model_cfg, "/" + remainder)
-            if service.fleet is not None:
-                await send_unscheduled(self, service, model_cfg, as_sent=as_sent, **forward)
-                return
-        await self.serve(service, model_cfg, requested=model_cfg.id, stream=False, **forward)
+        await self.serve(
+            service, model_cfg, requested=model_cfg.id, stream=False, method=self.scope["method"],
+            upstream_path="/" + remainder + (f"?{query}" if query else ""), body=body, headers=headers,
+        )

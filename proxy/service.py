@@ -188,6 +188,7 @@ class ProxyService:
         changed (or that was added or removed) gets a new client for its next request.
         """
         old = self.config.models
+        old_peers = self.config.peers
         self.config = config
         self.door.config = config
         if self.runtime is not None:
@@ -198,6 +199,9 @@ class ProxyService:
             before, after = old.get(model), config.models.get(model)
             if model in restart or before is None or after is None or before.timeouts != after.timeouts:
                 self._clients.retire(model)
+        for peer in set(old_peers) | set(config.peers):
+            if old_peers.get(peer) != config.peers.get(peer):
+                self._clients.retire(("peer", peer))
         if self.runtime is not None:
             metrics.export_service(self.runtime, self.fleet, config)
             system_metrics.SAMPLER.configure(config.performance)
@@ -230,6 +234,10 @@ class ProxyService:
     def client_for(self, model) -> ClientUse:
         """`async with` it for the keep-alive client that reaches `model` (a model config) for one request."""
         return self._clients.use(model.id, model.timeouts)
+
+    def client_for_peer(self, peer) -> ClientUse:
+        """`async with` it for the keep-alive client that reaches `peer` (a peer config) for one request."""
+        return self._clients.use(("peer", peer.id), peer.timeouts)
 
     async def shutdown(self, drain_seconds: float) -> None:
         """Drain in-flight work within the budget, stop every model, flush the rows."""

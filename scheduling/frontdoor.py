@@ -103,6 +103,14 @@ class FrontDoor(Protocol):
     def release(self, ticket_id: int, outcome: Outcome) -> None:
         """The granted request ended. Idempotent, so it is safe in `finally`."""
 
+    async def begin_relayed(self, request: TicketRequest, peer: str, explanation: str) -> int | None:
+        """A request served without the scheduler (relayed to a peer) begins now: its row and ticket id,
+        or None when no row can be written (a front end that reaches no worker)."""
+
+    def end_relayed(self, ticket_id: int | None, request: TicketRequest, outcome: Outcome, seconds: float,
+                    first_byte_s: float | None) -> None:
+        """A relayed request ended `seconds` after it began: its row and metrics. Idempotent."""
+
     async def unload(self, models: list[str] | None) -> None:
         """Stop these models (None: all), cutting the requests they serve; returns once stopped."""
 

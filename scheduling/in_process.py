@@ -8,6 +8,7 @@ between two scheduling steps, and waits for its answer.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 
 from scheduling.core import SchedulerSnapshot, SerialSettings
 from scheduling.frontdoor import BusyModel, RunningEntry, WaitingEntry
@@ -41,6 +42,14 @@ class InProcessFrontDoor:
 
     def release(self, ticket_id: int, outcome: Outcome) -> None:
         self.runtime.release(ticket_id, outcome)
+
+    async def begin_relayed(self, request: TicketRequest, peer: str, explanation: str) -> int:
+        return self.runtime.begin_relayed(request, peer, datetime.now(timezone.utc), explanation)
+
+    def end_relayed(self, ticket_id: int | None, request: TicketRequest, outcome: Outcome, seconds: float,
+                    first_byte_s: float | None) -> None:
+        if ticket_id is not None:
+            self.runtime.end_relayed(ticket_id, outcome, seconds, first_byte_s)
 
     async def unload(self, models: list[str] | None) -> None:
         stops = self.runtime.unload(models)

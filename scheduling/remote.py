@@ -10,6 +10,7 @@ at once, so a slot never leaks when a grant and a cancel cross on the wire.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduling import events
-from scheduling.core import Band, SchedulerSnapshot, SerialSettings
+from scheduling.core import Band, SchedulerSnapshot, SerialSettings, band_of
 from scheduling.frontdoor import BusyModel, WaitingEntry
 from scheduling.queue_view import QueueEntry
 from scheduling.runtime import Lease, Outcome, Rejected, TicketRequest
@@ -108,6 +109,7 @@ class ChannelLayerFrontDoor:
         # By key: the request, when it came (Unix time) and the channel of the worker it went to.
         self._submitted: dict[str, tuple[TicketRequest, float, str]] = {}
         self._leases: dict[int, _Held] = {}  # by ticket id
+        self._relayed: dict[int, str] = {}  # requests relayed to a peer: ticket id -> the worker writing its row
         self._sends: set[asyncio.Task] = set()
         self._answers: dict[str, asyncio.Future] = {}
         self._loop = asyncio.get_running_loop()
@@ -178,6 +180,38 @@ class ChannelLayerFrontDoor:
         if held is not None:
             self._send_later(Release(held.key, outcome), held.worker)
             self._observer(held.finished(outcome, self._loop.time()))
+
+    async def begin_relayed(self, request: TicketRequest, peer: str, explanation: str) -> int | None:
+        """The row of a request relayed to a peer is written by a live worker (any: it only records it)."""
+        started_at = time.time()
+        try:
+            workers = await self._workers_for(None)
+            if not workers:
+                raise RuntimeError("no scheduler worker is up")
+            ticket_id = await self.ask(
+                workers[0], "begin_relayed", request=dataclasses.asdict(request), peer=peer, started_at=started_at,
+                explanation=explanation,
+            )
+        except Exception as exc:  # the peer still answers; only the row is missing
+            log.warning("request to peer %s is not recorded: %s", peer, exc)
+            return None
+        self._relayed[ticket_id] = workers[0]
+        return ticket_id
+
+    def end_relayed(self, ticket_id: int | None, request: TicketRequest, outcome: Outcome, seconds: float,
+                    first_byte_s: float | None) -> None:
+        worker = self._relayed.pop(ticket_id, None) if ticket_id is not None else None
+        if worker is not None:  # answered on the reply channel, where nobody waits for it
+            question = Ask(
+                f"{self._reply}?{next(self._keys)}", self._reply, "end_relayed",
+                {"ticket_id": ticket_id, "outcome": dataclasses.asdict(outcome), "seconds": seconds,
+                 "first_byte_s": first_byte_s},
+            )
+            self._send_later(question, worker)
+        self._observer(events.Finished(
+            model=request.model, route=request.route, band=band_of(request.priority), state=outcome.state,
+            status=outcome.status_code, seconds=seconds, ttfb_s=first_byte_s, usage=outcome.usage or {},
+        ))
 
     async def unload(self, models: list[str] | None) -> None:
         await self._ask_serving(models, "unload", models=models)  # each worker unloads those it has

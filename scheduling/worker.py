@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from scheduling.in_process import InProcessFrontDoor
-from scheduling.runtime import Carried, HandedOver, Lease, Outcome, Rejected
+from scheduling.runtime import Carried, HandedOver, Lease, Outcome, Rejected, TicketRequest
 from scheduling.wire import (
     ANNOUNCE_S,
     FRONT_END_TIMEOUT_S,
@@ -108,6 +108,14 @@ class Answers:
 
     def cancel_request(self, ticket_id: int) -> bool:
         return self.door.end_request(ticket_id)
+
+    def begin_relayed(self, request: dict[str, Any], peer: str, started_at: float, explanation: str) -> int:
+        """A front end relays a request to a peer: its row (the front end's clock says when it began)."""
+        began = datetime.fromtimestamp(started_at, timezone.utc)
+        return self.door.runtime.begin_relayed(TicketRequest(**request), peer, began, explanation)
+
+    def end_relayed(self, ticket_id: int, outcome: dict[str, Any], seconds: float, first_byte_s: float | None) -> None:
+        self.door.runtime.end_relayed(ticket_id, Outcome(**outcome), seconds, first_byte_s)
 
     def cancel_waiting(self, ticket_ids: list[int]) -> list[int]:
         return [tid for tid in ticket_ids if self.door.runtime.operator_cancel(tid)]

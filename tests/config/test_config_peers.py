@@ -50,7 +50,8 @@ peers:
     body = peer.filters.apply({"model": "m", "temperature": 1, "top_p": 0.5, "n": 2})
     assert body == {"model": "m", "n": 2, "provider": {"data_collection": "deny", "zdr": True}}
     assert any("peers.openrouter.filters.stripParams: model is protected" in w for w in config.warnings)
-    assert any("peers.openrouter.timeouts.keepalive: not supported" in w for w in config.warnings)
+    assert config.peers["openrouter"].timeouts.keepalive == 30
+    assert not any("peers.openrouter.timeouts" in w for w in config.warnings)
 
 
 def test_errors_name_the_key_path_and_the_fix(config_error, problem):

@@ -1,0 +1,131 @@
+"""Serving a peer's model: the request goes straight to the peer, never through the scheduler.
+
+A peer is another server (llama-swap, llamaswap, a hosted API) that schedules its own work, so its
+requests do not queue behind local models. They are still recorded like local ones: a row (with the
+peer's ID) for the activity log, the request id header, and the request metrics.
+
+The caller's credentials are for this server, not the peer's: Authorization, x-api-key,
+Proxy-Authorization and Cookie are never forwarded; the peer's `apiKey`, when set, is sent instead,
+as `Authorization: Bearer <key>` and `x-api-key: <key>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.config.peers import PeerConfig
+from proxy.errors import ProxyError
+from proxy.inbound import ModelRequest, forwarded_body, off_loop_when_large, route_label
+from proxy.relay import relay, upstream_headers
+from scheduling.core import PRIORITY_HEADER, parse_priority
+from scheduling.runtime import Outcome, TicketRequest
+
+CALLER_CREDENTIALS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie"})
+
+
+def peer_for(config, name: str) -> tuple[PeerConfig, str] | None:
+    """The peer serving `name` and its own name for the model; None when `name` is no peer model.
+    Raises 404 for a bare name several peers list: only their `<peer>/<model>` names are clear."""
+    found = config.peer_model(name)
+    if found is None and config.resolve(name) is None:
+        offering = config.peers_offering(name)
+        if len(offering) > 1:
+            raise ProxyError(
+                404, f"model '{name}' is offered by several peers; ask for one of: {', '.join(offering)}",
+                "model_not_found",
+            )
+    return found
+
+
+def listed_peer_models(config, created: int) -> list[dict]:
+    """`/v1/models` entries of the peers' models, as `<peer>/<model>` (one a local name shadows is left out)."""
+    return [
+        {
+            "id": qualified,
+            "object": "model",
+            "created": created,
+            "owned_by": peer.id,
+            "meta": {"llamaswap": {"type": "peer", "peerID": peer.id}},
+        }
+        for peer in config.peers.values()
+        for model in peer.models
+        if config.resolve(qualified := peer.qualified(model)) is None
+    ]
+
+
+def peer_headers(headers: dict[str, str], peer: PeerConfig) -> list[tuple[bytes, bytes]]:
+    """The caller's headers less its credentials, plus the peer's key."""
+    sent = upstream_headers(headers, CALLER_CREDENTIALS)
+    if peer.api_key:
+        sent += [("authorization", f"Bearer {peer.api_key}"), ("x-api-key", peer.api_key)]
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in sent]
+
+
+async def serve_peer_body(consumer, service, found: tuple[PeerConfig, str], parsed: ModelRequest, *, asked: str,
+                          upstream_path: str, headers: dict[str, str], selector: str = "") -> None:
+    """A request whose body names a peer model: the body names it as the peer does, filtered for it
+    (the peer's stripParams and setParams; useModelName is a local model's key)."""
+    peer, model = found
+    forwarded = await off_loop_when_large(
+        parsed.body, forwarded_body, parsed, model if asked != model else "", peer.filters
+    )
+    await serve_peer(
+        consumer, service, peer, model, requested=asked, stream=parsed.stream, method="POST",
+        upstream_path=upstream_path, body=forwarded, headers=headers, selector=selector,
+    )
+
+
+async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, requested: str, stream: bool,
+                     method: str, upstream_path: str, body: bytes, headers: dict[str, str],
+                     selector: str = "") -> None:
+    """Relay one request to `peer`'s `model` (the body already names it as the peer does) and record it."""
+    from proxy.consumers import identity_headers  # the consumers module imports this one
+
+    door = service.door
+    qualified = peer.qualified(model)
+    url = peer.proxy + upstream_path
+    request = TicketRequest(
+        model=qualified,
+        path=consumer.scope["path"],
+        priority=parse_priority(consumer.header(PRIORITY_HEADER.lower().encode())),
+        requested_model=requested,
+        method=method,
+        stream=stream,
+        client=consumer.client_address(),
+        route=route_label(consumer.scope["path"]),
+        selector=selector,
+    )
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    ticket_id = await door.begin_relayed(request, peer.id, f"relayed to peer '{peer.id}' at {peer.proxy}, not scheduled")
+    identity = identity_headers(ticket_id, 0.0) if ticket_id is not None else {}
+    open_row = [True]
+
+    def ended(outcome: Outcome, first_byte: float | None = None) -> None:
+        """Record how the request ended; only the first call counts."""
+        if not open_row:
+            return
+        open_row.clear()
+        door.end_relayed(
+            ticket_id, request, outcome, loop.time() - began, None if first_byte is None else first_byte - began
+        )
+
+    def upstream_done(result) -> None:
+        ended(Outcome(state=result.state, status_code=result.status, error=result.error, usage=result.usage,
+                      response_bytes=result.response_bytes), result.first_byte)
+
+    try:
+        async with service.client_for_peer(peer) as client:
+            await relay(
+                consumer, client, qualified, method, url, peer_headers(headers, peer), body, upstream_done,
+                [(k.lower().encode(), v.encode()) for k, v in identity.items()],
+            )
+    except ProxyError as exc:
+        message = (
+            f"peer '{peer.id}' failed for {method} {url}: {exc.message} — check that the peer is up and that "
+            f"peers.{peer.id}.proxy is its address"
+        )
+        ended(Outcome(state="failed", status_code=exc.status, error=message))
+        raise ProxyError(exc.status, message, exc.code, headers=identity) from None
+    finally:
+        ended(Outcome(state="cancelled", error="client disconnected mid-response"))  # a no-op once ended

@@ -1,0 +1,224 @@
+"""`peers:` through a real `llamaswap serve`: requests relayed to other servers, never queued, recorded.
+
+The peers are the shipped fake model server, run directly as processes; each records the headers it
+received, so the tests see what a peer was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.served import REPO, Served, fake_cmd, model_ports, read_events, wait_until
+
+pytestmark = pytest.mark.e2e
+
+KEY = "sk-caller-0123"
+PEER_KEY = "sk-peer-box"
+CALLER = {"Authorization": f"Bearer {KEY}", "Cookie": "session=caller"}
+
+
+class Peer:
+    """A fake model server standing in for another llama-swap."""
+
+    def __init__(self, tmp, name: str) -> None:
+        self.port = model_ports(1)
+        self.events = tmp / f"{name}-events.jsonl"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy.fakemodel", "--port", str(self.port), "--model", name, "--tps", "0",
+             "--events", str(self.events)],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+        def healthy():
+            try:
+                return httpx.get(self.url + "/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, 15, 0.05, f"peer {name} to answer /health")
+
+    def starts(self) -> list[dict]:
+        return [e for e in read_events(self.events) if e["event"] == "start"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("peers")
+    box, other = Peer(tmp, "box"), Peer(tmp, "other")
+    dead_port = model_ports(1)  # nothing listens there
+    local_events = tmp / "local-events.jsonl"
+    text = f"""
+        apiKeys: ["{KEY}"]
+        models:
+          local:
+            cmd: {fake_cmd("local", local_events, "--tps", "20")}
+            proxy: http://127.0.0.1:${{PORT}}
+        routing:
+          scheduler:
+            use: serial
+        peers:
+          box:
+            proxy: {box.url}/
+            apiKey: {PEER_KEY}
+            models: [m1, shared, local]
+            filters: {{stripParams: temperature}}
+          other:
+            proxy: {other.url}
+            models: [shared]
+          dead:
+            proxy: http://127.0.0.1:{dead_port}
+            models: [gone]
+    """
+    try:
+        with Served(tmp, text) as served:
+            served.local_events = local_events
+            yield served, box, other
+    finally:
+        box.stop()
+        other.stop()
+
+
+def chat(served, model: str, **extra) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "fake": {"tokens": 3}, **extra}
+    return httpx.post(served.base + "/v1/chat/completions", json=body, headers=CALLER, timeout=30)
+
+
+def activity(served, request_id: str) -> dict:
+    def found():
+        data = httpx.get(served.base + "/api/activity", params={"limit": 200}, headers=CALLER, timeout=10).json()["data"]
+        row = next((row for row in data if str(row["id"]) == request_id), None)
+        return row if row and row["state"] not in ("queued", "dispatched") else None
+
+    return wait_until(found, 10, 0.05, f"request {request_id} to end in /api/activity")
+
+
+def test_qualified_name_reaches_the_peer_with_its_key_and_not_the_callers(setup):
+    served, box, _ = setup
+    r = chat(served, "box/m1", temperature=0.3)
+    assert r.status_code == 200, r.text
+    sent = box.starts()[-1]
+    assert sent["model"] == "m1"  # the peer's own name for it
+    assert sent["headers"]["authorization"] == f"Bearer {PEER_KEY}"
+    assert sent["headers"]["x-api-key"] == PEER_KEY
+    assert "cookie" not in sent["headers"]
+    assert KEY not in json.dumps(sent["headers"])
+
+    row = activity(served, r.headers["x-llamaswap-request-id"])
+    assert (row["model"], row["peer"], row["state"], row["status_code"]) == ("box/m1", "box", "completed", 200)
+    assert row["requested_model"] == "box/m1"
+    assert row["output_tokens"] == 3
+    assert r.headers["x-llamaswap-queue-wait-ms"] == "0"
+
+
+def test_a_bare_name_one_peer_lists_reaches_it(setup):
+    served, box, other = setup
+    before = len(other.starts())
+    r = chat(served, "m1")
+    assert r.status_code == 200
+    assert box.starts()[-1]["model"] == "m1"
+    assert len(other.starts()) == before
+
+
+def test_a_bare_name_two_peers_list_is_404_naming_both(setup):
+    served, _, _ = setup
+    r = chat(served, "shared")
+    assert r.status_code == 404
+    message = r.json()["error"]["message"]
+    assert "box/shared" in message and "other/shared" in message
+    r = chat(served, "other/shared")
+    assert r.status_code == 200
+
+
+def test_a_local_id_wins_over_a_peers_bare_name(setup):
+    served, box, _ = setup
+    before = len(box.starts())
+    r = chat(served, "local")
+    assert r.status_code == 200
+    assert len(box.starts()) == before
+    assert any(e["event"] == "start" for e in read_events(served.local_events))
+    assert chat(served, "box/local").status_code == 200  # the qualified name still reaches the peer
+    assert box.starts()[-1]["model"] == "local"
+
+
+def test_streams_stream_through(setup):
+    served, box, _ = setup
+    body = {"model": "box/m1", "messages": [], "stream": True, "fake": {"tokens": 4}}
+    with httpx.stream("POST", served.base + "/v1/chat/completions", json=body, headers=CALLER, timeout=30) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["x-accel-buffering"] == "no"
+        text = "".join(r.iter_text())
+    assert text.rstrip().endswith("data: [DONE]")
+    row = activity(served, r.headers["x-llamaswap-request-id"])
+    assert row["stream"] is True and row["peer"] == "box" and row["output_tokens"] == 4
+
+
+def test_an_unreachable_peer_is_502_with_a_hint(setup):
+    served, _, _ = setup
+    r = chat(served, "dead/gone")
+    assert r.status_code == 502
+    message = r.json()["error"]["message"]
+    assert "peer 'dead'" in message and "/v1/chat/completions" in message and "peers.dead.proxy" in message
+    row = activity(served, r.headers["x-llamaswap-request-id"])
+    assert (row["peer"], row["state"], row["status_code"]) == ("dead", "failed", 502)
+
+
+def test_the_caller_still_needs_a_key(setup):
+    served, box, _ = setup
+    before = len(box.starts())
+    r = httpx.post(served.base + "/v1/chat/completions", json={"model": "box/m1", "messages": []}, timeout=10)
+    assert r.status_code == 401
+    assert len(box.starts()) == before
+
+
+def test_peer_models_are_listed(setup):
+    served, _, _ = setup
+    data = httpx.get(served.base + "/v1/models", headers=CALLER, timeout=10).json()["data"]
+    peers = {entry["id"]: entry for entry in data if entry["meta"]["llamaswap"]["type"] == "peer"}
+    assert set(peers) == {"box/m1", "box/shared", "box/local", "other/shared", "dead/gone"}
+    assert peers["box/m1"]["owned_by"] == "box"
+    assert "local" in {entry["id"] for entry in data if entry["meta"]["llamaswap"]["type"] == "model"}
+
+
+def test_a_peer_request_does_not_wait_behind_a_busy_local_model(setup):
+    served, _, _ = setup
+    results: dict[str, httpx.Response] = {}
+
+    def local(name: str) -> None:
+        results[name] = chat(served, "local", fake={"tokens": 60})  # 3 s at 20 tokens/s
+
+    def local_starts() -> int:
+        return len([e for e in read_events(served.local_events) if e["event"] == "start"])
+
+    def waiting_for_local() -> bool:
+        data = httpx.get(served.base + "/api/queue", headers=CALLER, timeout=10).json()["data"]
+        return any(entry["state"] == "waiting" and entry["model"] == "local" for entry in data)
+
+    started = local_starts()
+    first = threading.Thread(target=local, args=("first",))
+    first.start()
+    wait_until(lambda: local_starts() > started, 15, what="the long local request to start")
+    second = threading.Thread(target=local, args=("second",))
+    second.start()
+    wait_until(waiting_for_local, 10, 0.05, "the second local request to wait behind the first")
+    began = time.monotonic()
+    r = chat(served, "box/m1")
+    took = time.monotonic() - began
+    assert r.status_code == 200
+    assert took < 1.5, f"the peer request took {took:.1f}s: it waited for the local model"
+    assert first.is_alive() and second.is_alive()
+    first.join(30)
+    second.join(30)
+    assert results["first"].status_code == results["second"].status_code == 200
