@@ -8,6 +8,11 @@ import sys
 
 def main(argv: list[str] | None = None) -> None:
     argv = argv if argv is not None else sys.argv
+    if argv[1:] == ["--version"]:  # llamaswap's version, not Django's (`llamaswap serve --version` says the same)
+        from proxy.version import llamaswap_version
+
+        print(f"llamaswap {llamaswap_version()}")
+        return
     if argv[1:2] == ["fakemodel"]:
         # The stand-in model server needs no Django: loading the settings would create a data dir and a
         # secret key wherever it is started.

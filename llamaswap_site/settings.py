@@ -8,6 +8,7 @@ LLAMASWAP_ALLOWED_HOSTS  comma-separated Host names accepted (default: localhost
                      `llamaswap serve` adds the machine's own names when it listens beyond loopback
 LLAMASWAP_HTTPS      "1" when served behind a TLS proxy: Secure cookies, HSTS, redirect to HTTPS
 LLAMASWAP_CONFIG     path of the llama-swap config.yaml (set by `llamaswap serve --config`)
+LLAMASWAP_CONFIG_DIR a directory whose *.yaml files are merged after it (set by `llamaswap serve --config-dir`)
 REDIS_URL            optional redis://host:port/db: distributed mode (front ends + `llamaswap worker`),
                      with a PostgreSQL DATABASE_URL
 LLAMASWAP_CHANNEL_LAYER  "lists" (default: messages wait in Redis until read) or "pubsub" (fewer round trips)
@@ -34,6 +35,7 @@ ALLOWED_HOSTS = [
 ]
 
 LLAMASWAP_CONFIG = os.environ.get("LLAMASWAP_CONFIG", "")
+LLAMASWAP_CONFIG_DIR = os.environ.get("LLAMASWAP_CONFIG_DIR", "")
 
 INSTALLED_APPS = [
     "daphne",

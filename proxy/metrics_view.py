@@ -49,6 +49,6 @@ def _served_config():
     door = frontdoor.installed()
     if door is not None:
         return door.config
-    if settings.LLAMASWAP_CONFIG:
+    if settings.LLAMASWAP_CONFIG or settings.LLAMASWAP_CONFIG_DIR:
         return load_configured()
     return None

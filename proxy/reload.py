@@ -1,4 +1,5 @@
-"""Config reload (SIGHUP, or `--watch-config` polling the file): a bad file is refused, the old config keeps serving.
+"""Config reload (SIGHUP, or `--watch-config` polling the file and `--config-dir`): a bad file is refused, the old
+config keeps serving.
 
 Unlike llama-swap, which rebuilds everything and stops every model, a reload here
 keeps queued requests for models that still exist and only replaces the
@@ -12,6 +13,7 @@ import logging
 import os
 
 from proxy.config import ConfigError, load_config
+from proxy.config.config_dir import sources_signature
 from proxy.fleet import process_changed
 from proxy.log_level import apply_log_level
 from proxy.log_output import apply_log_output
@@ -21,13 +23,15 @@ log = logging.getLogger("llamaswap.reload")
 WATCH_INTERVAL_S = 2.0
 
 
-async def reload_config(service, path: str) -> bool:
-    """Load `path` and apply it to the running service; returns whether it was applied."""
+async def reload_config(service, path: str | None, config_dir: str | None = None) -> bool:
+    """Load `path` (with `config_dir`'s files merged after it) and apply it to the running service; returns
+    whether it was applied."""
+    from proxy.active_profile import clear_active_profile
     from scheduling.settings_store import stored_serial_settings
 
     loop = asyncio.get_running_loop()
     try:
-        new = await loop.run_in_executor(None, load_config, path)
+        new = await loop.run_in_executor(None, load_config, path, config_dir)
     except ConfigError as exc:
         log.error("config reload rejected; still serving the previous config:\n%s", exc)
         return False
@@ -46,31 +50,29 @@ async def reload_config(service, path: str) -> bool:
     restart = sorted(m for m in new.models if m in old.models and process_changed(old.models[m], new.models[m]))
     settings = await loop.run_in_executor(None, stored_serial_settings, new.scheduler.serial, new.models)
     service.apply_config(new, restart, settings)
+    await loop.run_in_executor(None, clear_active_profile)  # as llama-swap: a reload switches profiles off
     apply_log_level(new.log_level)
     apply_log_output(new.log_output)
     added = sorted(set(new.models) - set(old.models))
     removed = sorted(set(old.models) - set(new.models))
     log.info(
         "config reloaded from %s: added %s, removed %s, restarting %s",
-        path, ", ".join(added) or "none", ", ".join(removed) or "none", ", ".join(restart) or "none",
+        new.path, ", ".join(added) or "none", ", ".join(removed) or "none", ", ".join(restart) or "none",
     )
     return True
 
 
-def _signature(path: str) -> tuple | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-async def watch_config(service, path: str, interval: float = WATCH_INTERVAL_S) -> None:
-    """Poll the file's stat (works on every filesystem, containers included) and reload on change."""
-    seen = _signature(path)
+async def watch_config(
+    service, path: str | None, config_dir: str | None = None, interval: float = WATCH_INTERVAL_S
+) -> None:
+    """Poll the stat of the file and of the directory's files (works on every filesystem, containers included)
+    and reload when one is changed, added or removed."""
+    seen = sources_signature(path, config_dir)
     while True:
         await asyncio.sleep(interval)
-        current = _signature(path)
-        if current is not None and current != seen:
+        current = sources_signature(path, config_dir)
+        if path and not os.path.exists(path):
+            continue  # an editor replacing the file: wait for the new one
+        if current and current != seen:
             seen = current
-            await reload_config(service, path)
+            await reload_config(service, path, config_dir)

@@ -44,14 +44,14 @@ _service: ProxyService | None = None
 
 
 def load_configured():
-    """The config named by settings.LLAMASWAP_CONFIG."""
+    """The config named by settings.LLAMASWAP_CONFIG (and LLAMASWAP_CONFIG_DIR)."""
     from django.conf import settings
 
     from proxy.config import load_config
 
-    if not settings.LLAMASWAP_CONFIG:
+    if not settings.LLAMASWAP_CONFIG and not settings.LLAMASWAP_CONFIG_DIR:
         raise RuntimeError("no config file: run `llamaswap serve --config FILE` (or set LLAMASWAP_CONFIG)")
-    return load_config(settings.LLAMASWAP_CONFIG)
+    return load_config(settings.LLAMASWAP_CONFIG or None, settings.LLAMASWAP_CONFIG_DIR or None)
 
 
 def prepare(config=None, *, worker: bool = False) -> Prepared:
@@ -63,6 +63,7 @@ def prepare(config=None, *, worker: bool = False) -> Prepared:
     distributed mode recovers only its own models, and keeps the queued rows of front ends, to serve
     them (`carried_requests`).
     """
+    from proxy.active_profile import clear_active_profile
     from proxy.orphans import stop_orphaned_model_processes
     from scheduling.recovery import recover_previous_run
     from scheduling.row_durations import durations_from_rows
@@ -73,6 +74,8 @@ def prepare(config=None, *, worker: bool = False) -> Prepared:
     own = list(config.models) if worker else None
     stop_orphaned_model_processes(own)
     next_id = recover_previous_run(worker_models=own)
+    if not worker:  # in distributed mode the profile belongs to the whole deployment: only a reload clears it
+        clear_active_profile()
     _prepared = Prepared(
         config, next_id, stored_serial_settings(config.scheduler.serial, config.models), durations_from_rows(config.models)
     )

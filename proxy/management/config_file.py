@@ -8,14 +8,14 @@ import sys
 from django.conf import settings
 
 
-def read_config(command, path: str, summary: bool = True):
-    """Load and check `path`, print its summary (unless `summary` is False: output a script reads) and
-    warnings; exit 2 with the problems if it is unusable."""
+def read_config(command, path: str | None, summary: bool = True, config_dir: str | None = None):
+    """Load and check `path` (and the files of `config_dir`, merged after it), print its summary (unless
+    `summary` is False: output a script reads) and warnings; exit 2 with the problems if it is unusable."""
     from proxy.config import ConfigError, load_config
 
-    path = os.path.abspath(path)
+    path = os.path.abspath(path) if path else None
     try:
-        config = load_config(path)
+        config = load_config(path, config_dir)
     except ConfigError as exc:
         command.stderr.write(str(exc))
         sys.exit(2)
@@ -29,8 +29,11 @@ def read_config(command, path: str, summary: bool = True):
     return config
 
 
-def serve_config_from(path: str) -> None:
-    """Make `path` the config this process serves (reloads and pages read it from there)."""
-    path = os.path.abspath(path)
+def serve_config_from(path: str | None, config_dir: str | None = None) -> None:
+    """Make `path` (and `config_dir`) the config this process serves (reloads and pages read it from there)."""
+    path = os.path.abspath(path) if path else ""
+    config_dir = os.path.abspath(config_dir) if config_dir else ""
     settings.LLAMASWAP_CONFIG = path
     os.environ["LLAMASWAP_CONFIG"] = path
+    settings.LLAMASWAP_CONFIG_DIR = config_dir
+    os.environ["LLAMASWAP_CONFIG_DIR"] = config_dir

@@ -1,4 +1,5 @@
-"""`llamaswap serve --config FILE --listen HOST:PORT`: migrate, recover, then run daphne in the foreground."""
+"""`llamaswap serve --config FILE [--config-dir DIR] --listen HOST:PORT [--tls-cert-file C --tls-key-file K]`:
+migrate, recover, then run daphne in the foreground."""
 
 from __future__ import annotations
 
@@ -28,14 +29,26 @@ def parse_listen(value: str, option: str = "--listen") -> tuple[str, int]:
 class Command(BaseCommand):
     help = "Serve the OpenAI-compatible proxy and the admin with the given llama-swap config."
 
+    def get_version(self) -> str:
+        from proxy.version import llamaswap_version
+
+        return f"llamaswap {llamaswap_version()}"
+
     def add_arguments(self, parser):
-        parser.add_argument("--config", required=True, help="llama-swap config.yaml")
-        parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
+        parser.add_argument("--config", help="llama-swap config.yaml (this, --config-dir, or both)")
+        parser.add_argument(
+            "--config-dir",
+            help="a directory whose top-level *.yaml/*.yml files are merged after --config, in filename order",
+        )
+        parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080, also with TLS)")
+        parser.add_argument("--tls-cert-file", help="serve HTTPS with this PEM certificate (with --tls-key-file)")
+        parser.add_argument("--tls-key-file", help="the certificate's PEM private key (with --tls-cert-file)")
         parser.add_argument("--no-migrate", action="store_true", help="do not apply database migrations first")
         parser.add_argument("--check", action="store_true", help="validate and print the config, then exit")
         parser.add_argument(
             "--watch-config", action="store_true",
-            help="reload the config when the file changes (checked every 2 s); SIGHUP always reloads",
+            help="reload the config when the file or a file of --config-dir changes (checked every 2 s); "
+            "SIGHUP always reloads",
         )
         parser.add_argument(
             "--drain-seconds", type=float, default=30.0,
@@ -52,11 +65,19 @@ class Command(BaseCommand):
         from proxy.log_output import apply_log_output
         from proxy.management.config_file import read_config, serve_config_from
 
-        config = read_config(self, options["config"])
+        from proxy.tls import TLSFilesError, tls_files
+
+        if not options["config"] and not options["config_dir"]:
+            raise CommandError("no config: pass --config FILE, --config-dir DIR, or both", returncode=2)
+        try:
+            tls = tls_files(options["tls_cert_file"], options["tls_key_file"])
+        except TLSFilesError as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        config = read_config(self, options["config"], config_dir=options["config_dir"])
         if options["check"]:
             return
-        path = os.path.abspath(options["config"])
-        serve_config_from(path)
+        serve_config_from(options["config"], options["config_dir"])
+        path, config_dir = settings.LLAMASWAP_CONFIG or None, settings.LLAMASWAP_CONFIG_DIR or None
         host, port = parse_listen(options["listen"])
         if options["client_timeout"] <= 0:
             raise CommandError(f"--client-timeout {options['client_timeout']:g}: it must be above 0 seconds")
@@ -81,7 +102,7 @@ class Command(BaseCommand):
         self._accept_host_names(host, bool(config.api_keys))
         self._run_daphne(
             application, host, port, options["drain_seconds"], options["client_timeout"],
-            path if options["watch_config"] else None,
+            (path, config_dir) if options["watch_config"] else None, tls,
         )
 
     def _require_migrated_database(self) -> None:
@@ -139,20 +160,21 @@ class Command(BaseCommand):
             self.stdout.write(f"No admin user yet: create one with `{command} createsuperuser`, then open /admin/.")
 
     def _run_daphne(
-        self, application, host: str, port: int, drain_seconds: float, client_timeout: float, watch: str | None
+        self, application, host: str, port: int, drain_seconds: float, client_timeout: float,
+        watch: tuple[str | None, str | None] | None, tls,
     ) -> None:
         from twisted.internet import reactor
 
         from proxy.http_server import LlamaswapServer
         from proxy.reload import reload_config, watch_config
         from proxy.service import get_service
+        from proxy.tls import listen_endpoint
 
-        interface = host.replace(":", r"\:")
         server = LlamaswapServer(
             application,
             client_timeout=client_timeout,
             # A deep accept backlog: hundreds of clients may connect at once to wait in the queue.
-            endpoints=[f"tcp:port={port}:interface={interface}:backlog=2048"],
+            endpoints=[listen_endpoint(host, port, tls, backlog=2048)],
             signal_handlers=False,
             verbosity=0,
         )
@@ -181,10 +203,13 @@ class Command(BaseCommand):
                     loop.add_signal_handler(sig, on_signal, sig.name)
                 service = get_service()
                 loop.add_signal_handler(
-                    signal.SIGHUP, lambda: asyncio.ensure_future(reload_config(service, settings.LLAMASWAP_CONFIG))
+                    signal.SIGHUP,
+                    lambda: asyncio.ensure_future(
+                        reload_config(service, settings.LLAMASWAP_CONFIG or None, settings.LLAMASWAP_CONFIG_DIR or None)
+                    ),
                 )
                 if watch:
-                    background.append(asyncio.ensure_future(watch_config(service, watch)))
+                    background.append(asyncio.ensure_future(watch_config(service, *watch)))
                 service.start()
             except Exception as exc:
                 log.exception("llamaswap could not start")
@@ -192,7 +217,8 @@ class Command(BaseCommand):
                 reactor.stop()
                 return
             shown = f"[{host}]" if ":" in host else host  # an IPv6 address needs brackets in a URL
-            self.stdout.write(f"llamaswap serving on http://{shown}:{port} (scheduler: {service.config.scheduler.use})")
+            scheme = "https" if tls else "http"
+            self.stdout.write(f"llamaswap serving on {scheme}://{shown}:{port} (scheduler: {service.config.scheduler.use})")
             self.stdout.flush()
 
         # Twisted runs `callWhenRunning` callbacks before the asyncio loop spins; call_soon waits for it.
