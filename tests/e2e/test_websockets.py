@@ -10,6 +10,7 @@ import httpx
 import pytest
 import websocket  # websocket-client: a client that shares no code with the passthrough
 
+from tests.e2e.conftest import db_rows
 from tests.served import Served, fake_cmd, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -88,6 +89,9 @@ def test_a_counted_websocket_starts_its_model_and_echoes_text_and_binary(served)
         ws.close()
     wait_until(lambda: ws_events(served, state="closed", path="/ws?client=1"), what="the model's side to close")
     assert ws_events(served, state="closed", path="/ws?client=1")[-1]["code"] == 1000
+    row = wait_until(lambda: [r for r in db_rows(served.data_dir, "path = ?", ("/upstream/counted/ws",))
+                              if r["state"] == "completed"], what="the socket's row")[-1]
+    assert (row["model"], row["method"], row["status_code"]) == ("counted", "GET", 101)
 
 
 def test_a_counted_websocket_holds_its_place_while_open(served):
