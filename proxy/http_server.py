@@ -89,12 +89,18 @@ class DeadlineHTTPFactory(HTTPFactory):
         return channel
 
 
+WEBSOCKET_HANDSHAKE_WAIT_S = 24 * 3600
+
+
 class LlamaswapServer(Server):
     """daphne's Server with DeadlineHTTPFactory, remembering why it could not listen."""
 
     def __init__(self, application, *, client_timeout: float, **kwargs):
         self.client_timeout = client_timeout
         self.listen_failure: str | None = None
+        # A WebSocket's handshake completes once its model is loaded: it may queue and wait for a load as
+        # long as a request does, where daphne would refuse it after 20 s.
+        kwargs.setdefault("websocket_connect_timeout", WEBSOCKET_HANDSHAKE_WAIT_S)
         super().__init__(application, **kwargs)
 
     @property

@@ -4,6 +4,7 @@ compat.ignoreWebsockets, against the fake model's echo socket."""
 from __future__ import annotations
 
 import json
+import time
 import struct
 
 import httpx
@@ -195,3 +196,17 @@ def test_the_subprotocol_the_model_server_picks_reaches_the_client(served):
         assert ws.getsubprotocol() == "v2.chat"
     finally:
         ws.close()
+
+
+def test_a_socket_outlives_the_client_timeout_while_its_model_loads_and_while_idle(tmp_path):
+    """--client-timeout bounds a request's head, not a socket: the handshake waits out a 3 s load and the
+    open socket stays up through 3 s of silence, with a 1 s client timeout."""
+    text = f"models:\n  slow:\n    cmd: {fake_cmd('slow', None, '--load-delay', '3')}\n"
+    with Served(tmp_path, text, extra_args=("--client-timeout", "1")) as slow:
+        ws = websocket.create_connection(ws_url(slow, "/upstream/slow/ws"), timeout=30)
+        try:
+            time.sleep(3)
+            ws.send("still open")
+            assert ws.recv() == "still open"
+        finally:
+            ws.close()
