@@ -56,7 +56,7 @@ class QueuedRequest(models.Model):
     max_wait_s = models.FloatField(null=True, blank=True)
     # The selector (a virtual model ID) that picked `model`, as llama-swap's activity key `selector`.
     selector = models.CharField(max_length=255, blank=True)
-    # A peer's requests are relayed to another server, never queued: its ID, with `model` as the peer names it.
+    # A peer's requests are relayed to another server, never queued: its ID (`model` is then `<peer>/<model>`).
     peer = models.CharField(max_length=255, blank=True)
     priority = models.BigIntegerField(default=0)
     band = models.CharField(max_length=12, choices=BandChoice.choices, default=BandChoice.NORMAL)

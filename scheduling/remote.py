@@ -186,6 +186,9 @@ class ChannelLayerFrontDoor:
         started_at = time.time()
         try:
             workers = await self._workers_for(None)
+            if not workers and self.config.models:  # just started: the workers announce themselves to it now
+                await self.workers.wait_for(next(iter(self.config.models)), ROUTE_WAIT_S)
+                workers = self.workers.live(self._loop.time())
             if not workers:
                 raise RuntimeError("no scheduler worker is up")
             ticket_id = await self.ask(

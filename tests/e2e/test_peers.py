@@ -14,8 +14,10 @@ import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.served import REPO, Served, fake_cmd, model_ports, read_events, wait_until
+from tests.e2e.test_distributed import distributed  # noqa: F401 (a fixture: the worker's database and Redis)
+from tests.served import REPO, Served, Worker, fake_cmd, model_ports, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -122,6 +124,21 @@ def test_qualified_name_reaches_the_peer_with_its_key_and_not_the_callers(setup)
     assert r.headers["x-llamaswap-queue-wait-ms"] == "0"
 
 
+def requests_total(served, model: str) -> float:
+    text = httpx.get(served.base + "/metrics", headers=CALLER, timeout=10).text
+    return sum(
+        sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+        if sample.name == "llamaswap_requests_total" and sample.labels.get("model") == model
+    )
+
+
+def test_peer_requests_are_counted_in_the_metrics(setup):
+    served, _, _ = setup
+    before = requests_total(served, "other/shared")
+    assert chat(served, "other/shared").status_code == 200
+    wait_until(lambda: requests_total(served, "other/shared") == before + 1, 10, 0.05, "the request to be counted")
+
+
 def test_a_bare_name_one_peer_lists_reaches_it(setup):
     served, box, other = setup
     before = len(other.starts())
@@ -222,3 +239,37 @@ def test_a_peer_request_does_not_wait_behind_a_busy_local_model(setup):
     first.join(30)
     second.join(30)
     assert results["first"].status_code == results["second"].status_code == 200
+
+
+def test_distributed_front_end_records_peer_requests_through_the_worker(tmp_path, distributed):  # noqa: F811
+    env, psycopg = distributed
+    peer = Peer(tmp_path, "box")
+    try:
+        text = f"""
+            startPort: {model_ports(1)}
+            models:
+              local: {{cmd: "{fake_cmd('local')}"}}
+            peers:
+              box: {{proxy: "{peer.url}", apiKey: {PEER_KEY}, models: [m1]}}
+        """
+        with Worker(tmp_path / "worker", text, env):
+            (tmp_path / "fe").mkdir()
+            with Served(tmp_path / "fe", text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "fe" / "data")}) as front:
+                r = httpx.post(front.base + "/v1/chat/completions", timeout=30,
+                               json={"model": "box/m1", "messages": [], "fake": {"tokens": 2}})
+                assert r.status_code == 200, r.text
+                assert peer.starts()[-1]["headers"]["x-api-key"] == PEER_KEY
+                request_id = int(r.headers["x-llamaswap-request-id"])
+
+                def row():
+                    with psycopg.connect(env["DATABASE_URL"]) as connection:
+                        found = connection.execute(
+                            "SELECT model, peer, state, status_code, output_tokens FROM scheduling_queuedrequest "
+                            "WHERE id = %s", [request_id]).fetchone()
+                    return found if found and found[2] == "completed" else None
+
+                assert wait_until(row, 10, 0.05, "the worker to write the peer request's row") == (
+                    "box/m1", "box", "completed", 200, 2)
+                assert requests_total(front, "box/m1") == 1  # the front end that served it counts it
+    finally:
+        peer.stop()
