@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy import system_metrics
 from proxy.config.performance import PerformanceConfig
 from proxy.system_metrics import (
-    Gpu, Memory, Sample, SystemCollector, SystemSampler, cpu_percent, parse_cpu_times, parse_loadavg, parse_meminfo,
+    Memory, Sample, SystemCollector, SystemSampler, cpu_percent, parse_cpu_times, parse_loadavg, parse_meminfo,
     parse_net_dev, parse_nvidia_smi, query_nvidia_smi,
 )
 
@@ -200,3 +200,22 @@ def test_the_process_sampler_is_registered_for_metrics():
         isinstance(collector, SystemCollector) and collector.sampler is system_metrics.SAMPLER
         for collector in REGISTRY._collector_to_names
     )
+
+
+def test_the_system_and_gpu_series_pass_promtool():
+    import shutil
+    import subprocess
+
+    sampler = SystemSampler()
+    sampler.latest = Sample(
+        cpu_percent=(12.5,), memory=parse_meminfo(MEMINFO), load=(0.5, 0.25, 0.125), network=parse_net_dev(NET_DEV),
+        gpus=parse_nvidia_smi(NVIDIA_SMI),
+    )
+    registry = CollectorRegistry()
+    registry.register(SystemCollector(sampler))
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian package 'prometheus'); .ci/run installs it")
+    text = generate_latest(registry).decode()
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
