@@ -3,7 +3,7 @@
 Each reader checks one key, records a problem (with its full key path and a
 fix) when the value is wrong and returns the default, so a single pass finds
 every mistake. Keys no reader asked for are turned into warnings at the end,
-which is how unknown and unsupported keys get reported by name.
+which is how unknown keys, and llama-swap keys llamaswap ignores, get reported by name.
 """
 
 from __future__ import annotations
@@ -261,8 +261,8 @@ class Section:
 
     # -- leftovers ------------------------------------------------------------
 
-    def warn_unread(self, unsupported: Collection[str] = (), notes: dict[str, str] | None = None) -> None:
-        """Warn about every key nobody read: `unsupported` ones are known llama-swap keys."""
+    def warn_unread(self, notes: dict[str, str] | None = None) -> None:
+        """Warn about every key nobody read: `notes` says why a known llama-swap key is ignored."""
         notes = notes or {}
         known = sorted(self._read)
         for name in self.data:
@@ -271,8 +271,6 @@ class Section:
                 continue
             if name_text in notes:
                 self.log.warn(self.path(name_text), notes[name_text])
-            elif name_text in unsupported:
-                self.log.warn(self.path(name_text), "not supported by llamaswap, ignored")
             else:
                 close = difflib.get_close_matches(name_text, known, n=1)
                 hint = f"did you mean {close[0]}?" if close else "check the spelling"

@@ -35,13 +35,15 @@ DEFAULT_UNLOAD_TIMEOUT = 10.0
 DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 LOG_LEVELS = ("debug", "info", "warn", "error")
 
-# Known llama-swap top-level keys that llamaswap does not implement.
-UNSUPPORTED_TOP_KEYS = frozenset(
-    {
-        "metricsMaxInMemory", "store", "ui",
-    }
-)
-TOP_KEY_NOTES = {"logRequests": "deprecated in llama-swap and ignored — remove it"}
+# llama-swap keys whose job llamaswap does another way: each is ignored, with the reason.
+TOP_KEY_NOTES = {
+    "logRequests": "deprecated in llama-swap and ignored — remove it",
+    "store": "ignored: llamaswap always keeps every request in its database (the data dir's SQLite file, or "
+    "PostgreSQL with DATABASE_URL) — remove it",
+    "metricsMaxInMemory": "ignored: llamaswap's activity lives in its database, not in a capped in-memory store — "
+    "remove it",
+    "ui": "ignored: llamaswap has no llama-swap web UI to configure (its admin is at /admin/) — remove it",
+}
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ def check_document(data, log: ProblemLog) -> Config:
         peer_model=lambda name: peer_models.find(name) is not None, peer_ids=peers,
     )
     profiles = read_profiles(top, index, selector_ids=selectors, peer_model=lambda name: peer_models.find(name) is not None)
-    top.warn_unread(UNSUPPORTED_TOP_KEYS, TOP_KEY_NOTES)
+    top.warn_unread(notes=TOP_KEY_NOTES)
     log.raise_if_any()
 
     return Config(

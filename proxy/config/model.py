@@ -23,8 +23,6 @@ PORT_REF = "${PORT}"
 PID_REF = "${PID}"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-# Known llama-swap model keys that llamaswap reads but does not act on.
-UNSUPPORTED_MODEL_KEYS = frozenset()
 DEFAULT_CONNECT_TIMEOUT = 30.0
 DEFAULT_KEEPALIVE_INTERVAL = 30.0
 DEFAULT_TLS_HANDSHAKE_TIMEOUT = 10.0
@@ -146,7 +144,7 @@ def read_model(
         capabilities=read_capabilities(section),
         alias_keys=alias_keys,
     )
-    section.warn_unread(UNSUPPORTED_MODEL_KEYS, MODEL_KEY_NOTES)
+    section.warn_unread(MODEL_KEY_NOTES)
     return model
 
 

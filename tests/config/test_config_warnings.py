@@ -12,10 +12,12 @@ def test_no_warnings_for_a_clean_config(load):
     assert load(BASE).warnings == ()
 
 
-def test_known_llama_swap_keys_are_reported_as_unsupported(load):
+def test_llama_swap_keys_done_another_way_are_ignored_with_the_reason(load):
     config = load(
         """
         metricsMaxInMemory: 500
+        store: {path: /var/lib/llama-swap/activity.db}
+        ui: {activity: {session_id: [X-Session-ID]}}
         profiles: {}
         selectors: {}
         includeAliasesInList: true
@@ -37,8 +39,13 @@ def test_known_llama_swap_keys_are_reported_as_unsupported(load):
         """
     )
     warnings = set(config.warnings)
-    for key in ("metricsMaxInMemory",):
-        assert f"config.yaml: {key}: not supported by llamaswap, ignored" in warnings
+    for key, reason in (
+        ("metricsMaxInMemory", "activity lives in its database"),
+        ("store", "keeps every request in its database"),
+        ("ui", "no llama-swap web UI"),
+    ):
+        assert any(w.startswith(f"config.yaml: {key}: ignored: ") and reason in w for w in warnings), key
+    assert not any("not supported" in w for w in warnings)
     assert "config.yaml: logRequests: deprecated in llama-swap and ignored — remove it" in warnings
     assert any(w.startswith("config.yaml: models.m.healthCheckTimeout: cannot be set per model") for w in warnings)
     assert any(w.startswith("config.yaml: routing.router.settings.matrix: ignored") for w in warnings)
