@@ -11,8 +11,10 @@ from proxy.auth import CREDENTIAL_HEADERS, is_authorized
 from proxy.captures import CaptureRecorder, begin_capture
 from proxy.errors import ProxyError, error_event
 from proxy.hosts import host_refusal
+from proxy.ignored_paths import refuse_unless_ready, send_unscheduled
 from proxy.http import StreamingHttpConsumer
 from proxy.loading_state import shows_loading_state, wait_showing_state
+from proxy.model_choice import choose_model
 from proxy.inbound import (
     MODEL_ROUTES, forwarded_body, max_wait_seconds, off_loop_when_large, read_model_request, route_label,
 )
@@ -20,6 +22,7 @@ from proxy.peer_relay import peer_for, serve_peer, serve_peer_body
 from proxy.relay import relay, upstream_headers
 from proxy.route_paths import model_in_query, route_methods, upstream_path
 from proxy.service import get_service
+from proxy.config.upstream_paths import is_ignored
 from scheduling.core import PRIORITY_HEADER, parse_priority
 from scheduling.runtime import Outcome, Rejected, TicketRequest
 
@@ -97,7 +100,7 @@ class ModelConsumer(StreamingHttpConsumer):
         return str(client[0] or "")
 
     async def serve(self, service, model_cfg, *, requested: str, stream: bool, method: str,
-                    upstream_path: str, body: bytes, headers: dict[str, str]) -> None:
+                    upstream_path: str, body: bytes, headers: dict[str, str], selector: str = "") -> None:
         door = service.door
         self.capture = begin_capture(service.config.capture_buffer_mb, self.scope["path"], upstream_path, headers, body)
         request = TicketRequest(
@@ -110,6 +113,7 @@ class ModelConsumer(StreamingHttpConsumer):
             client=self.client_address(),
             route=route_label(self.scope["path"]),
             max_wait_s=max_wait_seconds(headers),
+            selector=selector,
         )
         loop = asyncio.get_running_loop()
         asked = loop.time()
@@ -195,30 +199,44 @@ class OpenAIConsumer(ModelConsumer):
         query = self.scope.get("query_string", b"").decode("latin-1")
         if self.scope["method"] == "GET":
             requested = model_in_query(path, query)
-            if (found := peer_for(service.config, requested)) is not None:
-                await serve_peer(self, service, *found, requested=requested, stream=False, method="GET",
-                                 upstream_path=upstream_path(path) + f"?{query}", body=b"", headers=headers)
-                return
-            await self.serve(
-                service, service.resolve_model(requested), requested=requested, stream=False, method="GET",
-                upstream_path=upstream_path(path) + f"?{query}", body=b"", headers=headers,
-            )
+            choice = await choose_model(service, requested)  # the query is forwarded as sent
+            try:
+                if (found := peer_for(service.config, choice.model)) is not None:
+                    await serve_peer(self, service, *found, requested=requested, stream=False, method="GET",
+                                     upstream_path=upstream_path(path) + f"?{query}", body=b"", headers=headers,
+                                     selector=choice.selector)
+                    return
+                await self.serve(
+                    service, service.resolve_model(choice.model), requested=requested, stream=False, method="GET",
+                    upstream_path=upstream_path(path) + f"?{query}", body=b"", headers=headers, selector=choice.selector,
+                )
+            finally:
+                choice.release()
             return
         parsed = await off_loop_when_large(body, read_model_request, path, headers.get("content-type", ""), body)
-        if (found := peer_for(service.config, parsed.requested_model)) is not None:
-            await serve_peer_body(self, service, found, parsed, asked=parsed.requested_model, headers=headers,
-                                  upstream_path=upstream_path(path) + (f"?{query}" if query else ""))
-            return
-        model_cfg = service.resolve_model(parsed.requested_model)
-        forwarded = await off_loop_when_large(body, forwarded_body, parsed, model_cfg.use_model_name, model_cfg.filters)
-        await self.serve(
-            service, model_cfg, requested=parsed.requested_model, stream=parsed.stream, method="POST",
-            upstream_path=upstream_path(path) + (f"?{query}" if query else ""), body=forwarded, headers=headers,
-        )
+        choice = await choose_model(service, parsed.requested_model)  # the active profile's pin, a selector
+        asked, parsed = parsed.requested_model, choice.applied_to(parsed)
+        try:
+            if (found := peer_for(service.config, parsed.requested_model)) is not None:
+                await serve_peer_body(self, service, found, parsed, asked=asked, headers=headers, selector=choice.selector,
+                                      upstream_path=upstream_path(path) + (f"?{query}" if query else ""))
+                return
+            model_cfg = service.resolve_model(parsed.requested_model)
+            forwarded = await off_loop_when_large(
+                body, forwarded_body, parsed, model_cfg.use_model_name or choice.body_model, model_cfg.filters
+            )
+            await self.serve(
+                service, model_cfg, requested=asked, stream=parsed.stream, method="POST",
+                upstream_path=upstream_path(path) + (f"?{query}" if query else ""), body=forwarded, headers=headers,
+                selector=choice.selector,
+            )
+        finally:
+            choice.release()
 
 
 class UpstreamConsumer(ModelConsumer):
-    """Any method on /upstream/<model>/<path>: straight through to that model's server, still scheduled."""
+    """Any method on /upstream/<model>/<path>: straight through to that model's server, still scheduled
+    (but for upstream.ignorePaths: proxy/ignored_paths.py)."""
 
     async def handle(self, body: bytes) -> None:
         service = get_service()
@@ -236,7 +254,11 @@ class UpstreamConsumer(ModelConsumer):
             await self.send_response(308, b"", headers=[(b"location", target.encode("latin-1"))])
             return
         query = self.scope.get("query_string", b"").decode("latin-1")
-        await self.serve(
-            service, model_cfg, requested=model_cfg.id, stream=False, method=self.scope["method"],
-            upstream_path="/" + remainder + (f"?{query}" if query else ""), body=body, headers=headers,
-        )
+        forward = dict(method=self.scope["method"], upstream_path="/" + remainder + (f"?{query}" if query else ""),
+                       body=body, headers=headers)
+        if is_ignored(unquote("/" + remainder), service.config.ignore_paths):
+            await refuse_unless_ready(service, model_cfg, "/" + remainder)
+            if service.fleet is not None:
+                await send_unscheduled(self, service, model_cfg, as_sent=as_sent, **forward)
+                return
+        await self.serve(service, model_cfg, requested=model_cfg.id, stream=False, **forward)
