@@ -196,8 +196,11 @@ class Served:
 class Worker:
     """One `llamaswap worker` process, its metrics on a free loopback port."""
 
-    def __init__(self, tmp, config_text: str, env: dict, *, ready: str = "llamaswap worker serving") -> None:
+    def __init__(
+        self, tmp, config_text: str, env: dict, *, ready: str = "llamaswap worker serving", extra_args: tuple[str, ...] = ()
+    ) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
+        self.extra_args = extra_args
         self.ready = ready  # what its log says once it is up: a standby says "llamaswap worker standing by"
         self.config_path = tmp / "config.yaml"
         self.config_path.write_text(config_text)
@@ -211,7 +214,7 @@ class Worker:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, str(REPO / "manage.py"), "worker", "--config", str(self.config_path),
-             "--metrics-listen", self.metrics_listen],
+             "--metrics-listen", self.metrics_listen, *self.extra_args],
             cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 

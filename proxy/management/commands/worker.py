@@ -1,4 +1,4 @@
-"""`llamaswap worker --config FILE [--advertise HOST]`: the scheduler and the model processes of one GPU
+"""`llamaswap worker --config FILE [--config-dir DIR] [--advertise HOST]`: the scheduler and the model processes of one GPU
 box, serving the front ends of distributed mode over the channel layer."""
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ class Command(BaseCommand):
     help = "Run this machine's scheduler and model processes for the front ends (distributed mode: REDIS_URL)."
 
     def add_arguments(self, parser):
-        parser.add_argument("--config", required=True, help="llama-swap config.yaml (the same file the front ends serve)")
+        parser.add_argument("--config", help="llama-swap config.yaml (the same file the front ends serve)")
+        parser.add_argument(
+            "--config-dir", help="a directory whose *.yaml/*.yml files are merged after --config (as the front ends')"
+        )
         parser.add_argument(
             "--advertise", default=None, metavar="HOST",
             help="the name or address front ends reach this machine's model servers at "
@@ -45,8 +48,10 @@ class Command(BaseCommand):
                 "llamaswap worker serves front ends over Redis: set REDIS_URL=redis://host:6379/0 and a PostgreSQL "
                 "DATABASE_URL (the same for the front ends); without them, `llamaswap serve` runs everything in one process"
             )
-        config = read_config(self, options["config"])
-        serve_config_from(options["config"])
+        if not options["config"] and not options["config_dir"]:
+            raise CommandError("no config: pass --config FILE, --config-dir DIR, or both", returncode=2)
+        config = read_config(self, options["config"], config_dir=options["config_dir"])
+        serve_config_from(options["config"], options["config_dir"])
         apply_log_level(config.log_level)
         apply_log_output(config.log_output)
         from proxy.instance_lock import InstanceLockError, hold_instance_lock
@@ -99,7 +104,9 @@ class Command(BaseCommand):
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload_config(service, settings.LLAMASWAP_CONFIG)))
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload_config(
+            service, settings.LLAMASWAP_CONFIG or None, settings.LLAMASWAP_CONFIG_DIR or None
+        )))
         service.start()
         worker.rebuild(carried)  # before the first message, so a front end's second submit finds its request here
         serving = loop.create_task(worker.run())
