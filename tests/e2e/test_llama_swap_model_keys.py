@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import db_rows
+from tests.e2e.held import sighup_reload
 from tests.served import REPO, Served, fake_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -152,6 +153,12 @@ class SplitServed(Served):
     def stdout(self) -> str:
         return self.stdout_path.read_text(errors="replace")
 
+    def stop(self, *args, **kwargs) -> int:
+        try:
+            return super().stop(*args, **kwargs)
+        finally:
+            self._stdout.close()
+
 
 def _answers(served: Served) -> bool:
     if served.proc.poll() is not None:
@@ -176,6 +183,12 @@ def test_log_to_stdout_and_log_time_format(tmp_path):
         wait_until(lambda: TIMESTAMPED.search(served.stdout()), 10, what="llamaswap's own line on stdout")
         wait_until(lambda: "fakemodel m listening on" in served.stdout(), 10, what="the model's output on stdout")
         assert "llamaswap.proxy" not in served.log() and "model 'm' ready" not in served.log()
+
+        # A reload without the keys puts llamaswap's lines back on stderr, without a restart.
+        sighup_reload(served, f"models:\n  m:\n    cmd: {fake_cmd('m')}\n")
+        assert httpx.post(served.base + "/api/models/unload/m", timeout=60).text == "OK"
+        wait_until(lambda: "model 'm' stopped" in served.log(), 10, what="the stop logged on stderr")
+        assert "model 'm' stopped" not in served.stdout()
 
     # Without the keys: llamaswap's lines stay on stderr with their usual time, the model's output is not copied.
     with SplitServed(tmp_path / "absent", f"models:\n  m:\n    cmd: {fake_cmd('m')}\n") as served:
