@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def test_config_dir_files_are_merged_after_config_and_watched(tmp_path):
         assert listed(served.base) == {"alpha", "gamma"}, "a bad file leaves the running config alone"
 
 
-def test_config_dir_alone_is_enough(tmp_path):
+def test_config_dir_alone_is_enough_and_sighup_rereads_it(tmp_path):
     conf_d = tmp_path / "conf.d"
     conf_d.mkdir()
     (conf_d / "a.yaml").write_text(f"startPort: {model_ports(2)}\nhealthCheckTimeout: 20\n")
@@ -89,6 +90,9 @@ def test_config_dir_alone_is_enough(tmp_path):
 
         wait_until(healthy, 30, 0.05, "llamaswap to answer /health")
         assert listed(base) == {"only"} and chat(base, "only").status_code == 200
+        (conf_d / "c.yaml").write_text(f"models:\n{model('added')}")
+        proc.send_signal(signal.SIGHUP)  # no --watch-config: SIGHUP re-reads the directory
+        wait_until(lambda: listed(base) == {"only", "added"}, 20, 0.1, "SIGHUP to load the added file")
     finally:
         proc.terminate()
         proc.wait(30)
