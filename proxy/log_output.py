@@ -44,5 +44,6 @@ def apply_log_output(output: LogOutput) -> None:
 def copy_model_output(chunk: bytes) -> None:
     """A model server's output, written to stdout as it came when logToStdout is upstream or both."""
     if _copy_model_output:
+        sys.stdout.flush()  # text written before (a log line) goes out first
         sys.stdout.buffer.write(chunk)
-        sys.stdout.flush()
+        sys.stdout.buffer.flush()
