@@ -14,7 +14,7 @@ from proxy.hosts import host_refusal
 from proxy.ignored_paths import refuse_unless_ready, send_unscheduled
 from proxy.http import StreamingHttpConsumer
 from proxy.loading_state import shows_loading_state, wait_showing_state
-from proxy.model_choice import choose_model
+from proxy.model_choice import choose_model, pinned_upstream_path
 from proxy.inbound import (
     MODEL_ROUTES, forwarded_body, max_wait_seconds, off_loop_when_large, read_model_request, route_label,
 )
@@ -243,7 +243,7 @@ class UpstreamConsumer(ModelConsumer):
         headers = await self.authorise(service)
         raw = self.scope.get("raw_path") or quote(self.scope["path"]).encode()
         rest = raw.decode("latin-1").split("?", 1)[0][len("/upstream/"):]
-        model_cfg, remainder = service.resolve_upstream_path(rest)
+        model_cfg, remainder = service.resolve_upstream_path(await pinned_upstream_path(service, rest))
         if remainder is not None and climbs_out(remainder):
             raise ProxyError(400, f"/upstream/{rest}: '..' path segments are not forwarded", "invalid_path")
         if remainder is None:

@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 from collections import Counter
 from dataclasses import dataclass
+from typing import NoReturn
 
 from proxy.active_profile import active_profile
 from proxy.errors import ProxyError
@@ -60,12 +61,7 @@ async def choose_model(service, requested: str) -> ModelChoice:
     if profile:
         pins = config.profiles[profile].pins
         if requested in pins:
-            name = pins[requested]
-            if not name:
-                raise ProxyError(
-                    404, f"model '{requested}' is disabled while profile '{profile}' is active; "
-                    "PUT /api/profiles/active to switch profiles", "model_not_found",
-                )
+            name = pins[requested] or _disabled(requested, profile)
     selector = config.selectors.get(name)
     if selector is None:
         return ModelChoice(name, rewritten=name != requested)
@@ -77,6 +73,28 @@ async def choose_model(service, requested: str) -> ModelChoice:
     target = _spillover(config, selector, states)
     _reserved[(selector.id, target)] += 1
     return ModelChoice(target, selector.id, True, (selector.id, target))
+
+
+async def pinned_upstream_path(service, rest: str) -> str:
+    """`<model>/<path>` of an /upstream request with the active profile's pin applied to the model (the
+    longest pinned run of segments, as model IDs may hold '/'). Selectors are not chosen on /upstream."""
+    profile = await active_profile(service.config)
+    if not profile:
+        return rest
+    pins = service.config.profiles[profile].pins
+    segments = rest.split("/")
+    for end in range(len(segments), 0, -1):
+        pinned = "/".join(segments[:end])
+        if pinned in pins:
+            return "/".join([pins[pinned] or _disabled(pinned, profile), *segments[end:]])
+    return rest
+
+
+def _disabled(requested: str, profile: str) -> NoReturn:
+    raise ProxyError(
+        404, f"model '{requested}' is disabled while profile '{profile}' is active; "
+        "PUT /api/profiles/active to switch profiles", "model_not_found",
+    )
 
 
 def _state(config, target: str, states: dict[str, str]) -> str | None:

@@ -148,6 +148,11 @@ def test_profile_pins_apply_while_active_and_are_listed(tmp_path):
         gone = chat(served, "gone")
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
         assert "profile 'coding'" in gone.json()["error"]["message"]
+        # Pins apply on /upstream too (selectors do not).
+        upstream = httpx.get(served.base + "/upstream/code/v1/models", timeout=30)
+        assert upstream.status_code == 200 and upstream.json()["data"][0]["id"] == "beta"
+        assert httpx.get(served.base + "/upstream/gone/v1/models", timeout=30).status_code == 404
+        assert httpx.get(served.base + "/upstream/warmest/v1/models", timeout=30).status_code == 404
         models = {m["id"]: m for m in httpx.get(served.base + "/v1/models", timeout=10).json()["data"]}
         assert models["code"]["meta"]["llamaswap"]["type"] == "profile"
         assert models["fast"]["meta"]["llamaswap"]["type"] == "profile"
