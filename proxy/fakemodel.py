@@ -471,9 +471,9 @@ class FakeModelHandler(BaseHTTPRequestHandler):
                    "Sec-WebSocket-Accept": wsf.accept_key(self.headers.get("Sec-WebSocket-Key", ""))}
         if protocols:
             headers["Sec-WebSocket-Protocol"] = protocols[0]
-        self.close_connection = True
         self.server.events.record("websocket", state="open", path=self.path)
         self.wfile.write(self._header_block(101, headers))
+        self.close_connection = True  # after the head: its "Connection: close" would void the upgrade
         code = wsf.NO_STATUS
         while True:
             head = self.rfile.read(2)

@@ -210,3 +210,15 @@ def test_a_socket_outlives_the_client_timeout_while_its_model_loads_and_while_id
             assert ws.recv() == "still open"
         finally:
             ws.close()
+
+
+def test_the_fake_models_echo_socket_speaks_plain_rfc6455(served):
+    """The passthrough's tests lean on the fake model's socket: a standard client accepts it directly."""
+    httpx.post(served.base + "/v1/chat/completions", json={"model": "counted", "messages": []}, headers=AUTH, timeout=30)
+    proxy = next(m["proxy"] for m in httpx.get(served.base + "/running", headers=AUTH).json()["running"] if m["model"] == "counted")
+    ws = websocket.create_connection(proxy.replace("http://", "ws://") + "/direct", timeout=15)
+    try:
+        ws.send("hi")
+        assert ws.recv() == "hi"
+    finally:
+        ws.close()
