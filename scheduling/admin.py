@@ -413,7 +413,7 @@ class ConfiguredModelFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin):
         config, _ = _config_or_problem()
         if config is not None:
-            names = list(config.models)
+            names = [*config.models, *(peer.qualified(model) for peer in config.peers.values() for model in peer.models)]
         else:
             names = QueuedRequest.objects.order_by("model").values_list("model", flat=True).distinct()
         return [(name, name) for name in names]
@@ -444,8 +444,8 @@ class QueuedRequestAdmin(admin.ModelAdmin):
         ("Why it ran when it did", {"fields": ("why", "timeline", "tokens")}),
         (
             "Request",
-            {"fields": ("id", "model", "requested_model", "selector", "method", "path", "stream", "client", "priority",
-                        "band", "state", "status_code", "error")},
+            {"fields": ("id", "model", "requested_model", "selector", "peer", "method", "path", "stream", "client",
+                        "priority", "band", "state", "status_code", "error")},
         ),
         (
             "Decision",

@@ -124,10 +124,16 @@ def _read_filters(entry: Section) -> ModelFilters:
     if set_params is MISSING or set_params is None:
         set_params = {}
     elif not isinstance(set_params, dict):
-        filters.error("setParams", f"expected a mapping of param: value, got {kind_of(set_params)} — e.g. setParams: {{temperature: 0.7}}")
+        filters.error(
+            "setParams",
+            f"expected a mapping of param: value, got {kind_of(set_params)} — e.g. setParams: {{temperature: 0.7}}",
+        )
         set_params = {}
     if "model" in set_params:
-        filters.log.warn(filters.path("setParams.model"), "model is protected and never overridden, ignored — list the peer's own model names under models")
+        filters.log.warn(
+            filters.path("setParams.model"),
+            "model is protected and never overridden, ignored — list the peer's own model names under models",
+        )
     filters.warn_unread()
     return ModelFilters(
         strip_params=tuple(strip),
