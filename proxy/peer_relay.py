@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
+from proxy.captures import begin_capture
 from proxy.config.peers import PeerConfig
 from proxy.errors import ProxyError
 from proxy.inbound import ModelRequest, forwarded_body, off_loop_when_large, route_label
@@ -99,6 +100,9 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
     began = loop.time()
     ticket_id = await door.begin_relayed(request, peer.id, f"relayed to peer '{peer.id}' at {peer.proxy}, not scheduled")
     identity = identity_headers(ticket_id, 0.0) if ticket_id is not None else {}
+    consumer.capture = begin_capture(service.config.capture_buffer_mb, consumer.scope["path"], upstream_path, headers, body)
+    if consumer.capture is not None:
+        consumer.capture.ticket_id = ticket_id
     open_row = [True]
 
     def ended(outcome: Outcome, first_byte: float | None = None) -> None:

@@ -141,6 +141,9 @@ class Config:
             lines.append(f"  {model.id}  [{'; '.join(extras)}]")
             lines.append(f"    cmd:   {shlex.join(model.cmd)}")
             lines.append(f"    proxy: {model.proxy}  ttl: {_ttl_text(model.ttl)}")
+        for peer in self.peers.values():  # relayed as they come, never scheduled
+            key = ", apiKey set" if peer.api_key else ""
+            lines.append(f"peer {peer.id} ({peer.proxy}{key}): {', '.join(peer.models)}")
         return "\n".join(lines)
 
 

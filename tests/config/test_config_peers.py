@@ -137,3 +137,12 @@ peers:
 def test_no_peers(load):
     config = load(LOCAL)
     assert dict(config.peers) == {} and config.peer_model("anything") is None
+
+
+def test_the_start_summary_names_each_peer(load):
+    config = load(LOCAL + """
+peers:
+  box: {proxy: "http://h:1", apiKey: sk-x, models: [a, b]}
+""")
+    assert "peer box (http://h:1, apiKey set): a, b" in config.describe().splitlines()
+    assert "sk-x" not in config.describe()

@@ -6,6 +6,7 @@ received, so the tests see what a peer was sent.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def setup(tmp_path_factory):
     local_events = tmp / "local-events.jsonl"
     text = f"""
         apiKeys: ["{KEY}"]
+        captureBuffer: 1
         models:
           local:
             cmd: {fake_cmd("local", local_events, "--tps", "20")}
@@ -119,6 +121,10 @@ def test_qualified_name_reaches_the_peer_with_its_key_and_not_the_callers(setup)
 
     row = activity(served, r.headers["x-llamaswap-request-id"])
     assert (row["model"], row["peer"], row["state"], row["status_code"]) == ("box/m1", "box", "completed", 200)
+    capture = httpx.get(served.base + f"/api/captures/{row['id']}", headers=CALLER, timeout=10).json()
+    assert capture["req_headers"]["authorization"] == "[REDACTED]"
+    assert json.loads(base64.b64decode(capture["req_body"]))["model"] == "m1"  # as sent to the peer, filtered
+    assert "temperature" not in json.loads(base64.b64decode(capture["req_body"]))
     assert row["requested_model"] == "box/m1"
     assert row["output_tokens"] == 3
     assert r.headers["x-llamaswap-queue-wait-ms"] == "0"
