@@ -22,6 +22,7 @@ from asgiref.sync import sync_to_async
 from django.db.models import Max
 
 from proxy.active_profile import active_profile
+from proxy.model_listing import capability_fields
 from scheduling.activity import activity_row
 from scheduling.models import QueuedRequest, RequestState
 
@@ -50,9 +51,16 @@ def model_status(config, states: dict[str, str]) -> list[dict[str, Any]]:
             "unlisted": model.unlisted,
             "peerID": "",
             "aliases": list(model.aliases),
+            **_capability_flags(model),
         }
         for model_id, model in sorted(config.models.items())
     ]
+
+
+def _capability_flags(model) -> dict[str, Any]:
+    """The dashboard's `capabilities` map, the same as /v1/models gives; absent when the model declares none."""
+    flags = capability_fields(model.capabilities).get("capabilities")
+    return {"capabilities": flags} if flags else {}
 
 
 def _iso(epoch: float | None) -> str | None:
