@@ -84,6 +84,10 @@ def setup(tmp_path_factory):
           dead:
             proxy: http://127.0.0.1:{dead_port}
             models: [gone]
+          slow:
+            proxy: {box.url}
+            models: [s1]
+            timeouts: {{responseHeader: 1}}
     """
     try:
         with Served(tmp, text) as served:
@@ -198,6 +202,23 @@ def test_an_unreachable_peer_is_502_with_a_hint(setup):
     assert (row["peer"], row["state"], row["status_code"]) == ("dead", "failed", 502)
 
 
+def test_a_peer_slower_than_its_response_header_timeout_is_504(setup):
+    served, _, _ = setup
+    began = time.monotonic()
+    r = chat(served, "slow/s1", fake={"delay": 5, "tokens": 1})
+    assert r.status_code == 504 and time.monotonic() - began < 4
+    assert "peer 'slow'" in r.json()["error"]["message"]
+
+
+def test_a_peers_own_error_answer_is_passed_on(setup):
+    served, _, _ = setup
+    r = chat(served, "box/m1", fake={"status": 503})
+    assert r.status_code == 503
+    assert "fake error 503" in r.text
+    row = activity(served, r.headers["x-llamaswap-request-id"])
+    assert (row["state"], row["status_code"]) == ("failed", 503)
+
+
 def test_the_caller_still_needs_a_key(setup):
     served, box, _ = setup
     before = len(box.starts())
@@ -210,7 +231,7 @@ def test_peer_models_are_listed(setup):
     served, _, _ = setup
     data = httpx.get(served.base + "/v1/models", headers=CALLER, timeout=10).json()["data"]
     peers = {entry["id"]: entry for entry in data if entry["meta"]["llamaswap"]["type"] == "peer"}
-    assert set(peers) == {"box/m1", "box/shared", "box/local", "other/shared", "dead/gone"}
+    assert set(peers) == {"box/m1", "box/shared", "box/local", "other/shared", "dead/gone", "slow/s1"}
     assert peers["box/m1"]["owned_by"] == "box"
     assert "local" in {entry["id"] for entry in data if entry["meta"]["llamaswap"]["type"] == "model"}
 
