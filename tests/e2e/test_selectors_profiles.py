@@ -9,7 +9,9 @@ import httpx
 import pytest
 
 from tests.e2e.held import HeldStream
-from tests.served import Served, fake_cmd, wait_until
+from tests.e2e.test_api_events import EventReader
+from tests.e2e.test_distributed import distributed  # noqa: F401 - the fixture
+from tests.served import Served, Worker, fake_cmd, model_ports, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -138,7 +140,15 @@ def test_profile_pins_apply_while_active_and_are_listed(tmp_path):
         assert "code" not in models
         assert chat(served, "code").status_code == 404  # no profile is active: "code" is no model
 
-        assert httpx.put(api + "/active", json={"name": "coding"}, timeout=10).json() == {"active": "coding"}
+        events = EventReader(served)
+        try:
+            _, first = events.wait_for(lambda e: e["type"] == "profileChanged", what="the first profileChanged")
+            assert first["data"] == {"activeProfileName": ""}
+            assert httpx.put(api + "/active", json={"name": "coding"}, timeout=10).json() == {"active": "coding"}
+            events.wait_for(lambda e: e["type"] == "profileChanged" and e["data"]["activeProfileName"] == "coding",
+                            what="profileChanged to coding")
+        finally:
+            events.close()
         assert httpx.get(api, timeout=10).json()["active"] == "coding"
         code = chat(served, "code")
         assert code.status_code == 200 and code.json()["model"] == "beta"
@@ -186,3 +196,37 @@ def test_the_active_profile_survives_no_restart(tmp_path):
     with Served(tmp_path, config(events)) as served:
         assert httpx.get(served.base + "/api/profiles", timeout=10).json()["active"] is None
         assert chat(served, "code").status_code == 404
+
+
+def test_distributed_front_ends_share_the_active_profile_and_see_the_workers_models(tmp_path, distributed):
+    """One front end switches the profile on; the other applies it too. Warm reads the worker's process
+    states from a front end, and the worker's row records the selector."""
+    env, psycopg = distributed
+    text = f"""
+        startPort: {model_ports(2)}
+        models:
+          chat: {{cmd: "{fake_cmd('chat')}"}}
+          coder: {{cmd: "{fake_cmd('coder')}"}}
+        selectors:
+          warmest: {{strategy: warm, targets: [coder, chat]}}
+        profiles:
+          coding: {{pins: {{code: warmest}}}}
+    """
+    with Worker(tmp_path / "worker", text, env):
+        front = []
+        for name in ("fe1", "fe2"):
+            (tmp_path / name).mkdir()
+            front.append(Served(tmp_path / name, text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / name / "data")}))
+        with front[0] as first, front[1] as second:
+            assert chat(first, "chat").json()["model"] == "chat"
+            wait_until(lambda: running(second) == {"chat"}, what="the other front end to hear from the worker")
+            assert httpx.put(first.base + "/api/profiles/active", json={"name": "coding"}, timeout=10).status_code == 200
+            answer = wait_until(lambda: (r := chat(second, "code")).status_code == 200 and r, timeout=10,
+                                what="the other front end to apply the profile")
+            assert answer.json()["model"] == "chat"  # warm: chat is loaded, coder is not
+            ticket_id = int(answer.headers["X-LlamaSwap-Request-Id"])
+            with psycopg.connect(env["DATABASE_URL"]) as connection:
+                selector = connection.execute(
+                    "SELECT selector FROM scheduling_queuedrequest WHERE id = %s", (ticket_id,)).fetchone()
+            assert selector == ("warmest",)
+            assert httpx.get(second.base + "/api/profiles", timeout=10).json()["active"] == "coding"
