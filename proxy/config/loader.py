@@ -127,6 +127,11 @@ class Config:
         for group in self.groups:
             flags = [flag for flag, on in (("swap", group.swap), ("exclusive", group.exclusive), ("persistent", group.persistent)) if on]
             lines.append(f"group {group.name} ({', '.join(flags) or 'no flags'}): {', '.join(group.members) or '-'}")
+        for selector in self.selectors.values():
+            lines.append(f"selector {selector.id} ({selector.strategy}): {', '.join(selector.targets)}")
+        for profile in self.profiles.values():
+            pins = ", ".join(f"{pinned} → {target or 'disabled'}" for pinned, target in profile.pins.items())
+            lines.append(f"profile {profile.name}: {pins or 'no pins'}")
         lines.append(f"models ({len(self.models)}):")
         for model in self.models.values():
             extras = []

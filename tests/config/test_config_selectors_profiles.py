@@ -156,6 +156,11 @@ profiles:
                                  "image": "", "audio": ""}
     assert dict(config.profiles["bare"].pins) == {}
     assert config.warnings == ()
+    described = config.describe().splitlines()
+    assert "selector warmest (warm): a, b" in described
+    assert "profile coding: llm-code → bee, llm-plan → warmest, remote → box/remote-m, a → b, image → disabled, " \
+           "audio → disabled" in described
+    assert "profile bare: no pins" in described
 
 
 def test_profile_errors_name_the_key_path_and_the_fix(config_error, problem):
