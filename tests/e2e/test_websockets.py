@@ -4,15 +4,18 @@ compat.ignoreWebsockets, against the fake model's echo socket."""
 from __future__ import annotations
 
 import json
-import time
+import os
 import struct
+import textwrap
+import time
 
 import httpx
 import pytest
 import websocket  # websocket-client: a client that shares no code with the passthrough
 
+from tests.conftest import REDIS_URL, fresh_redis_db
 from tests.e2e.conftest import db_rows
-from tests.served import Served, fake_cmd, read_events, wait_until
+from tests.served import REPO, Served, Worker, fake_cmd, model_ports, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -222,3 +225,42 @@ def test_the_fake_models_echo_socket_speaks_plain_rfc6455(served):
         assert ws.recv() == "hi"
     finally:
         ws.close()
+
+
+def test_websockets_through_a_front_end_in_distributed_mode(tmp_path, postgres):
+    """A counted socket on a front end starts its model at the worker; an ignored one passes once it is ready."""
+    redis = pytest.importorskip("redis")
+    try:
+        redis_url = fresh_redis_db(REDIS_URL)
+    except redis.exceptions.ConnectionError as exc:
+        pytest.skip(f"no Redis at {REDIS_URL}: {exc}")
+    env = {**os.environ, "DATABASE_URL": postgres[0], "REDIS_URL": redis_url, "PYTHONPATH": str(REPO),
+           "LLAMASWAP_DATA_DIR": str(tmp_path / "worker-data")}
+    text = textwrap.dedent(f"""
+        startPort: {model_ports(2)}
+        models:
+          counted: {{cmd: "{fake_cmd('counted')}"}}
+          ignoring: {{cmd: "{fake_cmd('ignoring')}", compat: {{ignoreWebsockets: true}}}}
+    """)
+    try:
+        with Worker(tmp_path / "worker", text, env), Served(tmp_path, text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "fe")}) as front:
+            ws = websocket.create_connection(ws_url(front, "/upstream/counted/ws"), timeout=30)
+            try:
+                ws.send("whoami")
+                assert json.loads(ws.recv()) == {"path": "/ws", "served_by": "counted"}
+            finally:
+                ws.close()
+            ws = websocket.create_connection(ws_url(front, "/upstream/ignoring/ws"), timeout=30)
+            try:
+                assert close_code(ws) == 4409
+            finally:
+                ws.close()
+            httpx.post(front.base + "/v1/chat/completions", json={"model": "ignoring", "messages": []}, timeout=30)
+            ws = websocket.create_connection(ws_url(front, "/upstream/ignoring/ws"), timeout=30)
+            try:
+                ws.send("hi")
+                assert ws.recv() == "hi"
+            finally:
+                ws.close()
+    finally:
+        redis.Redis.from_url(redis_url).flushdb()
