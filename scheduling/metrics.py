@@ -261,8 +261,10 @@ def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
 
 
 def export_front_end(config) -> None:
-    """Create the per-model series of the requests this process serves at zero (see `export_service`)."""
-    for model in config.models:
+    """Create the per-model series of the requests this process serves at zero (see `export_service`),
+    a peer's models (`<peer>/<model>`) included."""
+    peer_models = [peer.qualified(model) for peer in config.peers.values() for model in peer.models]
+    for model in [*config.models, *peer_models]:
         REQUEST_DURATION.labels(model)
         FIRST_BYTE.labels(model)
         for direction in TOKEN_DIRECTIONS:

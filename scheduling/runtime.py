@@ -577,7 +577,7 @@ class SchedulerRuntime:
         # stops wait until the drain is over (the service stops the whole fleet then).
         self._run(lambda: [e for e in self.scheduler.shutdown(now) if not isinstance(e, StopModel)])
         deadline = self.now() + drain_seconds
-        while (self._granted or self._tasks) and self.now() < deadline:
+        while (self._granted or self._relayed or self._tasks) and self.now() < deadline:
             await asyncio.sleep(0.05)
         # What still runs is cut by the shutdown, not by its model stopping: each client is told so.
         self._cut(list(self._granted), Rejected(503, "shutting_down", "llamaswap shut down before this request finished"))

@@ -401,6 +401,20 @@ def test_a_front_ends_metrics_page_has_its_requests_and_no_queue(client, monkeyp
     assert any(name.startswith("django_http_") for name, _ in got)
 
 
+def test_a_peers_models_have_their_request_series_from_the_start(client, monkeypatch):
+    served = config("""
+        models:
+          eta:
+            cmd: llama-server --port ${PORT}
+        peers:
+          box: {proxy: "http://127.0.0.1:1", models: [m1]}
+    """)
+    serving(monkeypatch, served, runs_scheduler=False)
+    metrics.export_front_end(served)
+    got = samples(scrape(client))
+    assert got[("llamaswap_tokens_total", frozenset({("model", "box/m1"), ("direction", "output")}))] == 0
+
+
 # -- the Grafana dashboard -----------------------------------------------------------------------
 
 
