@@ -106,6 +106,11 @@ def test_a_counted_websocket_holds_its_place_while_open(served):
         assert ws.recv() == "ping?"
         busy = httpx.post(served.base + "/v1/chat/completions", json={"model": "counted", "messages": []}, headers=AUTH)
         assert busy.status_code == 429
+        second = open_socket(served, "/upstream/counted/ws")
+        try:
+            assert close_code(second) == 4429
+        finally:
+            second.close()
     finally:
         ws.close()
 
