@@ -10,6 +10,7 @@ import base64
 import json
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -300,3 +301,34 @@ def test_distributed_front_end_records_peer_requests_through_the_worker(tmp_path
                 assert requests_total(front, "box/m1") == 1  # the front end that served it counts it
     finally:
         peer.stop()
+
+
+def test_a_reload_moves_a_peer(tmp_path):
+    first, second = Peer(tmp_path, "first"), Peer(tmp_path, "second")
+    local = f"""
+        models:
+          local: {{cmd: "{fake_cmd('local')}", proxy: "http://127.0.0.1:${{PORT}}"}}
+    """.rstrip(" ")
+
+    def peers(url: str, models: str) -> str:
+        return f"        peers:\n          box: {{proxy: \"{url}\", apiKey: k-{models}, models: [{models}]}}\n"
+
+    try:
+        with Served(tmp_path, local + peers(first.url, "m1"), extra_args=("--watch-config",)) as served:
+            def post(model: str) -> httpx.Response:
+                return httpx.post(served.base + "/v1/chat/completions", timeout=30,
+                                  json={"model": model, "messages": [], "fake": {"tokens": 1}})
+
+            assert post("box/m1").status_code == 200 and len(first.starts()) == 1
+            start_port = served.config_path.read_text().split("\n", 1)[0]
+            served.config_path.write_text(start_port + "\n" + textwrap.dedent(local + peers(second.url, "m2")))
+
+            wait_until(lambda: post("box/m2").status_code == 200, 15, 0.2, "the reloaded peer to serve box/m2")
+            assert second.starts()[-1]["headers"]["x-api-key"] == "k-m2"
+            assert post("box/m1").status_code == 404
+            listed = {m["id"] for m in httpx.get(served.base + "/v1/models", timeout=10).json()["data"]}
+            assert "box/m2" in listed and "box/m1" not in listed
+            assert len(first.starts()) == 1
+    finally:
+        first.stop()
+        second.stop()
