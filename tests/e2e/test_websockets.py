@@ -36,6 +36,7 @@ def served(tmp_path_factory):
           ignoring:
             cmd: {fake_cmd("ignoring", events, "--tps", "0")}
             ttl: 1
+            concurrencyLimit: 1
             compat:
               ignoreWebsockets: true
           comfyui_auto:
@@ -141,13 +142,16 @@ def test_an_ignored_websocket_never_starts_its_model(served):
 
 
 def test_an_ignored_websocket_passes_when_ready_and_does_not_keep_the_model_loaded(served):
-    """ttl 1: a request loads the model; an open ignored socket does not hold off the idle unload."""
+    """ttl 1, concurrencyLimit 1: a request loads the model; an open ignored socket takes no place from the
+    next request and does not hold off the idle unload."""
     r = httpx.post(served.base + "/v1/chat/completions", json={"model": "ignoring", "messages": []}, headers=AUTH)
     assert r.status_code == 200
     ws = open_socket(served, "/upstream/ignoring/live")
     try:
         ws.send("still here")
         assert ws.recv() == "still here"
+        r = httpx.post(served.base + "/v1/chat/completions", json={"model": "ignoring", "messages": []}, headers=AUTH)
+        assert r.status_code == 200
         wait_until(lambda: state(served, "ignoring") == "stopped", 15, what="the TTL to unload the model under the socket")
     finally:
         ws.close()
