@@ -24,6 +24,9 @@ being served at that moment, itself included.
 others wait in arrival order for a free slot (a "queued" event records each one that has to),
 and one whose client leaves while it waits is dropped. GET requests never take a slot. Without
 it every request is served at once.
+
+A GET with ``Upgrade: websocket`` on any path opens an echo WebSocket (see ``_websocket_echo``), for
+the passthrough's tests; its events are "websocket" lines with ``state`` "open" or "closed".
 """
 
 from __future__ import annotations
