@@ -111,7 +111,8 @@ async def relay(consumer, client: UpstreamClient, model: str, method: str, url: 
         return
     try:
         if not consumer.response_started:
-            own = downstream_headers(response.headers) + list(own_headers)
+            mine = {name for name, _ in own_headers}  # lower-case; a model's of the same name (a peer's row id) gives way
+            own = [h for h in downstream_headers(response.headers) if h[0].lower() not in mine] + list(own_headers)
             await consumer.send_headers(status=response.status, headers=own)
         # Streams come as many small chunks worth batching; other bodies arrive in a few large reads,
         # which go straight through without the batching task's extra hop.

@@ -85,13 +85,19 @@ def setup(tmp_path_factory):
           dead:
             proxy: http://127.0.0.1:{dead_port}
             models: [gone]
+          loop:
+            proxy: SELF_URL
+            apiKey: {KEY}
+            models: [local]
           slow:
             proxy: {box.url}
             models: [s1]
             timeouts: {{responseHeader: 1}}
     """
+    served = Served(tmp, text)  # `loop` is this llamaswap itself, as another llamaswap would be a peer
+    served.config_path.write_text(served.config_path.read_text().replace("SELF_URL", served.base))
     try:
-        with Served(tmp, text) as served:
+        with served:
             served.local_events = local_events
             yield served, box, other
     finally:
@@ -193,6 +199,14 @@ def test_streams_stream_through(setup):
     assert row["stream"] is True and row["peer"] == "box" and row["output_tokens"] == 4
 
 
+def test_a_peer_that_is_a_llamaswap_answers_with_one_request_id_ours(setup):
+    served, _, _ = setup
+    r = chat(served, "loop/local")
+    assert r.status_code == 200
+    (request_id,) = r.headers.get_list("x-llamaswap-request-id")
+    assert activity(served, request_id)["peer"] == "loop"
+
+
 def test_an_unreachable_peer_is_502_with_a_hint(setup):
     served, _, _ = setup
     r = chat(served, "dead/gone")
@@ -232,7 +246,7 @@ def test_peer_models_are_listed(setup):
     served, _, _ = setup
     data = httpx.get(served.base + "/v1/models", headers=CALLER, timeout=10).json()["data"]
     peers = {entry["id"]: entry for entry in data if entry["meta"]["llamaswap"]["type"] == "peer"}
-    assert set(peers) == {"box/m1", "box/shared", "box/local", "other/shared", "dead/gone", "slow/s1"}
+    assert set(peers) == {"box/m1", "box/shared", "box/local", "other/shared", "dead/gone", "slow/s1", "loop/local"}
     assert peers["box/m1"]["owned_by"] == "box"
     assert "local" in {entry["id"] for entry in data if entry["meta"]["llamaswap"]["type"] == "model"}
 
