@@ -17,11 +17,14 @@ from typing import Any
 from django.db.models import Case, Count, F, IntegerField, Q, Sum, When
 from django.http import QueryDict
 
-from scheduling.models import TERMINAL_STATES, QueuedRequest
+from scheduling.models import TERMINAL_STATES, QueuedRequest, RequestState
 
 DEFAULT_LIMIT = 25
 MAX_LIMIT = 999
 UNKNOWN = -1  # llama-swap's value for a count or speed that was not reported
+# The states of a request not yet ended. Rows are picked by leaving these out: `state IN (ended...)`
+# would lead the database to the state index and a sort of every row before the first page.
+UNENDED_STATES = tuple(state for state in RequestState.values if state not in TERMINAL_STATES)
 
 # llama-swap's sort keys and the columns behind them. A request's content type is not stored: it is
 # the one a request asks for (stream or not), so that key sorts by `stream`. Draft tokens are not
@@ -113,7 +116,7 @@ def _whole(params: QueryDict, name: str, low: int, high: int | None) -> int | No
 
 
 def _ended_rows(models: tuple[str, ...]):
-    rows = QueuedRequest.objects.filter(state__in=TERMINAL_STATES)
+    rows = QueuedRequest.objects.exclude(state__in=UNENDED_STATES)
     return rows.filter(model__in=models) if models else rows
 
 
