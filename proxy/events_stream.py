@@ -23,6 +23,7 @@ from django.db.models import Max
 
 from proxy.active_profile import active_profile
 from proxy.model_listing import capability_fields
+from proxy.peer_relay import peer_model_states
 from scheduling.activity import activity_row
 from scheduling.models import QueuedRequest, RequestState
 
@@ -54,7 +55,7 @@ def model_status(config, states: dict[str, str]) -> list[dict[str, Any]]:
             **_capability_flags(model),
         }
         for model_id, model in sorted(config.models.items())
-    ]
+    ] + peer_model_states(config)
 
 
 def _capability_flags(model) -> dict[str, Any]:

@@ -45,12 +45,31 @@ def listed_peer_models(config, created: int) -> list[dict]:
             "id": qualified,
             "object": "model",
             "created": created,
-            "owned_by": peer.id,
+            "owned_by": "llamaswap",
+            "name": f"{peer.id}: {model}",
+            "description": "",
             "meta": {"llamaswap": {"type": "peer", "peerID": peer.id}},
         }
+        for qualified, peer, model in _reachable(config)
+    ]
+
+
+def peer_model_states(config) -> list[dict]:
+    """The peers' models in `/api/events` `modelStatus`: no process here, so no state; `peerID` names the peer."""
+    return [
+        {"id": qualified, "name": f"{peer.id}: {model}", "description": "", "state": "", "unlisted": False,
+         "peerID": peer.id, "aliases": []}
+        for qualified, peer, model in _reachable(config)
+    ]
+
+
+def _reachable(config) -> list[tuple[str, PeerConfig, str]]:
+    """(`<peer>/<model>`, peer, model) of every peer model no local name shadows."""
+    return [
+        (peer.qualified(model), peer, model)
         for peer in config.peers.values()
         for model in peer.models
-        if config.resolve(qualified := peer.qualified(model)) is None
+        if config.resolve(peer.qualified(model)) is None
     ]
 
 

@@ -151,7 +151,6 @@ class PeerModels:
     """Which peer serves a name that is not a local model: `<peer>/<model>`, or a bare name one peer lists."""
 
     def __init__(self, peers: Mapping[str, PeerConfig]):
-        self.peers = peers
         self._qualified: dict[str, tuple[PeerConfig, str]] = {}
         self._bare: dict[str, list[PeerConfig]] = {}
         for peer in peers.values():
@@ -169,10 +168,6 @@ class PeerModels:
     def offering(self, name: str) -> tuple[str, ...]:
         """The qualified names of every peer model called `name` (several: the bare name is ambiguous)."""
         return tuple(peer.qualified(name) for peer in self._bare.get(name, ()))
-
-    def listed(self) -> list[tuple[str, PeerConfig, str]]:
-        """(qualified name, peer, model) for every peer model, in config order."""
-        return [(qualified, peer, model) for qualified, (peer, model) in self._qualified.items()]
 
 
 def warn_shadowed(peers: Mapping[str, PeerConfig], is_local: Callable[[str], bool], log: ProblemLog) -> None:

@@ -247,8 +247,19 @@ def test_peer_models_are_listed(setup):
     data = httpx.get(served.base + "/v1/models", headers=CALLER, timeout=10).json()["data"]
     peers = {entry["id"]: entry for entry in data if entry["meta"]["llamaswap"]["type"] == "peer"}
     assert set(peers) == {"box/m1", "box/shared", "box/local", "other/shared", "dead/gone", "slow/s1", "loop/local"}
-    assert peers["box/m1"]["owned_by"] == "box"
+    assert peers["box/m1"]["name"] == "box: m1" and peers["box/m1"]["meta"]["llamaswap"]["peerID"] == "box"
     assert "local" in {entry["id"] for entry in data if entry["meta"]["llamaswap"]["type"] == "model"}
+
+
+def test_peer_models_are_in_the_model_status_events(setup):
+    served, _, _ = setup
+    with httpx.stream("GET", served.base + "/api/events", headers=CALLER, timeout=10) as r:
+        for line in r.iter_lines():
+            envelope = json.loads(line[len("data: "):]) if line.startswith("data: ") else {}
+            if envelope.get("type") == "modelStatus":
+                models = {m["id"]: m for m in json.loads(envelope["data"])}
+                break
+    assert models["box/m1"]["peerID"] == "box" and models["local"]["peerID"] == ""
 
 
 def test_a_peer_request_does_not_wait_behind_a_busy_local_model(setup):
