@@ -12,6 +12,7 @@ as `Authorization: Bearer <key>` and `x-api-key: <key>`.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from proxy.captures import begin_capture
 from proxy.config.peers import PeerConfig
@@ -21,6 +22,7 @@ from proxy.relay import relay, upstream_headers
 from scheduling.core import PRIORITY_HEADER, parse_priority
 from scheduling.runtime import Outcome, TicketRequest
 
+log = logging.getLogger("llamaswap.proxy")
 CALLER_CREDENTIALS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie"})
 
 
@@ -144,10 +146,12 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
                 [(k.lower().encode(), v.encode()) for k, v in identity.items()],
             )
     except ProxyError as exc:
-        message = (
-            f"peer '{peer.id}' failed for {method} {url}: {exc.message} — check that the peer is up and that "
-            f"peers.{peer.id}.proxy is its address"
-        )
+        if exc.status == 504:
+            hint = f"it took longer than peers.{peer.id}.timeouts (responseHeader, connect) allow; raise them if it is only slow"
+        else:
+            hint = f"check that the peer is up and that peers.{peer.id}.proxy is its address"
+        message = f"peer '{peer.id}' failed for {method} {url}: {exc.message} — {hint}"
+        log.warning("%s", message)
         ended(Outcome(state="failed", status_code=exc.status, error=message))
         raise ProxyError(exc.status, message, exc.code, headers=identity) from None
     finally:

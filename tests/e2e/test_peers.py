@@ -222,7 +222,8 @@ def test_a_peer_slower_than_its_response_header_timeout_is_504(setup):
     began = time.monotonic()
     r = chat(served, "slow/s1", fake={"delay": 5, "tokens": 1})
     assert r.status_code == 504 and time.monotonic() - began < 4
-    assert "peer 'slow'" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert "peer 'slow'" in message and "peers.slow.timeouts" in message
 
 
 def test_a_peers_own_error_answer_is_passed_on(setup):
