@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import json
+import textwrap
 
 import httpx
 import pytest
 
-from tests.served import Served, fake_cmd, wait_until
+from tests.e2e.test_distributed import distributed  # noqa: F401 - the fixture
+from tests.served import Served, Worker, fake_cmd, model_ports, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -150,3 +152,34 @@ def test_without_a_capture_buffer_nothing_is_captured_and_the_activity_api_reads
 
         version = httpx.get(served.base + "/api/version", headers=AUTH, timeout=10).json()
         assert set(version) == {"version", "commit", "build_date"} and version["version"] != "unknown"
+
+
+def test_in_distributed_mode_the_front_end_that_relayed_a_request_holds_its_capture(tmp_path, distributed):
+    env, _ = distributed
+    text = f"""
+        captureBuffer: 1
+        startPort: {model_ports(2)}
+        models:
+          m: {{cmd: "{fake_cmd('m')}"}}
+    """
+    with Worker(tmp_path / "worker", textwrap.dedent(text), env):
+        front = []
+        for name in ("fe1", "fe2"):
+            (tmp_path / name).mkdir()
+            front.append(Served(tmp_path / name, text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / name / "data")}))
+        with front[0] as relaying, front[1] as other:
+            reply = httpx.post(relaying.base + "/v1/chat/completions", timeout=60,
+                               json={"model": "m", "messages": [], "fake": {"tps": 0}})
+            assert reply.status_code == 200, reply.text
+            request_id = int(reply.headers["x-llamaswap-request-id"])
+            assert decoded(httpx.get(f"{relaying.base}/api/captures/{request_id}", timeout=10).json()["resp_body"]) == reply.content
+            elsewhere = httpx.get(f"{other.base}/api/captures/{request_id}", timeout=10)
+            assert elsewhere.status_code == 404 and "did not relay it" in elsewhere.json()["error"]["message"]
+
+            def row(served):
+                data = httpx.get(served.base + "/api/metrics/activity", timeout=10).json()["data"]
+                return data[0] if data and data[0]["id"] == request_id else None
+
+            # Both front ends list the shared row; only the one that relayed it has its capture.
+            assert wait_until(lambda: row(relaying), 20, 0.05, "the row on the relaying front end")["has_capture"] is True
+            assert wait_until(lambda: row(other), 20, 0.05, "the row on the other front end")["has_capture"] is False
