@@ -18,7 +18,7 @@ from proxy.model_choice import choose_model, pinned_upstream_path
 from proxy.inbound import (
     MODEL_ROUTES, forwarded_body, max_wait_seconds, off_loop_when_large, read_model_request, route_label,
 )
-from proxy.peer_relay import peer_for, serve_peer, serve_peer_body
+from proxy.peer_relay import peer_for, query_naming, serve_peer, serve_peer_body
 from proxy.relay import relay, upstream_headers
 from proxy.route_paths import model_in_query, route_methods, upstream_path
 from proxy.service import get_service
@@ -203,7 +203,8 @@ class OpenAIConsumer(ModelConsumer):
             try:
                 if (found := peer_for(service.config, choice.model)) is not None:
                     await serve_peer(self, service, *found, requested=requested, stream=False, method="GET",
-                                     upstream_path=upstream_path(path) + f"?{query}", body=b"", headers=headers,
+                                     upstream_path=upstream_path(path) + "?" + query_naming(query, found[1]),
+                                     body=b"", headers=headers,
                                      selector=choice.selector)
                     return
                 await self.serve(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from urllib.parse import parse_qsl, urlencode
 
 from proxy.captures import begin_capture
 from proxy.config.peers import PeerConfig
@@ -73,6 +74,14 @@ def _reachable(config) -> list[tuple[str, PeerConfig, str]]:
         for model in peer.models
         if config.resolve(peer.qualified(model)) is None
     ]
+
+
+def query_naming(query: str, model: str) -> str:
+    """A GET route's query string with its `model` as the peer names it (unchanged when it already does)."""
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if all(value == model for key, value in pairs if key == "model"):
+        return query
+    return urlencode([(key, model if key == "model" else value) for key, value in pairs])
 
 
 def peer_headers(headers: dict[str, str], peer: PeerConfig) -> list[tuple[bytes, bytes]]:

@@ -156,6 +156,14 @@ def test_peer_requests_are_counted_in_the_metrics(setup):
     wait_until(lambda: requests_total(served, "other/shared") == before + 1, 10, 0.05, "the request to be counted")
 
 
+def test_a_get_route_names_the_model_as_the_peer_does(setup):
+    served, box, _ = setup
+    r = httpx.get(served.base + "/props", params={"model": "box/m1", "x": "a b"}, headers=CALLER, timeout=10)
+    assert r.status_code == 200
+    assert box.starts()[-1]["path"] == "/props?model=m1&x=a+b"
+    assert activity(served, r.headers["x-llamaswap-request-id"])["method"] == "GET"
+
+
 def test_a_bare_name_one_peer_lists_reaches_it(setup):
     served, box, other = setup
     before = len(other.starts())
