@@ -23,7 +23,7 @@ urlpatterns = [
     path("api/activity", views.activity),
     path("api/metrics/activity", llama_swap_views.metrics_activity),
     path("api/metrics/stats", llama_swap_views.metrics_stats),
-    path("api/captures/<int:capture_id>", llama_swap_views.capture),
+    path("api/captures/<str:capture_id>", llama_swap_views.capture),
     path("api/version", llama_swap_views.version),
     path("api/events", views.api_events),
     path("api/profiles", profile_views.profiles),

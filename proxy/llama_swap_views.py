@@ -16,12 +16,14 @@ from scheduling.llama_swap_activity import (
 
 @api_key_required
 @allow_methods("GET")
-async def capture(request: HttpRequest, service, capture_id: int) -> HttpResponse:
+async def capture(request: HttpRequest, service, capture_id: str) -> HttpResponse:
     """`GET /api/captures/<id>`: a request and its response as this process relayed them."""
+    if not (capture_id.isascii() and capture_id.isdigit()):
+        return json_error(400, f"capture id '{capture_id}' is not a request id (a whole number)", "invalid_parameter")
     STORE.configure(service.config.capture_buffer_mb)
-    found = STORE.get(capture_id)
+    found = STORE.get(int(capture_id))
     if found is None:
-        return json_error(404, STORE.why_missing(capture_id), "capture_not_found")
+        return json_error(404, STORE.why_missing(int(capture_id)), "capture_not_found")
     return JsonResponse(found.as_json())
 
 

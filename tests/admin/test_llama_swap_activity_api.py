@@ -150,6 +150,8 @@ def test_captures_answer_with_llama_swaps_shape_and_say_why_one_is_missing(clien
     assert found.json() == {"id": 2, "req_path": "/v1/chat/completions", "req_headers": {"authorization": "[REDACTED]"},
                             "req_body": "eyJtb2RlbCI6ImJldGEifQ==", "resp_headers": {"content-type": "application/json"},
                             "resp_body": None}
+    bad = client.get("/api/captures/abc")
+    assert bad.status_code == 400 and "capture id 'abc' is not a request id" in bad.json()["error"]["message"]
     missing = client.get("/api/captures/3")
     assert missing.status_code == 404 and "did not relay it" in missing.json()["error"]["message"]
     rows = {row["id"]: row for row in client.get("/api/metrics/activity").json()["data"]}
