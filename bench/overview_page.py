@@ -26,7 +26,8 @@ BANDS = (("interactive", 100), ("normal", 0), ("batch", -100))
 MODELS = ("alpha", "beta", "gamma", "delta")
 COLUMNS = ("id", "model", "requested_model", "method", "path", "stream", "client", "origin", "route", "priority",
            "band", "serial_band", "state", "scheduler", "arrived_at", "dispatched_at", "finished_at", "error", "explanation",
-           "waited_because", "changed_by_aging", "changed_by_affinity", "needed_swap", "duration_ms")
+           "waited_because", "changed_by_aging", "changed_by_affinity", "needed_swap", "duration_ms", "peer",
+           "selector")
 
 
 def rows(count: int, end: datetime):
@@ -43,7 +44,7 @@ def rows(count: int, end: datetime):
                band, band, "cancelled" if cancelled else "completed", "serial", arrived,
                None if cancelled else arrived + wait, arrived + wait + (timedelta() if cancelled else run), "", "",
                "", chance.random() < 0.05, chance.random() < 0.03, chance.random() < 0.1,
-               None if cancelled else int(run.total_seconds() * 1000))
+               None if cancelled else int(run.total_seconds() * 1000), "", "")
 
 
 def fill(count: int, end: datetime) -> None:
