@@ -10,7 +10,9 @@ in the rotation, all three in front of one fake model; interactive wait under ba
 waiting request's predicted wait against its actual one, three bands, two models swapping); the replay
 of recorded traffic (requests replayed per second, fidelity to a recorded run); models
 that coexist and models with several slots (embeddings beside a batch job, concurrent streams on
-slots, service CPU per streamed chunk); queue capacity; and distributed mode beside one process
+slots, service CPU per streamed chunk); llama-swap parity (a chat relayed to a peer beside one through the
+scheduler, a WebSocket message through the passthrough, captures on against off, llama-swap's activity API on a
+million rows); queue capacity; and distributed mode beside one process
 (grant and dispatch gap over Redis, added latency through a front end, throughput through one and
 two front ends; skipped, saying why, without PostgreSQL and Redis). The targets for llamaswap alone
 are judged on the first data-path run, with no third server on the machine.
@@ -25,6 +27,7 @@ runs the parts named (e.g. `--only distributed-mode`) and prints their report wi
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -38,8 +41,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import (distributed, interactive, load, peer, prediction, proxy, replay, scheduler_core,  # noqa: E402
-                   slots, streaming, thrash)
+from bench import (distributed, interactive, llama_swap_parity, load, peer, prediction, proxy, replay,  # noqa: E402
+                   scheduler_core, slots, streaming, thrash)
 from bench.common import REPO, Stats, added, direct_base, load_average, machine, stats, versions  # noqa: E402
 
 BEGIN = "<!-- bench:results -->"
@@ -72,14 +75,18 @@ class Sizes:
     prediction_seconds: float  # how long the wait prediction's workload keeps arriving
     replay_rows: int  # synthetic recorded requests the replay's speed is measured on
     replay_seconds: float  # how long the recorded run the replay's fidelity is measured on keeps arriving
+    ws_messages: int  # rounds of 100-byte WebSocket messages
+    ws_bulk_messages: int  # rounds of 1 MiB WebSocket messages
+    capture_streams: int  # rounds of 2000-token streams with and without captures
+    activity_rows: int  # ended rows llama-swap's activity API reads
 
 
 # Queue capacity drains through one model: with several in one swap group the drain is bound by the
 # swaps (one whenever the next request's model differs), which swap thrash measures, not the queue.
 FULL = Sizes(300, 100, 200, 20_000, 5, 3, 50, 1.0, 3.0, 30, 0.2, 2_000, 1, 200, 4, 5, 2, 10_000, 300, 3, 60,
-             100_000, 60)
+             100_000, 60, 1_000, 20, 10, 1_000_000)
 QUICK = Sizes(100, 30, 50, 20_000, 2, 1, 10, 1.0, 1.5, 16, 0.2, 500, 1, 100, 2, 3, 1, 5_000, 150, 2, 25,
-              100_000, 20)
+              100_000, 20, 300, 5, 3, 100_000)
 
 
 @dataclass(frozen=True)
@@ -336,6 +343,38 @@ def slots_part(report: Report, sizes: Sizes) -> None:
     )
 
 
+def parity_part(report: Report, sizes: Sizes) -> None:
+    """Peers, WebSockets, captures and llama-swap's activity API, each beside its own baseline; no targets."""
+    parity = llama_swap_parity
+    run = parity.measure(sizes.requests, sizes.ws_messages, sizes.ws_bulk_messages, sizes.capture_streams,
+                         sizes.activity_rows)
+    peer_added, local_added = (stats(added(run.relay[name], run.relay[base]))
+                               for name, base in parity.RELAY_BASELINES.items())
+    report.figure(f"added latency relayed to a peer (`peers:`), tiny chat, {sizes.requests} rounds; a local model "
+                  "through the scheduler in the same rotation",
+                  f"p50 {peer_added.p50:+.2f} ms, p99 {peer_added.p99:+.2f} ms "
+                  f"(local: p50 {local_added.p50:+.2f} ms, p99 {local_added.p99:+.2f} ms)")
+    direct, through = run.websocket.round_trip.values()
+    message = stats(added(through, direct))
+    report.figure(f"WebSocket passthrough, 100-byte text message echoed, {sizes.ws_messages} rounds: added",
+                  f"p50 {message.p50:+.2f} ms, p99 {message.p99:+.2f} ms")
+    direct_rate, through_rate = (statistics.median(map(parity.mib_per_s, samples))
+                                 for samples in run.websocket.bulk.values())
+    report.figure(f"WebSocket passthrough, 1 MiB messages echoed, {sizes.ws_bulk_messages} rounds",
+                  f"{through_rate:,.0f} MiB/s both ways, {parity.bulk_ratio(run.websocket):.2f} of direct "
+                  f"({direct_rate:,.0f} MiB/s)")
+    capture = stats(added(run.captures.chat[parity.WITH], run.captures.chat[parity.WITHOUT]))
+    report.figure(f"`captureBuffer: {parity.CAPTURE_MB}` against none: tiny chat, {sizes.requests} rounds, added; "
+                  f"a {parity.STREAM_TOKENS:,}-token stream, {sizes.capture_streams} rounds",
+                  f"p50 {capture.p50:+.2f} ms, p99 {capture.p99:+.2f} ms; the stream "
+                  f"{parity.stream_ratio(run.captures):.2f}× as long")
+    report.figure(f"llama-swap's activity API on {sizes.activity_rows:,} ended rows (SQLite), seconds a call, "
+                  f"median of {parity.ACTIVITY_CALLS}",
+                  ", ".join(f"{label} {statistics.median(seconds):.2f} s"
+                            for label, seconds in run.activity.seconds.items()))
+    report.section("llama-swap parity: peers, WebSockets, captures, the activity API", *parity.tables(run))
+
+
 def capacity_part(report: Report, sizes: Sizes) -> None:
     result = load.measure(sizes.capacity_clients, sizes.capacity_models)
     report.judge(f"queue capacity, {result.requests:,} queued connections",
@@ -461,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         "wait prediction": lambda: prediction_part(report, sizes),
         "replay": lambda: replay_part(report, sizes),
         "coexisting models and slots": lambda: slots_part(report, sizes),
+        "llama-swap parity": lambda: parity_part(report, sizes),
         "queue capacity": lambda: capacity_part(report, sizes),
         "distributed mode": lambda: distributed_part(report, sizes),
     }
