@@ -46,8 +46,9 @@ def read_peers(top: Section) -> dict[str, PeerConfig]:
     for raw_id in list(peers_section.data):
         peer_id = str(raw_id)
         key = peers_section.path(peer_id)
-        if not isinstance(raw_id, str) or not raw_id:
-            top.log.error(key, f'a peer ID must be non-empty text, got {kind_of(raw_id)} — quote it: "{raw_id}":')
+        problem = _peer_id_problem(raw_id)
+        if problem:
+            top.log.error(key, problem)
             peers_section.raw(raw_id)
             continue
         entry = peers_section.section(raw_id)
@@ -58,7 +59,40 @@ def read_peers(top: Section) -> dict[str, PeerConfig]:
         peer = _read_peer(raw_id, entry)
         if peer is not None:
             peers[raw_id] = peer
+    _check_qualified_names_differ(peers, top.log)
     return peers
+
+
+def _peer_id_problem(raw_id: object) -> str:
+    """Why `raw_id` cannot name a peer ("" when it can): its models are asked for as `<ID>/<model>`."""
+    if raw_id is None or raw_id == "":
+        return "a peer ID cannot be empty — name the peer, e.g. box: {proxy: ..., models: [...]}"
+    if not isinstance(raw_id, str):
+        return f'a peer ID must be text, got {kind_of(raw_id)} — quote it: "{raw_id}":'
+    if raw_id != raw_id.strip():
+        return (
+            "the peer ID starts or ends with whitespace, and requested model names are stripped, so "
+            f'"{raw_id}/<model>" could never be asked for — remove the spaces: "{raw_id.strip()}":'
+        )
+    return ""
+
+
+def _check_qualified_names_differ(peers: Mapping[str, PeerConfig], log: ProblemLog) -> None:
+    """`we` listing `ird/x` and `we/ird` listing `x` both make `we/ird/x`, which could reach only one of them."""
+    first: dict[str, tuple[str, int]] = {}
+    for peer in peers.values():
+        for position, model in enumerate(peer.models):
+            qualified = peer.qualified(model)
+            if qualified not in first:
+                first[qualified] = (peer.id, position)
+                continue
+            other_id, other_position = first[qualified]
+            log.error(
+                f"peers.{peer.id}.models[{position}]",
+                f'"{qualified}" is also the name of peers.{other_id}.models[{other_position}] '
+                f'("{peers[other_id].models[other_position]}" on peer {other_id}), so one of them could never be '
+                "reached — rename one of the two peers (a peer ID without '/' cannot collide)",
+            )
 
 
 def _read_peer(peer_id: str, entry: Section) -> PeerConfig | None:
@@ -89,6 +123,13 @@ def _read_proxy(entry: Section) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         if not entry.log.is_unknown(entry.path("proxy")):
             entry.error("proxy", f'"{proxy}" is not an http(s) URL — e.g. proxy: https://openrouter.ai/api')
+        return ""
+    if "?" in proxy or "#" in proxy:
+        entry.error(
+            "proxy",
+            f'"{proxy}" has a query or fragment, but the request path (with its own query) is appended to the '
+            f'proxy URL — give the base URL alone, e.g. proxy: {parts.scheme}://{parts.netloc}{parts.path}',
+        )
         return ""
     return proxy.rstrip("/")
 

@@ -146,3 +146,38 @@ peers:
 """)
     assert "peer box (http://h:1, apiKey set): a, b" in config.describe().splitlines()
     assert "sk-x" not in config.describe()
+
+
+def test_two_peers_making_one_qualified_name_is_an_error(config_error, problem):
+    error = config_error(LOCAL + """
+peers:
+  we: {proxy: "http://h:1", models: [ird/x]}
+  we/ird: {proxy: "http://h:2", models: [y, x]}
+""")
+    message = problem(error, "peers.we/ird.models[1]")
+    assert '"we/ird/x" is also the name of peers.we.models[0] ("ird/x" on peer we)' in message
+    assert "rename one of the two peers" in message
+
+
+def test_a_proxy_url_with_a_query_or_fragment_is_an_error(config_error, problem):
+    error = config_error(LOCAL + """
+peers:
+  query: {proxy: "http://127.0.0.1:19101?x=1#frag", models: [a]}
+  fragment: {proxy: "http://h:1/api#v1", models: [a]}
+""")
+    message = problem(error, "peers.query.proxy")
+    assert "has a query or fragment" in message and "e.g. proxy: http://127.0.0.1:19101" in message
+    assert "e.g. proxy: http://h:1/api" in problem(error, "peers.fragment.proxy")
+
+
+def test_a_peer_id_that_could_never_be_asked_for_is_an_error(config_error, problem):
+    error = config_error(LOCAL + """
+peers:
+  " sp ": {proxy: "http://h:1", models: [a]}
+  "": {proxy: "http://h:2", models: [b]}
+  7: {proxy: "http://h:3", models: [c]}
+""")
+    assert 'remove the spaces: "sp":' in problem(error, "peers. sp ")
+    empty = problem(error, "peers.")
+    assert "cannot be empty — name the peer" in empty and "quote" not in empty
+    assert 'quote it: "7":' in problem(error, "peers.7")
