@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 from http import HTTPStatus
 
 from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.server import Server
+from daphne.ws_protocol import WebSocketFactory
 from twisted.web import http
 
 log = logging.getLogger("llamaswap.http")
@@ -92,16 +94,46 @@ class DeadlineHTTPFactory(HTTPFactory):
 WEBSOCKET_HANDSHAKE_WAIT_S = 24 * 3600
 
 
-class LlamaswapServer(Server):
-    """daphne's Server with DeadlineHTTPFactory, remembering why it could not listen."""
+class LimitedWebSocketFactory(WebSocketFactory):
+    """daphne's WebSocket factory, whose sockets take messages up to `message_limit()` bytes (read as each
+    socket opens, so a reload's maxRequestBodyBytes applies to the sockets opened after it) and close a
+    larger one with 1009 "message too big" instead of dropping the connection."""
 
-    def __init__(self, application, *, client_timeout: float, **kwargs):
+    def __init__(self, server_class, *args, message_limit: Callable[[], int], **kwargs):
+        super().__init__(server_class, *args, **kwargs)
+        self.message_limit = message_limit
+        # Any protocol failure (a message too big among them) ends with a close frame that says why.
+        self.setProtocolOptions(failByDrop=False)
+
+    def buildProtocol(self, addr):
+        limit = self.message_limit()
+        # Each socket copies the factory's options when it opens (in makeConnection, after this).
+        self.setProtocolOptions(maxMessagePayloadSize=limit, maxFramePayloadSize=limit)
+        return super().buildProtocol(addr)
+
+
+class LlamaswapServer(Server):
+    """daphne's Server with DeadlineHTTPFactory and LimitedWebSocketFactory, remembering why it could not listen."""
+
+    def __init__(self, application, *, client_timeout: float, message_limit: Callable[[], int], **kwargs):
         self.client_timeout = client_timeout
+        self.message_limit = message_limit
         self.listen_failure: str | None = None
         # A WebSocket's handshake completes once its model is loaded: it may queue and wait for a load as
-        # long as a request does, where daphne would refuse it after 20 s.
+        # long as a request does, where daphne would drop it after 5 s (the opening handshake) or refuse
+        # it after 20 s (the connect timeout).
         kwargs.setdefault("websocket_connect_timeout", WEBSOCKET_HANDSHAKE_WAIT_S)
+        kwargs.setdefault("websocket_handshake_timeout", WEBSOCKET_HANDSHAKE_WAIT_S)
         super().__init__(application, **kwargs)
+
+    @property
+    def ws_factory(self) -> WebSocketFactory:
+        return self._ws_factory
+
+    @ws_factory.setter
+    def ws_factory(self, stock: WebSocketFactory) -> None:
+        # Server.run() builds its stock factory here, then sets its options (the limits are set per socket).
+        self._ws_factory = LimitedWebSocketFactory(self, server=self.server_name, message_limit=self.message_limit)
 
     @property
     def http_factory(self) -> HTTPFactory:

@@ -151,7 +151,12 @@ class WebSocketPassthrough(AsyncConsumer):
         outcome = Outcome(state="completed", status_code=101)
         try:
             lease.held_by(asyncio.current_task())
-            await self._relay(service, model_cfg, lease.upstream, path)
+            ended = await self._relay(service, model_cfg, lease.upstream, path)
+            if not ended.clean:  # the client was told 4502; the row says why, as for a request cut mid-stream
+                outcome = Outcome(
+                    state="failed", status_code=502,
+                    error=f"model '{model_cfg.id}' dropped the WebSocket without closing it: {ended.reason}",
+                )
         except asyncio.CancelledError:
             if lease.cut is None or asyncio.current_task().uncancel():
                 raise  # the client left
@@ -163,7 +168,8 @@ class WebSocketPassthrough(AsyncConsumer):
         finally:
             door.release(lease.ticket_id, outcome)
 
-    async def _relay(self, service, model_cfg, base_url: str, path: str) -> None:
+    async def _relay(self, service, model_cfg, base_url: str, path: str) -> Closed:
+        """Pass frames both ways until the model server's side ends; that end is returned."""
         drop = CREDENTIAL_HEADERS if service.config.api_keys else frozenset()
         forwarded = [
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in self.scope.get("headers", [])
@@ -178,7 +184,7 @@ class WebSocketPassthrough(AsyncConsumer):
             message = await self._upstream.receive()
             if isinstance(message, Closed):
                 await self.send({"type": "websocket.close", "code": client_close_code(message), "reason": message.reason})
-                return
+                return message
             if message.text is not None:
                 await self.send({"type": "websocket.send", "text": message.text})
             else:

@@ -173,6 +173,8 @@ class Command(BaseCommand):
         server = LlamaswapServer(
             application,
             client_timeout=client_timeout,
+            # A WebSocket message may be as large as a request body.
+            message_limit=lambda: get_service().config.max_request_body_bytes,
             # A deep accept backlog: hundreds of clients may connect at once to wait in the queue.
             endpoints=[listen_endpoint(host, port, tls, backlog=2048)],
             signal_handlers=False,

@@ -1,0 +1,161 @@
+"""WebSockets at the edges: a long wait for the model, big messages, a model that dies under an open
+socket, and a shutdown with a socket still open."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import time
+
+import httpx
+import pytest
+import websocket  # websocket-client: a client that shares no code with the passthrough
+
+from tests.e2e.conftest import db_rows
+from tests.served import Served, fake_cmd, read_events, wait_until
+
+pytestmark = pytest.mark.e2e
+
+MIB = 1024 * 1024
+
+
+def ws_url(served, path: str) -> str:
+    return served.base.replace("http://", "ws://") + path
+
+
+def close_frame(ws: websocket.WebSocket) -> tuple[int, str]:
+    """The code and reason of the close frame the server sends next."""
+    opcode, data = ws.recv_data(control_frame=True)
+    assert opcode == websocket.ABNF.OPCODE_CLOSE, (opcode, data[:100])
+    return struct.unpack("!H", data[:2])[0], data[2:].decode()
+
+
+def socket_rows(served) -> list[dict]:
+    return db_rows(served.data_dir, "path LIKE ?", ("/upstream/%",))
+
+
+def finished_row(served) -> dict:
+    return wait_until(lambda: [r for r in socket_rows(served) if r["state"] not in ("queued", "dispatched")],
+                      15, what="the socket's row to finish")[-1]
+
+
+def test_a_socket_waits_out_a_load_longer_than_the_handshake_timeout(tmp_path):
+    """A 7 s load: the handshake waits for it (daphne's own limit is 5 s) and the socket then works."""
+    text = f"models:\n  slow:\n    cmd: {fake_cmd('slow', None, '--load-delay', '7')}\n    healthCheckTimeout: 30\n"
+    with Served(tmp_path, text) as served:
+        started = time.monotonic()
+        ws = websocket.create_connection(ws_url(served, "/upstream/slow/ws"), timeout=30)
+        try:
+            assert time.monotonic() - started > 6
+            ws.send("after the load")
+            assert ws.recv() == "after the load"
+        finally:
+            ws.close()
+        row = finished_row(served)
+        assert (row["state"], row["status_code"]) == ("completed", 101), row
+
+
+def test_messages_up_to_max_request_body_bytes_pass_and_a_larger_one_is_closed_with_1009(tmp_path):
+    models = f"models:\n  m:\n    cmd: {fake_cmd('m', None, '--tps', '0')}\n"
+    with Served(tmp_path, f"maxRequestBodyBytes: {3 * MIB}\n" + models) as served:
+        ws = websocket.create_connection(ws_url(served, "/upstream/m/ws"), timeout=30)
+        try:
+            big = os.urandom(2 * MIB)
+            ws.send_binary(big)
+            assert ws.recv() == big
+            ws.send_binary(os.urandom(4 * MIB))
+            assert close_frame(ws)[0] == 1009
+        finally:
+            ws.close()
+
+        # A reload that lowers the limit applies to the sockets opened after it; an open one keeps its own.
+        kept = websocket.create_connection(ws_url(served, "/upstream/m/ws"), timeout=30)
+        try:
+            start_port = served.config_path.read_text().split("\n", 1)[0]
+            served.config_path.write_text(f"{start_port}\nmaxRequestBodyBytes: {MIB}\n{models}")
+            served.proc.send_signal(signal.SIGHUP)
+            wait_until(lambda: "config reloaded" in served.log(), 15, what="the reload to be applied")
+            ws = websocket.create_connection(ws_url(served, "/upstream/m/ws"), timeout=30)
+            try:
+                ws.send_binary(big)
+                assert close_frame(ws)[0] == 1009
+            finally:
+                ws.close()
+            kept.send_binary(big)
+            assert kept.recv() == big
+        finally:
+            kept.close()
+
+
+@pytest.fixture
+def events_served(tmp_path):
+    events = tmp_path / "events.jsonl"
+    text = f"models:\n  m:\n    cmd: {fake_cmd('m', events, '--tps', '0')}\n"
+    with Served(tmp_path, text, extra_args=("--drain-seconds", "2")) as served:
+        served.events = events
+        yield served
+
+
+def _model_pid(events) -> int:
+    def is_model(pid: str) -> bool:
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            return False
+        return b"proxy.fakemodel" in cmd and str(events).encode() in cmd
+
+    return int(next(p for p in os.listdir("/proc") if p.isdigit() and is_model(p)))
+
+
+def _open_echoing(served) -> websocket.WebSocket:
+    ws = websocket.create_connection(ws_url(served, "/upstream/m/ws"), timeout=30)
+    ws.send("x")
+    assert ws.recv() == "x"
+    return ws
+
+
+def test_a_socket_whose_model_is_killed_is_recorded_as_failed(events_served):
+    ws = _open_echoing(events_served)
+    try:
+        os.kill(_model_pid(events_served.events), signal.SIGKILL)
+        assert close_frame(ws)[0] == 4502
+    finally:
+        ws.close()
+    row = finished_row(events_served)
+    assert (row["state"], row["status_code"]) == ("failed", 502), row
+    assert "'m'" in row["error"] and "WebSocket" in row["error"], row["error"]
+
+
+def test_a_socket_cut_by_an_unload_is_recorded_as_cancelled_and_a_normal_close_as_completed(events_served):
+    ws = _open_echoing(events_served)
+    try:
+        assert httpx.post(events_served.base + "/api/models/unload/m", timeout=30).status_code == 200
+        assert close_frame(ws)[0] == 4503
+    finally:
+        ws.close()
+    row = finished_row(events_served)
+    assert (row["state"], row["status_code"]) == ("cancelled", 503), row
+    assert "unloaded" in row["error"], row["error"]
+
+    ws = _open_echoing(events_served)
+    ws.close()
+    row = wait_until(lambda: [r for r in socket_rows(events_served) if r["state"] == "completed"], 15,
+                     what="the closed socket's row")[-1]
+    assert (row["status_code"], row["error"]) == (101, None) or (row["status_code"], row["error"]) == (101, ""), row
+
+
+def test_a_shutdown_closes_an_idle_socket_at_the_drain_deadline_and_exits_promptly(events_served):
+    """--drain-seconds 2: the open socket is told 4503 when the drain ends, and the process is gone soon after."""
+    ws = _open_echoing(events_served)
+    try:
+        started = time.monotonic()
+        events_served.proc.send_signal(signal.SIGTERM)
+        code, reason = close_frame(ws)
+        closed_after = time.monotonic() - started
+        assert code == 4503 and 1.5 < closed_after < 4, (code, reason, closed_after)
+        assert events_served.proc.wait(10) == 0
+        assert time.monotonic() - started < 6, time.monotonic() - started
+    finally:
+        ws.close()
+    assert [e for e in read_events(events_served.events) if e["event"] == "websocket" and e["state"] == "closed"]
