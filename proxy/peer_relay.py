@@ -12,16 +12,17 @@ as `Authorization: Bearer <key>` and `x-api-key: <key>`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import quote_plus, unquote_plus
 
 from proxy.captures import begin_capture
 from proxy.config.peers import PeerConfig
 from proxy.errors import ProxyError
-from proxy.inbound import ModelRequest, forwarded_body, off_loop_when_large, route_label
+from proxy.inbound import ModelRequest, forwarded_body, max_wait_seconds, off_loop_when_large, route_label
 from proxy.relay import relay, upstream_headers
 from scheduling.core import PRIORITY_HEADER, parse_priority
-from scheduling.runtime import Outcome, TicketRequest
+from scheduling.runtime import Outcome, Rejected, TicketRequest
 
 log = logging.getLogger("llamaswap.proxy")
 CALLER_CREDENTIALS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie"})
@@ -77,11 +78,14 @@ def _reachable(config) -> list[tuple[str, PeerConfig, str]]:
 
 
 def query_naming(query: str, model: str) -> str:
-    """A GET route's query string with its `model` as the peer names it (unchanged when it already does)."""
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if all(value == model for key, value in pairs if key == "model"):
-        return query
-    return urlencode([(key, model if key == "model" else value) for key, value in pairs])
+    """A GET route's query string with its `model` as the peer names it; every other parameter keeps
+    the bytes the caller sent (decoding and encoding again would change what the peer reads)."""
+    pieces = query.split("&")
+    for position, piece in enumerate(pieces):
+        key, _, value = piece.partition("=")
+        if unquote_plus(key) == "model" and unquote_plus(value) != model:
+            pieces[position] = f"{key}={quote_plus(model)}"
+    return "&".join(pieces)
 
 
 def peer_headers(headers: dict[str, str], peer: PeerConfig) -> list[tuple[bytes, bytes]]:
@@ -112,6 +116,7 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
     """Relay one request to `peer`'s `model` (the body already names it as the peer does) and record it."""
     from proxy.consumers import identity_headers  # the consumers module imports this one
 
+    max_wait_seconds(headers)  # refused when malformed, as for a local model; a peer's request never waits here
     door = service.door
     qualified = peer.qualified(model)
     url = peer.proxy + upstream_path
@@ -149,11 +154,18 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
                       response_bytes=result.response_bytes), result.first_byte)
 
     try:
-        async with service.client_for_peer(peer) as client:
-            await relay(
-                consumer, client, qualified, method, url, peer_headers(headers, peer), body, upstream_done,
-                [(k.lower().encode(), v.encode()) for k, v in identity.items()],
-            )
+        with service.peer_relays.running():
+            async with service.client_for_peer(peer) as client:
+                await relay(
+                    consumer, client, qualified, method, url, peer_headers(headers, peer), body, upstream_done,
+                    [(k.lower().encode(), v.encode()) for k, v in identity.items()],
+                )
+    except asyncio.CancelledError:
+        cut = service.peer_relays.cut_by
+        if cut is None or asyncio.current_task().uncancel():
+            raise  # the client left
+        ended(Outcome(state="cancelled", status_code=cut.status, error=cut.message))
+        await consumer.end_cut_short(cut, stream, identity)
     except ProxyError as exc:
         if exc.status == 504:
             hint = f"it took longer than peers.{peer.id}.timeouts (responseHeader, connect) allow; raise them if it is only slow"
@@ -165,3 +177,31 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
         raise ProxyError(exc.status, message, exc.code, headers=identity) from None
     finally:
         ended(Outcome(state="cancelled", error="client disconnected mid-response"))  # a no-op once ended
+
+
+class PeerRelays:
+    """The peer requests being relayed, so that a shutdown can cut those still running when its drain
+    is over, as the runtime cuts local ones: each client is told why, and each row says so."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()
+        self.cut_by: Rejected | None = None
+
+    @contextlib.contextmanager
+    def running(self):
+        """Around one relay, in the task that serves it."""
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            yield
+        finally:
+            self._tasks.discard(task)
+
+    async def cut(self, reason: Rejected, wait_s: float = 5.0) -> None:
+        """End every relay still running with `reason`, waiting up to `wait_s` for their clients to be told."""
+        self.cut_by = reason
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=wait_s)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from proxy.active_profile import active_profile, set_active_profile
@@ -28,8 +30,13 @@ async def profiles(request: HttpRequest, service) -> JsonResponse:
 async def activate_profile(request: HttpRequest, service) -> HttpResponse:
     """`{"name": "<profile>"}` switches that profile on for every front end; `{"name": null}` switches profiles off."""
     try:
-        body = json.loads(request.body or b"null")
-    except (ValueError, UnicodeDecodeError):
+        raw = request.body
+    except RequestDataTooBig:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return json_error(413, f'the request body is over {limit} bytes; send {{"name": "<profile>"}}', "request_too_large")
+    try:
+        body = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or nested too deeply to read
         body = None
     if not isinstance(body, dict) or "name" not in body or not isinstance(body["name"], (str, type(None))):
         return json_error(400, 'send a JSON body {"name": "<profile>"}, or {"name": null} for none', "invalid_request")

@@ -66,8 +66,8 @@ def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
 
 def downstream_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     out = [(k, v) for k, v in headers if k.decode("latin-1").lower() not in HOP_BY_HOP]
-    if header_value(headers, b"content-type").startswith("text/event-stream"):
-        out.append((b"x-accel-buffering", b"no"))
+    if header_value(headers, b"content-type").startswith("text/event-stream") and not header_value(headers, b"x-accel-buffering"):
+        out.append((b"x-accel-buffering", b"no"))  # one already there (a peer that is a llamaswap) is not repeated
     return out
 
 
@@ -167,7 +167,7 @@ def _read_outcome(result: RelayResult, response: httpcore.Response, kept, is_sse
     elif is_json and kept and result.response_bytes <= _JSON_KEEP_LIMIT:
         try:
             result.usage = usage_from_json(json.loads(b"".join(kept)))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or nested too deeply to read
             pass
 
 
@@ -220,7 +220,7 @@ def _error_message(body: bytes, response: httpcore.Response) -> str:
     """llama-swap's rule: error.message, error, message or detail, else the status text."""
     try:
         payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or nested too deeply to read
         payload = None
     if isinstance(payload, dict):
         error = payload.get("error")

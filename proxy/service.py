@@ -19,6 +19,7 @@ from channels.layers import get_channel_layer
 from proxy import system_metrics
 from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
+from proxy.peer_relay import PeerRelays
 from proxy.upstreams import ClientUse, UpstreamClients
 from scheduling import frontdoor, metrics
 from scheduling.config_inputs import model_specs, swap_policy
@@ -29,6 +30,8 @@ from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketReques
 
 log = logging.getLogger("llamaswap.service")
 
+# What a peer request still running when the shutdown's drain is over is told, as a local one is by the runtime.
+SHUT_DOWN = Rejected(503, "shutting_down", "llamaswap shut down before this request finished")
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ class ProxyService:
             metrics.export_front_end(config)
         frontdoor.install(self.door)
         self._clients = UpstreamClients()
+        self.peer_relays = PeerRelays()
 
     def start(self) -> None:
         """Begin background work: sample the machine for /metrics (`performance:`) where the models run, and
@@ -246,10 +250,12 @@ class ProxyService:
         """Drain in-flight work within the budget, stop every model, flush the rows."""
         system_metrics.SAMPLER.stop()
         if self.runtime is None:
+            await self.peer_relays.cut(SHUT_DOWN)
             await self.door.close()
             await self._clients.aclose()
             return
         await self.runtime.shutdown(drain_seconds)
+        await self.peer_relays.cut(SHUT_DOWN)  # the drain also waited for them
         await self.fleet.stop_all()
         await self._clients.aclose()
         await asyncio.get_running_loop().run_in_executor(None, self.recorder.close)

@@ -47,8 +47,8 @@ def usage_from_sse(tail: Sequence[bytes]) -> dict[str, Any]:
             continue
         try:
             payload = json.loads(data)
-        except json.JSONDecodeError:
-            continue  # the first line of the tail may be cut
+        except (json.JSONDecodeError, RecursionError):
+            continue  # the first line of the tail may be cut; a hostile one may nest too deeply to read
         out.update(usage_from_json(payload))
     return out
 

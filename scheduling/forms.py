@@ -85,6 +85,8 @@ class SlotsField(forms.CharField):
             ) from None
         except ValueError as exc:
             raise forms.ValidationError(f"not valid JSON ({exc}) — write {_SLOTS_EXAMPLE}, or a JSON object") from None
+        except RecursionError:
+            raise forms.ValidationError(f"not valid JSON (nested too deeply) — write {_SLOTS_EXAMPLE}") from None
         if not isinstance(parsed, dict):
             raise forms.ValidationError(f"not a JSON object — write {_SLOTS_EXAMPLE}")
         return parsed

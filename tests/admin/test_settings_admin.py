@@ -176,6 +176,7 @@ def test_slots_are_edited_by_alias_stored_by_model_id_and_audited(admin_client, 
         ("alpha 2", "is not `model: N`"),
         ("[1, 2]", "not `model: N`"),
         ('{"alpha": 2', "not valid JSON"),
+        ('{"alpha": ' + "[" * 100_000 + "]" * 100_000 + "}", "not valid JSON (nested too deeply)"),
     ],
 )
 def test_bad_slots_are_refused_with_what_to_write(admin_client, config_file, slots, expected):

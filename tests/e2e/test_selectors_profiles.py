@@ -172,6 +172,10 @@ def test_profile_pins_apply_while_active_and_are_listed(tmp_path):
         refused = httpx.put(api + "/active", json={"name": "nope"}, timeout=10)
         assert refused.status_code == 404 and "coding" in refused.json()["error"]["message"]
         assert httpx.put(api + "/active", content=b"coding", timeout=10).status_code == 400
+        deep = httpx.put(api + "/active", content=b'{"name":' + b"[" * 100_000 + b"]" * 100_000 + b"}", timeout=10)
+        assert deep.status_code == 400 and deep.json()["error"]["code"] == "invalid_request"
+        large = httpx.put(api + "/active", content=b'{"name": "' + b"x" * 3_000_000 + b'"}', timeout=10)
+        assert large.status_code == 413 and large.json()["error"]["code"] == "request_too_large"
         assert httpx.put(api + "/active", json={"name": 3}, timeout=10).status_code == 400
         assert httpx.get(api + "/active", timeout=10).status_code == 405
         assert httpx.get(api, timeout=10).json()["active"] == "coding"

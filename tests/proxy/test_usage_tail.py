@@ -26,3 +26,8 @@ def test_usage_and_timings_from_separate_events_both_count_and_the_last_one_wins
 def test_a_stream_whose_lines_end_with_a_bare_carriage_return_is_read_too():
     tail = [b"data: {\"a\": 1}\r\r" * 3000, b"data: {\"usage\": {\"completion_tokens\": 9}}\r\r"]
     assert usage_from_sse(tail) == {"output_tokens": 9}
+
+
+def test_an_event_nested_too_deeply_to_parse_gives_no_counts_and_no_error():
+    nested = b'data: {"usage": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n\n"
+    assert usage_from_sse([event({"usage": {"completion_tokens": 2}}), nested]) == {"output_tokens": 2}
