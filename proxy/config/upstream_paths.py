@@ -12,8 +12,30 @@ import re
 from .errors import kind_of
 from .fields import MISSING, Section
 
+
+def compile_path_pattern(text: str) -> re.Pattern:
+    """`text` compiled for `search`, without the leading `.*` (or `.*?`) patterns often start with.
+
+    Searched for, `.*X` is found exactly where `X` is (the `.*` may match nothing), but Python's
+    backtracking `re` retries the `.*` from every start position: quadratic in the path's length,
+    so one long request path would hold the event loop for seconds (Go's RE2 is linear). A `.*`
+    followed by a quantifier or a brace (`.*+`, `.*{`) is left alone: there it is not the redundant prefix.
+    """
+    original = re.compile(text)  # validated as written, so an error points into the user's text
+    core = text
+    while True:
+        for prefix in (".*?", ".*"):
+            rest = core[len(prefix):]
+            if core.startswith(prefix) and not rest.startswith(("*", "+", "?", "{")):
+                core = rest
+                break
+        else:
+            break
+    return re.compile(core) if core != text else original
+
+
 # llama-swap's default: static-asset suffixes. Like Go's regexp, a pattern matches anywhere in the path.
-DEFAULT_IGNORE_PATHS = (re.compile(r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$"),)
+DEFAULT_IGNORE_PATHS = (compile_path_pattern(r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$"),)
 
 
 def read_ignore_paths(top: Section) -> tuple[re.Pattern, ...]:
@@ -35,7 +57,7 @@ def read_ignore_paths(top: Section) -> tuple[re.Pattern, ...]:
             upstream.log.error(key, f"expected a regular expression, got {kind_of(text)} — quote it")
             continue
         try:
-            patterns.append(re.compile(text))
+            patterns.append(compile_path_pattern(text))
         except re.error as exc:
             upstream.log.error(key, f"{text!r} is not a valid regular expression ({exc}) — it is Python `re` syntax")
     return tuple(patterns) or DEFAULT_IGNORE_PATHS
