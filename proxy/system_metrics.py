@@ -211,7 +211,7 @@ class SystemSampler:
             self.stop()
             return
         self.every = performance.every
-        if self._thread is None:
+        if self._thread is None or not self._thread.is_alive():  # not started, or ended by a fault
             self._wake = threading.Event()  # its own: a thread still finishing after a stop must not be woken
             self._thread = threading.Thread(target=self._run, args=(self._wake,), name="llamaswap-performance", daemon=True)
             self._thread.start()
@@ -237,7 +237,7 @@ class SystemSampler:
             else:
                 if self._thread is current:  # a sample finished after a stop stays unpublished
                     self.latest = sample
-            wake.wait(self.every)
+            wake.wait(min(self.every, threading.TIMEOUT_MAX))  # beyond TIMEOUT_MAX, wait raises and the thread ends
             wake.clear()
 
     def sample(self) -> Sample:

@@ -27,6 +27,10 @@ class ModelCapabilities:
         return not (self.inputs or self.outputs or self.tools or self.reranker or self.context)
 
 
+# /v1/models serves `context` as a JSON number: above 2^53 - 1 a JavaScript client reads it wrongly.
+MAX_CONTEXT = 2**53 - 1
+
+
 def read_capabilities(model: Section) -> ModelCapabilities:
     section = model.section("capabilities")
     if section is None:
@@ -36,7 +40,7 @@ def read_capabilities(model: Section) -> ModelCapabilities:
         outputs=_modalities(section, "out"),
         tools=section.boolean("tools", False),
         reranker=section.boolean("reranker", False),
-        context=section.integer("context", 0, minimum=0, example="32768"),
+        context=section.integer("context", 0, minimum=0, maximum=MAX_CONTEXT, example="32768"),
     )
     section.warn_unread()
     return capabilities

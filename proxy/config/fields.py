@@ -9,6 +9,7 @@ which is how unknown keys, and llama-swap keys llamaswap ignores, get reported b
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -133,15 +134,31 @@ class Section:
             return default
         return value
 
-    def number(self, name: str, default: float, *, minimum: float | None = None, example: str = "60") -> float:
+    def number(
+        self,
+        name: str,
+        default: float,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        example: str = "60",
+    ) -> float:
+        """A finite number: YAML's .inf and .nan are refused, since every use of a number is a
+        quantity (seconds, megabytes) that NaN or infinity would break at run time."""
         value = self.expanded(name)
         if value is MISSING or value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.error(name, f"expected a number, got {kind_of(value)} — e.g. {name}: {example}")
             return default
+        if not math.isfinite(value):
+            self.error(name, f"{value} must be a finite number — e.g. {name}: {example}")
+            return default
         if minimum is not None and value < minimum:
             self.error(name, f"{value} is below the minimum of {minimum:g} — e.g. {name}: {example}")
+            return default
+        if maximum is not None and value > maximum:
+            self.error(name, f"{value} is above the maximum of {maximum:g} — e.g. {name}: {example}")
             return default
         return float(value)
 

@@ -29,6 +29,9 @@ DEFAULT_TLS_HANDSHAKE_TIMEOUT = 10.0
 # llama-swap keeps an idle pooled connection 90 s. llama-server (cpp-httplib) closes one after 5 s,
 # and a request written to a connection the server is closing fails, so llamaswap's default is 5 s.
 DEFAULT_IDLE_CONN_TIMEOUT = 5.0
+# Linux refuses a TCP keepalive idle time or interval above 32767 s (TCP_KEEPIDLE, TCP_KEEPINTVL),
+# so a larger `keepalive` would fail every connection to the model at setsockopt.
+MAX_KEEPALIVE_S = 32767
 MODEL_KEY_NOTES = {
     "healthCheckTimeout": "cannot be set per model, ignored — set the top-level healthCheckTimeout",
 }
@@ -260,13 +263,13 @@ def read_upstream_timeouts(timeouts: Section | None, defaults: UpstreamTimeouts)
     if timeouts is None:
         return defaults
 
-    def seconds(name: str, default: float | None, example: str) -> float | None:
-        return timeouts.number(name, default or 0, minimum=0, example=example) or None
+    def seconds(name: str, default: float | None, example: str, maximum: float | None = None) -> float | None:
+        return timeouts.number(name, default or 0, minimum=0, maximum=maximum, example=example) or None
 
     read = UpstreamTimeouts(
         connect=seconds("connect", defaults.connect, "30"),
         response_header=seconds("responseHeader", defaults.response_header, "120"),
-        keepalive=seconds("keepalive", defaults.keepalive, "30"),
+        keepalive=seconds("keepalive", defaults.keepalive, "30", MAX_KEEPALIVE_S),
         tls_handshake=seconds("tlsHandshake", defaults.tls_handshake, "10"),
         idle_conn=seconds("idleConn", defaults.idle_conn, "90"),
     )

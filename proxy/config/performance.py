@@ -2,7 +2,7 @@
 
 `every` is written as a Go duration ("5s", "1m30s", "500ms"), as in llama-swap's
 config; values below 5 s are raised to 5 s with a warning, as llama-swap does,
-so a typo cannot turn the sampler into a busy loop.
+so a typo cannot turn the sampler into a busy loop, and values above 24 h are refused.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from .fields import MISSING, Section
 
 DEFAULT_EVERY_S = 5.0
 MIN_EVERY_S = 5.0
+MAX_EVERY_S = 24 * 3600.0  # a sample a day is already stale; far beyond it the sampler's wait cannot be armed
 
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
@@ -55,6 +56,8 @@ def read_performance(top: Section) -> PerformanceConfig:
                 "every",
                 f'"{value}" is not a duration — write a number with a unit (ms, s, m, h), e.g. every: 5s or every: 1m30s',
             )
+        elif seconds > MAX_EVERY_S:
+            section.error("every", f"{value} is above the maximum of 24h — e.g. every: 5s or every: 1h")
         elif seconds < MIN_EVERY_S:
             section.log.warn(
                 section.path("every"), f"{value} is below the minimum of {MIN_EVERY_S:g}s, using {MIN_EVERY_S:g}s"

@@ -30,6 +30,8 @@ def test_every_below_five_seconds_is_raised_with_a_warning(load):
         ("{every: 10}", "performance.every", '"10" is not a duration — write a number with a unit (ms, s, m, h), e.g. every: 5s'),
         ("{every: soon}", "performance.every", '"soon" is not a duration'),
         ("{every: [5s]}", "performance.every", "expected a duration, got a list"),
+        ("{every: 99999999h}", "performance.every", "99999999h is above the maximum of 24h — e.g. every: 5s or every: 1h"),
+        ("{every: 24h1s}", "performance.every", "24h1s is above the maximum of 24h"),
         ("{disabled: maybe}", "performance.disabled", "expected true or false"),
         ("off", "performance", "expected a mapping"),
     ],

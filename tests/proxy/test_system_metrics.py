@@ -193,6 +193,66 @@ def test_configure_starts_retimes_and_stops_the_thread(monkeypatch):
     assert sampler.latest is None and sampler._thread is None
 
 
+def _until(condition, seconds: float = 5) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_failed_sampling_pass_is_logged_and_sampling_goes_on(monkeypatch, caplog):
+    sampler = SystemSampler()
+    passes = []
+
+    def sample():
+        passes.append(1)
+        if len(passes) == 1:
+            raise RuntimeError("boom")
+        return Sample(load=(2.0, 2.0, 2.0))
+
+    monkeypatch.setattr(sampler, "sample", sample)
+    sampler.configure(PerformanceConfig(every=3600))
+    try:
+        assert _until(lambda: len(passes) == 1)
+        sampler.configure(PerformanceConfig(every=3600))  # wakes the thread: it must still be there
+        assert _until(lambda: sampler.latest is not None)
+        assert sampler.latest.load == (2.0, 2.0, 2.0)
+        assert any("sampling the system failed" in record.getMessage() for record in caplog.records)
+    finally:
+        sampler.stop()
+
+
+def test_an_interval_too_long_to_wait_for_does_not_end_the_thread_and_a_reload_retimes_it(monkeypatch):
+    sampler = SystemSampler()
+    taken = []
+    monkeypatch.setattr(sampler, "sample", lambda: taken.append(1) or Sample(load=(float(len(taken)),) * 3))
+    sampler.configure(PerformanceConfig(every=99999999 * 3600.0))  # beyond threading.TIMEOUT_MAX
+    try:
+        assert _until(lambda: len(taken) == 1)
+        time.sleep(0.1)
+        assert sampler._thread.is_alive()
+        sampler.configure(PerformanceConfig(every=3600))
+        assert _until(lambda: len(taken) == 2)
+    finally:
+        sampler.stop()
+
+
+def test_a_reload_restarts_a_thread_that_ended(monkeypatch):
+    sampler = SystemSampler()
+    taken = []
+    monkeypatch.setattr(sampler, "sample", lambda: taken.append(1) or Sample(load=(1.0, 1.0, 1.0)))
+    monkeypatch.setattr(sampler, "_run", lambda wake: None)  # a thread that ends at once, as one killed by a fault
+    sampler.configure(PerformanceConfig(every=3600))
+    assert _until(lambda: not sampler._thread.is_alive())
+    monkeypatch.undo()
+    monkeypatch.setattr(sampler, "sample", lambda: taken.append(1) or Sample(load=(1.0, 1.0, 1.0)))
+    sampler.configure(PerformanceConfig(every=3600))
+    try:
+        assert _until(lambda: sampler.latest is not None)
+    finally:
+        sampler.stop()
+
+
 def test_the_process_sampler_is_registered_for_metrics():
     from prometheus_client import REGISTRY
 

@@ -1,0 +1,68 @@
+"""Numbers that parse but could never work: NaN and infinities, and values beyond what the system or a client takes."""
+
+import pytest
+
+MODEL = "models:\n  m:\n    cmd: run --port ${{PORT}}\n{extra}"
+PEER = "peers:\n  box:\n    proxy: http://192.168.1.23:8080/\n    models: [a]\n    timeouts: {{{timeouts}}}\n"
+
+
+@pytest.mark.parametrize(
+    "line, key",
+    [
+        ("captureBuffer: .inf", "captureBuffer"),
+        ("captureBuffer: .nan", "captureBuffer"),
+        ("globalTTL: .inf", "globalTTL"),
+        ("unloadTimeout: .nan", "unloadTimeout"),
+        ("healthCheckTimeout: .inf", "healthCheckTimeout"),
+    ],
+)
+def test_top_level_numbers_must_be_finite(config_error, problem, line, key):
+    message = problem(config_error(line + "\n" + MODEL.format(extra="")), key)
+    assert "must be a finite number — e.g." in message
+
+
+@pytest.mark.parametrize(
+    "entry, key",
+    [
+        ("ttl: .inf", "ttl"),
+        ("ttl: .nan", "ttl"),
+        ("unloadTimeout: -.inf", "unloadTimeout"),
+        ("timeouts: {connect: .nan}", "timeouts.connect"),
+        ("timeouts: {responseHeader: .nan}", "timeouts.responseHeader"),
+        ("timeouts: {idleConn: .inf}", "timeouts.idleConn"),
+        ("timeouts: {keepalive: .inf}", "timeouts.keepalive"),
+        ("timeouts: {tlsHandshake: .nan}", "timeouts.tlsHandshake"),
+        ("timeouts: {expectContinue: .inf}", "timeouts.expectContinue"),
+    ],
+)
+def test_model_numbers_must_be_finite(config_error, problem, entry, key):
+    error = config_error(MODEL.format(extra=f"    {entry}\n"))
+    assert "must be a finite number — e.g." in problem(error, f"models.m.{key}")
+
+
+@pytest.mark.parametrize("value", ["40000", "32768", "3000000000"])
+def test_keepalive_above_the_tcp_limit_is_refused(config_error, problem, value):
+    error = config_error(MODEL.format(extra=f"    timeouts: {{keepalive: {value}}}\n"))
+    assert problem(error, "models.m.timeouts.keepalive") == f"{value} is above the maximum of 32767 — e.g. keepalive: 30"
+
+
+def test_a_peers_keepalive_has_the_same_limit(config_error, problem):
+    error = config_error(PEER.format(timeouts="keepalive: 40000"))
+    assert "above the maximum of 32767" in problem(error, "peers.box.timeouts.keepalive")
+
+
+def test_the_largest_keepalive_and_huge_other_timeouts_are_taken(load):
+    timeouts = load(MODEL.format(
+        extra="    timeouts: {keepalive: 32767, connect: 1.0e+300, responseHeader: 1.0e+300, idleConn: 1.0e+300, "
+        "tlsHandshake: 1.0e+300}\n"
+    )).models["m"].timeouts
+    assert timeouts.keepalive == 32767 and timeouts.connect == timeouts.idle_conn == 1e300
+
+
+def test_context_beyond_what_json_clients_read_exactly_is_refused(config_error, problem, load):
+    error = config_error(MODEL.format(extra="    capabilities: {context: 99999999999999999999999}\n"))
+    assert problem(error, "models.m.capabilities.context") == (
+        "99999999999999999999999 is above the maximum of 9007199254740991 — e.g. context: 32768"
+    )
+    config = load(MODEL.format(extra="    capabilities: {context: 9007199254740991}\n"))
+    assert config.models["m"].capabilities.context == 2**53 - 1
