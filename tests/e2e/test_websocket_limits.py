@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import struct
+import threading
 import time
 
 import httpx
@@ -54,6 +55,50 @@ def test_a_socket_waits_out_a_load_longer_than_the_handshake_timeout(tmp_path):
             ws.close()
         row = finished_row(served)
         assert (row["state"], row["status_code"]) == ("completed", 101), row
+
+
+def test_a_socket_waits_its_queue_turn_past_the_handshake_timeout_unless_its_max_wait_runs_out(tmp_path):
+    """One slot held by an open socket for 7 s: a second socket queues behind it and is then served; a third
+    that allows only 1 s of waiting (X-LlamaSwap-Max-Wait) is closed with 4503 when that runs out."""
+    text = """
+        models:
+          m: {cmd: "%s"}
+        routing:
+          scheduler:
+            use: serial
+            settings:
+              serial:
+                slots: {m: 1}
+    """ % fake_cmd("m", None, "--tps", "0")
+    with Served(tmp_path, text) as served:
+        first = websocket.create_connection(ws_url(served, "/upstream/m/ws"), timeout=30)
+        try:
+            first.send("x")
+            assert first.recv() == "x"
+            impatient = websocket.create_connection(ws_url(served, "/upstream/m/ws"), timeout=30,
+                                                    header=["X-LlamaSwap-Max-Wait: 1"])
+            try:
+                assert close_frame(impatient)[0] == 4503
+            finally:
+                impatient.close()
+            opened = []
+
+            def open_second():
+                opened.append(websocket.create_connection(ws_url(served, "/upstream/m/ws"), timeout=30))
+
+            waiter = threading.Thread(target=open_second)
+            waiter.start()
+            time.sleep(7)
+            assert not opened, "the second socket was let in while the slot was held"
+        finally:
+            first.close()
+        waiter.join(30)
+        second = opened[0]
+        try:
+            second.send("my turn")
+            assert second.recv() == "my turn"
+        finally:
+            second.close()
 
 
 def test_messages_up_to_max_request_body_bytes_pass_and_a_larger_one_is_closed_with_1009(tmp_path):
