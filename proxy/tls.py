@@ -31,15 +31,32 @@ def tls_files(cert: str | None, key: str | None) -> TLSFiles | None:
         raise TLSFilesError(f"{given} needs {missing} too: pass both to serve HTTPS, or neither for HTTP")
     cert, key = os.path.abspath(cert), os.path.abspath(key)
     for option, path in (("--tls-cert-file", cert), ("--tls-key-file", key)):
-        if not os.access(path, os.R_OK):
+        if not os.path.isfile(path) or not os.access(path, os.R_OK):
             raise TLSFilesError(f"{option} {path}: not a readable file")
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+        # The callback answers OpenSSL's pass phrase request, which would otherwise prompt on the terminal
+        # and block; refusing here also means Twisted, which loads the key without one, never meets it.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=_refuse_pass_phrase)
+    except _EncryptedKey:
+        raise TLSFilesError(
+            f"--tls-key-file {key}: the private key is encrypted (it needs a pass phrase) — give an unencrypted key, "
+            f"e.g. openssl pkey -in {key} -out key-plain.pem"
+        ) from None
     except ssl.SSLError as exc:
         raise TLSFilesError(
             f"--tls-cert-file {cert} / --tls-key-file {key}: not a PEM certificate and its private key ({exc.reason or exc})"
         ) from None
+    except OSError as exc:  # removed or made unreadable since the check above
+        raise TLSFilesError(f"--tls-cert-file {cert} / --tls-key-file {key}: {exc.strerror or exc}") from None
     return TLSFiles(cert, key)
+
+
+class _EncryptedKey(Exception):
+    """OpenSSL asked for the key's pass phrase."""
+
+
+def _refuse_pass_phrase() -> bytes:
+    raise _EncryptedKey
 
 
 def _escaped(value: str) -> str:

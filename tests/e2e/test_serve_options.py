@@ -195,6 +195,35 @@ def test_a_certificate_without_its_key_exits_2(tmp_path):
     assert result.returncode == 2 and "not a PEM certificate and its private key" in result.stderr
 
 
+def test_an_encrypted_key_exits_2_with_one_line_and_never_asks_for_its_pass_phrase(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+
+    cert, key = self_signed(tmp_path)
+    encrypted = tmp_path / "encrypted.pem"
+    private = serialization.load_pem_private_key(open(key, "rb").read(), password=None)
+    encrypted.write_bytes(private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret")))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"models:\n{model('alpha')}")
+    result = run_serve(tmp_path, "--config", str(config), "--tls-cert-file", cert, "--tls-key-file", str(encrypted))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the private key is encrypted" in lines[0] and "openssl pkey -in" in lines[0], lines
+
+
+@pytest.mark.parametrize("which", ["--tls-cert-file", "--tls-key-file"])
+def test_a_directory_as_a_tls_file_exits_2_with_one_line(tmp_path, which):
+    cert, key = self_signed(tmp_path)
+    files = {"--tls-cert-file": cert, "--tls-key-file": key, which: str(tmp_path)}
+    config = tmp_path / "config.yaml"
+    config.write_text(f"models:\n{model('alpha')}")
+    result = run_serve(tmp_path, "--config", str(config), *(part for pair in files.items() for part in pair))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{which} {tmp_path}: not a readable file" in lines[0], lines
+
+
 def test_version(tmp_path):
     for args in (["serve", "--version"], ["--version"]):
         result = subprocess.run([sys.executable, str(REPO / "manage.py"), *args], cwd=REPO, capture_output=True,
