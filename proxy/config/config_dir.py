@@ -1,7 +1,7 @@
 """`--config-dir DIR`: a config split over several files, merged as llama-swap merges them.
 
-The files are `--config` (when given) and then every top-level `*.yml`/`*.yaml` of DIR, in
-sorted filename order. Mappings merge key by key; the ID maps (`models`, `groups`, `profiles`,
+The files are `--config` (when given) and then every other top-level `*.yml`/`*.yaml` of DIR, in
+sorted filename order (a `--config` file inside DIR is read once, first). Mappings merge key by key; the ID maps (`models`, `groups`, `profiles`,
 `selectors`, `peers`, `matrix`, `routing.router.settings.groups`/`.matrix`) must not define one
 ID in two files; two different values for one setting are an error; a null gives way to the
 other file's value. Every problem names the file it comes from.
@@ -50,6 +50,9 @@ def config_files(path: str | os.PathLike | None, config_dir: str | os.PathLike) 
         raise ConfigError(str(config_dir), [Problem("", "not a directory — check the path given with --config-dir")])
     found = sorted(entry.name for entry in directory.iterdir() if entry.name.endswith(SUFFIXES) and entry.is_file())
     files = ([os.path.abspath(path)] if path else []) + [str(directory.resolve() / name) for name in found]
+    if path:  # `--config` inside DIR (cfg/main.yaml with --config-dir cfg) is read once, first
+        given = os.path.realpath(path)
+        files = files[:1] + [file for file in files[1:] if os.path.realpath(file) != given]
     if not files:
         raise ConfigError(
             str(config_dir), [Problem("", "holds no *.yaml or *.yml file — add one with a `models:` section, or pass --config")]
@@ -137,7 +140,9 @@ class _Merger:
             if child in IDENTITY_MAPS and isinstance(existing, dict) and isinstance(value, dict):
                 for entry, settings in value.items():
                     entry_key = f"{child}.{entry}"
-                    if entry in existing:
+                    if entry in existing and settings is None:  # a null gives way here too
+                        continue
+                    if entry in existing and existing[entry] is not None:
                         self.problems.append((Problem(
                             entry_key,
                             f"defined in both {self.origins.get(entry_key, '?')} and {file} — "

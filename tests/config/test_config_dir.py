@@ -102,3 +102,25 @@ def test_the_signature_changes_when_a_file_is_added_changed_or_removed(tmp_path)
     (tmp_path / "conf.d" / "b.yml").unlink()
     (tmp_path / "conf.d" / "c.txt").write_text("ignored\n")
     assert len({first, added, changed}) == 3 and sources_signature(None, conf_d) == first
+
+
+def test_a_config_file_inside_the_directory_is_read_once(tmp_path):
+    conf_d = files(
+        tmp_path,
+        main_yaml="models:\n  m1: {cmd: run m1, proxy: 'http://127.0.0.1:9001'}\n",
+        other_yaml="models:\n  m2: {cmd: run m2, proxy: 'http://127.0.0.1:9002'}\n",
+    )
+    for given in (f"{conf_d}/main.yaml", tmp_path / "conf.d" / ".." / "conf.d" / "main.yaml"):
+        config = load_config(given, conf_d)
+        assert sorted(config.models) == ["m1", "m2"]
+        assert config.path.split(" + ") == [f"{conf_d}/main.yaml", f"{conf_d}/other.yaml"]
+
+
+def test_a_null_model_entry_gives_way_to_the_other_files_model(tmp_path):
+    (tmp_path / "config.yaml").write_text("models:\n  m1: {cmd: run m1, proxy: 'http://127.0.0.1:9001'}\n")
+    conf_d = files(tmp_path, later_yaml="models:\n  m1: null\n  m2: {cmd: run m2, proxy: 'http://127.0.0.1:9002'}\n")
+    config = load_config(tmp_path / "config.yaml", conf_d)
+    assert config.models["m1"].cmd == ("run", "m1") and sorted(config.models) == ["m1", "m2"]
+    (tmp_path / "config.yaml").write_text("models:\n  m1: null\n")
+    conf_d = files(tmp_path, later_yaml="models:\n  m1: {cmd: run m1, proxy: 'http://127.0.0.1:9001'}\n")
+    assert load_config(tmp_path / "config.yaml", conf_d).models["m1"].cmd == ("run", "m1")
