@@ -12,6 +12,7 @@ from proxy.views import api_key_required
 from scheduling.llama_swap_activity import (
     LlamaSwapActivityQuery, LlamaSwapQueryError, activity_page, activity_stats, model_names,
 )
+from scheduling.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 
 @api_key_required
@@ -19,11 +20,15 @@ from scheduling.llama_swap_activity import (
 async def capture(request: HttpRequest, service, capture_id: str) -> HttpResponse:
     """`GET /api/captures/<id>`: a request and its response as this process relayed them."""
     if not (capture_id.isascii() and capture_id.isdigit()):
-        return json_error(400, f"capture id '{capture_id}' is not a request id (a whole number)", "invalid_parameter")
+        return json_error(400, f"capture id '{as_typed(capture_id)}' is not a request id (a whole number)",
+                          "invalid_parameter")
+    ticket_id = whole_number(capture_id)
+    if ticket_id is None:
+        return json_error(404, f"no request has id {as_typed(capture_id)}: ids stop at {ROW_ID_MAX}", "capture_not_found")
     STORE.configure(service.config.capture_buffer_mb)
-    found = STORE.get(int(capture_id))
+    found = STORE.get(ticket_id)
     if found is None:
-        return json_error(404, STORE.why_missing(int(capture_id)), "capture_not_found")
+        return json_error(404, STORE.why_missing(ticket_id), "capture_not_found")
     return JsonResponse(found.as_json())
 
 

@@ -12,6 +12,7 @@ from proxy.responses import allow_methods, json_error
 from proxy.views import api_key_required
 from scheduling.activity import activity_row
 from scheduling.models import QueuedRequest
+from scheduling.whole_numbers import ROW_ID_MAX, as_typed
 
 
 @api_key_required
@@ -28,6 +29,8 @@ async def queue_entry(request: HttpRequest, service, ticket_id: int) -> HttpResp
     `DELETE`: cancel it."""
     if request.method == "DELETE":
         return await _cancel(service, ticket_id)
+    if ticket_id > ROW_ID_MAX:  # the distributed mode's messages carry 64-bit integers
+        return json_error(404, f"no request {as_typed(str(ticket_id))}: ids stop at {ROW_ID_MAX}", "request_not_found")
     entry = await service.door.queue_entry(ticket_id)
     if entry is not None:
         return JsonResponse(entry.as_json())
@@ -46,6 +49,8 @@ async def cancel_inflight(request: HttpRequest, service, ticket_id: int) -> Http
 
 async def _cancel(service, ticket_id: int) -> HttpResponse:
     """A waiting request is refused, a running one cut; either client gets a 503 cancelled_by_operator."""
+    if ticket_id > ROW_ID_MAX:
+        return json_error(404, f"no request {as_typed(str(ticket_id))}: ids stop at {ROW_ID_MAX}", "request_not_found")
     if not await service.door.cancel_request(ticket_id):
         return json_error(404, f"request {ticket_id} is not waiting or running", "request_not_found")
     return JsonResponse({"msg": "ok"})

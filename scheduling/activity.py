@@ -14,6 +14,7 @@ from typing import Any
 from django.http import QueryDict
 
 from scheduling.models import BandChoice, QueuedRequest, RequestState
+from scheduling.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000
@@ -59,7 +60,7 @@ class ActivityQuery:
             since=since,
             until=until,
             limit=_integer(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT),
-            before_id=_integer(params, "before_id", None, 1, None),
+            before_id=_integer(params, "before_id", None, 1, ROW_ID_MAX),
         )
 
 
@@ -84,16 +85,16 @@ def _timestamp(params: QueryDict, name: str) -> datetime | None:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
 
 
-def _integer(params: QueryDict, name: str, default: int | None, low: int, high: int | None) -> int | None:
+def _integer(params: QueryDict, name: str, default: int | None, low: int, high: int) -> int | None:
     text = params.get(name)
     if text is None:
         return default
-    wanted = f"a whole number from {low} to {high}" if high is not None else f"a whole number of at least {low}"
+    wanted = f"a whole number from {low} to {high}"
     if _DIGITS.fullmatch(text.strip()) is None:
-        raise ActivityQueryError(f"{name} '{text}' is not {wanted}")
-    value = int(text)
-    if value < low or (high is not None and value > high):
-        raise ActivityQueryError(f"{name} {value} is out of range; use {wanted}")
+        raise ActivityQueryError(f"{name} '{as_typed(text)}' is not {wanted}")
+    value = whole_number(text.strip(), high)
+    if value is None or value < low:
+        raise ActivityQueryError(f"{name} {as_typed(text.strip())} is out of range; use {wanted}")
     return value
 
 

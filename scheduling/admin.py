@@ -32,6 +32,7 @@ from scheduling.models import (
     WaitingRequest,
 )
 from scheduling.settings_store import as_text, ignored_slots, override_source, save_settings
+from scheduling.whole_numbers import whole_number
 
 
 admin.site.site_header = "llamaswap"
@@ -123,7 +124,7 @@ class LivePageAdmin(admin.ModelAdmin):
 
 
 def _selected_tickets(request: HttpRequest) -> list[int]:
-    return sorted({int(value) for value in request.POST.getlist("ticket") if value.isdigit()})
+    return sorted({ticket for ticket in map(whole_number, request.POST.getlist("ticket")) if ticket is not None})
 
 
 @admin.register(WaitingRequest)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 
 from django import forms
 
 from scheduling.core import PRIORITY_ALIASES, parse_priority
+from scheduling.whole_numbers import whole_number
 
 _SIGNED_INTEGER = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
@@ -27,8 +29,9 @@ class PriorityField(forms.CharField):
         text = super().to_python(value).strip()
         if not text:
             return None
+        magnitude = whole_number(text.lstrip("+-"), _INT64_MAX + 1) if _SIGNED_INTEGER.fullmatch(text) else None
         if text.lower() in PRIORITY_ALIASES or (
-            _SIGNED_INTEGER.fullmatch(text) and -_INT64_MAX - 1 <= int(text) <= _INT64_MAX
+            magnitude is not None and (magnitude <= _INT64_MAX or text.startswith("-"))
         ):
             return parse_priority(text)
         aliases = ", ".join(f"{name} ({number})" for name, number in PRIORITY_ALIASES.items())
@@ -99,8 +102,9 @@ class SlotsField(forms.CharField):
 
 def _typed(count: str) -> int | float | str:
     """A count as typed: a whole number, a decimal, or text (which the form then refuses)."""
-    if _SIGNED_INTEGER.fullmatch(count):
-        return int(count)
+    digits = count.lstrip("+-").lstrip("0") or "0"
+    if _SIGNED_INTEGER.fullmatch(count) and len(digits) <= sys.get_int_max_str_digits():  # else int() refuses it
+        return -int(digits) if count.startswith("-") else int(digits)
     return float(count) if _DECIMAL.fullmatch(count) else count
 
 

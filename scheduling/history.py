@@ -15,6 +15,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.functional import cached_property
 
+from scheduling.whole_numbers import whole_number
+
+
 def _start_of(moment: datetime, kind: str) -> datetime:
     if kind == "year":
         return moment.replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
@@ -64,8 +67,8 @@ def search_requests(queryset: QuerySet, term: str) -> QuerySet:
         return queryset
     names = queryset.model.objects.order_by("model").values_list("model", flat=True).distinct()
     by_model = Q(model__in=[name for name in names if name.lower().startswith(term.lower())])
-    is_id = term.isascii() and term.isdigit() and int(term) < 2**63
-    return queryset.filter(Q(pk=int(term)) | by_model if is_id else by_model)
+    ticket_id = whole_number(term)
+    return queryset.filter(by_model if ticket_id is None else Q(pk=ticket_id) | by_model)
 
 
 class CappedCountPaginator(Paginator):

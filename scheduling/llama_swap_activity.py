@@ -18,9 +18,12 @@ from django.db.models import Case, Count, F, IntegerField, Q, Sum, When
 from django.http import QueryDict
 
 from scheduling.models import TERMINAL_STATES, QueuedRequest, RequestState
+from scheduling.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 DEFAULT_LIMIT = 25
 MAX_LIMIT = 999
+# The last page whose rows the database can be asked for: page × limit stays a 64-bit integer.
+MAX_PAGE = (ROW_ID_MAX + 1) // MAX_LIMIT
 UNKNOWN = -1  # llama-swap's value for a count or speed that was not reported
 # The states of a request not yet ended. Rows are picked by leaving these out: `state IN (ended...)`
 # would lead the database to the state index and a sort of every row before the first page.
@@ -78,10 +81,10 @@ class LlamaSwapActivityQuery:
             models=model_names(params),
             start=start,
             end=end,
-            min_id=_whole(params, "min_id", 1, None),
-            max_id=_whole(params, "max_id", 1, None),
+            min_id=_whole(params, "min_id", 1, ROW_ID_MAX),
+            max_id=_whole(params, "max_id", 1, ROW_ID_MAX),
             limit=_whole(params, "limit", 1, MAX_LIMIT) or DEFAULT_LIMIT,
-            page=_whole(params, "page", 1, None) or 1,
+            page=_whole(params, "page", 1, MAX_PAGE) or 1,
             sort=sort,
             descending=order == "desc",
         )
@@ -105,14 +108,14 @@ def _time(params: QueryDict, name: str) -> datetime | None:
     return value
 
 
-def _whole(params: QueryDict, name: str, low: int, high: int | None) -> int | None:
+def _whole(params: QueryDict, name: str, low: int, high: int) -> int | None:
     text = params.get(name, "").strip()
     if not text:
         return None
-    wanted = f"a whole number from {low} to {high}" if high is not None else f"a whole number of at least {low}"
-    if not (text.isascii() and text.isdigit()) or int(text) < low or (high is not None and int(text) > high):
-        raise LlamaSwapQueryError(f"{name} '{text}' is not {wanted}")
-    return int(text)
+    value = whole_number(text, high)
+    if value is None or value < low:
+        raise LlamaSwapQueryError(f"{name} '{as_typed(text)}' is not a whole number from {low} to {high}")
+    return value
 
 
 def _ended_rows(models: tuple[str, ...]):

@@ -55,6 +55,7 @@ def test_search_matches_an_id_or_a_model_prefix_in_any_case(rows):
     assert found("ALP") == [1, 2, 4, 5, 7, 8, 10]
     assert found("7") == [7]
     assert found("99999999999999999999") == []
+    assert found("9" * 5000) == []  # past the 4300 digits int() reads
     assert found("gamma") == []
     assert found("  ") == list(range(1, 11))
 

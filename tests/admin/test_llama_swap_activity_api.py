@@ -91,12 +91,23 @@ def test_pages_split_the_rows_and_count_them(client, history):
     assert client.get("/api/metrics/activity", {"limit": 3, "page": 9}).json()["data"] == []
 
 
+def test_the_last_page_the_database_can_reach_is_empty_not_an_error(client, history):
+    assert ids(client.get("/api/metrics/activity", {"limit": 999, "page": 9232604641496272})) == []
+
+
 @pytest.mark.parametrize(
     ("query", "message"),
     [
         ({"limit": "0"}, "limit '0' is not a whole number from 1 to 999"),
         ({"limit": "1000"}, "limit '1000' is not a whole number from 1 to 999"),
-        ({"page": "0"}, "page '0' is not a whole number of at least 1"),
+        ({"page": "0"}, "page '0' is not a whole number from 1 to 9232604641496272"),
+        # page × limit would pass the database's 64-bit integers; past 4300 digits int() itself refuses.
+        ({"page": "9999999999999999999"}, "page '9999999999999999999' is not a whole number from 1 to"),
+        ({"page": "9" * 30}, "page '" + "9" * 30 + "' is not a whole number"),
+        ({"page": "9" * 5000}, "page '99999999999999999999… (5000 characters)' is not a whole number"),
+        ({"limit": "9" * 5000}, "limit '99999999999999999999… (5000 characters)' is not a whole number"),
+        ({"min_id": "9" * 5000}, "min_id '99999999999999999999… (5000 characters)' is not a whole number"),
+        ({"max_id": "9223372036854775808"}, "max_id '9223372036854775808' is not a whole number from 1 to"),
         ({"min_id": "x"}, "min_id 'x' is not a whole number"),
         ({"max_id": "-2"}, "max_id '-2' is not a whole number"),
         ({"sort": "speed"}, "sort 'speed' is not a column; use one of id, time, model"),
