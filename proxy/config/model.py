@@ -245,13 +245,30 @@ def _read_env(section: Section) -> tuple[tuple[str, str], ...]:
 def _read_aliases(section: Section, filters: ModelFilters) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """`aliases`, then each setParamsByID key that is not the model's ID or already an alias: the names
     a client can ask for the model by, and where each was written."""
-    aliases = list(section.text_list("aliases", example='"gpt-4o-mini"'))
-    keys = [f"{section.path('aliases')}[{index}]" for index in range(len(aliases))]
+    aliases, keys = [], []
+    for index, alias in enumerate(section.text_list("aliases", example='"gpt-4o-mini"')):
+        key = f"{section.path('aliases')}[{index}]"
+        problem = _request_name_problem(alias, '"gpt-4o-mini"')
+        if problem:
+            section.log.error(key, problem)
+            continue
+        aliases.append(alias)
+        keys.append(key)
     for name in filters.set_params_by_id:
         if name != section.model_id and name not in aliases:
             aliases.append(name)
             keys.append(f"{section.path('filters.setParamsByID')}.{name}")
     return tuple(aliases), tuple(keys)
+
+
+def _request_name_problem(name: str, example: str) -> str | None:
+    """Why a name clients would ask for cannot be one: requests strip the model name they give,
+    so an empty name, or one with spaces around it, could never be reached."""
+    if not name.strip():
+        return f"the name is empty — write a name clients can ask for, e.g. {example}"
+    if name != name.strip():
+        return f'"{name}" has spaces around it, and requests strip them — write "{name.strip()}"'
+    return None
 
 
 def _read_timeouts(section: Section) -> UpstreamTimeouts:
@@ -329,8 +346,9 @@ def _read_set_params_by_id(filters: Section) -> dict[str, dict]:
         key = entries.path(str(raw_name))
         if name is None or params is MISSING:
             continue
-        if not name.strip():
-            filters.log.error(key, "the model name is empty — use the model ID or an alias, e.g. \"${MODEL_ID}:high\"")
+        problem = _request_name_problem(name, '"${MODEL_ID}:high"')
+        if problem:
+            filters.log.error(key, problem)
             continue
         if name in written:
             filters.log.error(key, f'names "{name}", as "{written[name]}" does — keep one entry')

@@ -66,3 +66,34 @@ def test_context_beyond_what_json_clients_read_exactly_is_refused(config_error, 
     )
     config = load(MODEL.format(extra="    capabilities: {context: 9007199254740991}\n"))
     assert config.models["m"].capabilities.context == 2**53 - 1
+
+
+@pytest.mark.parametrize(
+    "alias, expected",
+    [
+        ("''", 'the name is empty — write a name clients can ask for, e.g. "gpt-4o-mini"'),
+        ("' '", 'the name is empty — write a name clients can ask for, e.g. "gpt-4o-mini"'),
+        ("' fast'", '" fast" has spaces around it, and requests strip them — write "fast"'),
+        ("'sh own '", '"sh own " has spaces around it, and requests strip them — write "sh own"'),
+    ],
+)
+def test_an_alias_no_request_could_reach_is_refused(config_error, problem, alias, expected):
+    error = config_error(MODEL.format(extra=f"    aliases: [ok, {alias}]\n"))
+    assert problem(error, "models.m.aliases[1]") == expected
+
+
+def test_aliases_with_inner_spaces_and_slashes_are_names(load):
+    config = load(MODEL.format(extra="    aliases: ['org/model', 'my model', '../x']\n"))
+    assert config.models["m"].aliases == ("org/model", "my model", "../x")
+
+
+@pytest.mark.parametrize(
+    "name, key, expected",
+    [
+        ("''", "models.m.filters.setParamsByID.", "the name is empty"),
+        ("' m:high'", "models.m.filters.setParamsByID. m:high", '" m:high" has spaces around it, and requests strip them — write "m:high"'),
+    ],
+)
+def test_a_set_params_by_id_name_no_request_could_reach_is_refused(config_error, problem, name, key, expected):
+    error = config_error(MODEL.format(extra=f"    filters: {{setParamsByID: {{{name}: {{temperature: 1}}}}}}\n"))
+    assert expected in problem(error, key)
