@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from .errors import kind_of
 from .fields import MISSING, Section
 
 LOG_DESTINATIONS = ("proxy", "upstream", "both", "none")
@@ -80,11 +81,15 @@ def read_log_output(top: Section) -> LogOutput:
 
 
 def _choice(top: Section, name: str, allowed: tuple[str, ...]) -> str | None:
-    if top.expanded(name, typed=False) is MISSING:
+    value = top.expanded(name, typed=False)
+    if value is MISSING or value is None:  # a null is the default, as for every key
         return None
-    value = top.text(name).strip().lower()
+    shown = ", ".join(f'"{choice}"' for choice in allowed)
+    if not isinstance(value, str):
+        top.error(name, f"expected text, got {kind_of(value)} — use one of {shown}")
+        return None
+    value = value.strip().lower()
     if value not in allowed:
-        shown = ", ".join(f'"{choice}"' for choice in allowed)
         top.error(name, f'"{value}" is not one of {shown}')
         return None
     return value

@@ -97,3 +97,15 @@ def test_aliases_with_inner_spaces_and_slashes_are_names(load):
 def test_a_set_params_by_id_name_no_request_could_reach_is_refused(config_error, problem, name, key, expected):
     error = config_error(MODEL.format(extra=f"    filters: {{setParamsByID: {{{name}: {{temperature: 1}}}}}}\n"))
     assert expected in problem(error, key)
+
+
+@pytest.mark.parametrize("value, shown", [("1", "the number 1"), ("[proxy]", "a list")])
+def test_a_log_destination_that_is_not_text_is_one_problem(config_error, problem, value, shown):
+    error = config_error(f"logToStdout: {value}\n" + MODEL.format(extra=""))
+    message = problem(error, "logToStdout")  # one problem, not a second about ""
+    assert message.startswith("expected text, got ") and 'use one of "proxy", "upstream", "both", "none"' in message
+
+
+def test_null_log_keys_mean_the_default(load):
+    output = load("logToStdout: null\nlogTimeFormat: ~\n" + MODEL.format(extra="")).log_output
+    assert output.to_stdout is None and output.time_format is None
