@@ -18,8 +18,10 @@ from http import HTTPStatus
 
 from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.server import Server
-from daphne.ws_protocol import WebSocketFactory
+from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.web import http
+
+from proxy.websocket_frames import MESSAGE_TOO_BIG
 
 log = logging.getLogger("llamaswap.http")
 
@@ -94,10 +96,22 @@ class DeadlineHTTPFactory(HTTPFactory):
 WEBSOCKET_HANDSHAKE_WAIT_S = 24 * 3600
 
 
+class LimitedWebSocketProtocol(WebSocketProtocol):
+    """daphne's socket, which tells the application (websocket.disconnect) that it was closed over a message too
+    big: the code it would pass on is the one the client echoed, or 1006 when the client did not."""
+
+    def onClose(self, wasClean, code, reason):
+        if self.wasMaxMessagePayloadSizeExceeded or self.wasMaxFramePayloadSizeExceeded:
+            code = MESSAGE_TOO_BIG
+        super().onClose(wasClean, code, reason)
+
+
 class LimitedWebSocketFactory(WebSocketFactory):
     """daphne's WebSocket factory, whose sockets take messages up to `message_limit()` bytes (read as each
     socket opens, so a reload's maxRequestBodyBytes applies to the sockets opened after it) and close a
     larger one with 1009 "message too big" instead of dropping the connection."""
+
+    protocol = LimitedWebSocketProtocol
 
     def __init__(self, server_class, *args, message_limit: Callable[[], int], **kwargs):
         super().__init__(server_class, *args, **kwargs)

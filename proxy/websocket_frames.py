@@ -16,6 +16,7 @@ CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 CONTROL_OPCODES = frozenset({CLOSE, PING, PONG})
 NO_STATUS = 1005  # a close frame without a code (RFC 6455 7.4.1); never sent on the wire
 NORMAL_CLOSURE = 1000
+MESSAGE_TOO_BIG = 1009
 
 
 def new_key() -> str:

@@ -27,7 +27,7 @@ from proxy.errors import ProxyError
 from proxy.hosts import host_refusal
 from proxy.inbound import max_wait_seconds, route_label
 from proxy.service import get_service
-from proxy.websocket_frames import NO_STATUS, NORMAL_CLOSURE
+from proxy.websocket_frames import MESSAGE_TOO_BIG, NO_STATUS, NORMAL_CLOSURE
 from proxy.websocket_upstream import Closed, Message, ProtocolViolation, UpstreamRefused, connect
 from scheduling.core import PRIORITY_HEADER, parse_priority
 from scheduling.runtime import Outcome, Rejected, TicketRequest
@@ -58,6 +58,7 @@ class WebSocketPassthrough(AsyncConsumer):
         self._job: asyncio.Task | None = None
         self._upstream = None
         self._accepted = False
+        self._client_close_code: int | None = None
 
     async def dispatch(self, message):
         """Straight to the handler: this consumer never touches the database (see StreamingHttpConsumer)."""
@@ -76,6 +77,7 @@ class WebSocketPassthrough(AsyncConsumer):
             pass  # the model server is gone: its side ends the connection
 
     async def websocket_disconnect(self, message):
+        self._client_close_code = message.get("code")
         if self._upstream is not None:
             code = message.get("code") or NO_STATUS
             await self._upstream.close(code if code in (NORMAL_CLOSURE, NO_STATUS) or 3000 <= code <= 4999 else NORMAL_CLOSURE)
@@ -159,6 +161,12 @@ class WebSocketPassthrough(AsyncConsumer):
                 )
         except asyncio.CancelledError:
             if lease.cut is None or asyncio.current_task().uncancel():
+                if self._client_close_code == MESSAGE_TOO_BIG:  # daphne closed it, over its message limit
+                    outcome = Outcome(
+                        state="failed", status_code=413,
+                        error=f"the client sent a message over the {service.config.max_request_body_bytes}-byte limit "
+                              "(maxRequestBodyBytes); the socket was closed with 1009",
+                    )
                 raise  # the client left
             outcome = Outcome(state="cancelled", error=lease.cut.message)
             await self._refuse(lease.cut.status, lease.cut.message)

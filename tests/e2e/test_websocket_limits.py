@@ -113,6 +113,9 @@ def test_messages_up_to_max_request_body_bytes_pass_and_a_larger_one_is_closed_w
             assert close_frame(ws)[0] == 1009
         finally:
             ws.close()
+        row = finished_row(served)
+        assert (row["state"], row["status_code"]) == ("failed", 413), row
+        assert "maxRequestBodyBytes" in row["error"], row["error"]
 
         # A reload that lowers the limit applies to the sockets opened after it; an open one keeps its own.
         kept = websocket.create_connection(ws_url(served, "/upstream/m/ws"), timeout=30)
