@@ -195,6 +195,18 @@ def test_a_certificate_without_its_key_exits_2(tmp_path):
     assert result.returncode == 2 and "not a PEM certificate and its private key" in result.stderr
 
 
+def test_check_refuses_numbers_that_could_never_work(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"captureBuffer: .nan\nperformance: {{every: 99999999h}}\nmodels:\n{model('alpha')}"
+                      "    timeouts: {keepalive: 40000, idleConn: .inf}\n")
+    result = run_serve(tmp_path, "--config", str(config), "--check")
+    assert result.returncode == 2, result.stderr
+    for expected in ("captureBuffer: nan must be a finite number", "performance.every: 99999999h is above the maximum of 24h",
+                     "models.alpha.timeouts.keepalive: 40000 is above the maximum of 32767",
+                     "models.alpha.timeouts.idleConn: inf must be a finite number"):
+        assert expected in result.stderr
+
+
 def test_an_encrypted_key_exits_2_with_one_line_and_never_asks_for_its_pass_phrase(tmp_path):
     from cryptography.hazmat.primitives import serialization
 
