@@ -2,8 +2,9 @@
 
 Captures live in the memory of the process that relayed the request (in distributed mode, a front
 end), never in the database. They are off unless `captureBuffer` is above 0: the total they may take
-is that many MB, and the oldest are dropped first to make room. Credentials never enter them: the
-headers that carry keys and cookies are stored as "[REDACTED]".
+is that many MB, and the oldest are dropped first to make room. The bodies of exchanges still being
+collected count too, so many long streams at once cannot each hold a buffer's worth. Credentials never
+enter them: the headers that carry keys and cookies (Azure's `api-key` too) are stored as "[REDACTED]".
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from scheduling.whole_numbers import whole_number
+
 MB = 1024 * 1024
 REDACTED = "[REDACTED]"
-REDACTED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key"})
+REDACTED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key"})
 REQUEST_ID_HEADER = b"x-llamaswap-request-id"
 # Why a capture is missing is remembered for this many ids, so a 404 can say it (evicted, too large).
 _REASONS_KEPT = 10_000
@@ -83,13 +86,19 @@ def _base64(data: bytes | None) -> str | None:
 
 
 class CaptureStore:
-    """The captures of this process, bounded in total size; the oldest go first."""
+    """The captures of this process, bounded in total size; the oldest go first.
+
+    The bound covers what is stored and what recorders are still collecting (reserved chunk by chunk):
+    a reservation first drops the oldest stored captures, and is refused once the exchanges being
+    collected alone would pass it.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._captures: OrderedDict[int, Capture] = OrderedDict()
         self._sizes: dict[int, int] = {}
         self._total = 0
+        self._collecting = 0
         self._limit = 0
         self._missing: OrderedDict[int, str] = OrderedDict()
 
@@ -101,18 +110,34 @@ class CaptureStore:
         """Apply `captureBuffer`: a smaller buffer drops the oldest captures until the rest fit; 0 drops all."""
         with self._lock:
             self._limit = int(megabytes * MB)
-            self._evict_to(self._limit)
+            self._evict_to(self._limit - self._collecting)
 
-    def add(self, capture: Capture) -> bool:
-        """Keep `capture`, dropping older ones to make room; False when it alone is larger than the buffer."""
+    def reserve(self, size: int) -> bool:
+        """Room for `size` more bytes of an exchange being collected; False when there is none."""
+        with self._lock:
+            if self._limit <= 0 or self._collecting + size > self._limit:
+                return False
+            self._evict_to(self._limit - self._collecting - size)
+            self._collecting += size
+            return True
+
+    def release(self, size: int) -> None:
+        """Give back bytes reserved for an exchange that will not be stored."""
+        with self._lock:
+            self._collecting -= size
+
+    def add(self, capture: Capture, reserved: int = 0) -> bool:
+        """Keep `capture` (its `reserved` bytes become stored ones), dropping older ones to make room;
+        False when it does not fit beside the exchanges still being collected."""
         size = capture.size()
         with self._lock:
+            self._collecting -= reserved
             if self._limit <= 0:
                 return False
-            if size > self._limit:
+            if size > self._limit - self._collecting:
                 self._refuse(capture.id, size)
                 return False
-            self._evict_to(self._limit - size)
+            self._evict_to(self._limit - self._collecting - size)
             self._captures[capture.id] = capture
             self._sizes[capture.id] = size
             self._total += size
@@ -125,7 +150,11 @@ class CaptureStore:
             self._refuse(capture_id, size)
 
     def _refuse(self, capture_id: int, size: int) -> None:
-        self._remember(capture_id, f"its capture (at least {size} bytes) was larger than captureBuffer ({self._limit} bytes)")
+        if size > self._limit:
+            self._remember(capture_id, f"its capture (at least {size} bytes) was larger than captureBuffer ({self._limit} bytes)")
+        else:
+            self._remember(capture_id, f"its capture (at least {size} bytes) did not fit in captureBuffer ({self._limit} "
+                                       "bytes) beside the other exchanges being captured at the time")
 
     def get(self, capture_id: int) -> Capture | None:
         with self._lock:
@@ -164,8 +193,10 @@ STORE = CaptureStore()
 class CaptureRecorder:
     """Collects one exchange while its response is sent, then hands it to the store.
 
-    The response is taken as the client got it, loading-state text and error answers included,
-    and stops being collected once it alone exceeds the buffer (such a capture is not kept).
+    The response is taken as the client got it, loading-state text and error answers included.
+    Every body byte is reserved in the store before it is kept; once the store has no room (the
+    buffer is taken by this and other exchanges being collected), collecting stops and the capture
+    is not kept.
     The request's id comes from its `X-LlamaSwap-Request-Id` response header, or is set once known.
     """
 
@@ -180,7 +211,10 @@ class CaptureRecorder:
         self.response_headers: dict[str, str] | None = None
         self.chunks: list[bytes] = []
         self.collected = len(self.request_body or b"")
+        self.reserved = 0
+        self.too_large = False
         self.finished = False
+        self._keep(self.collected)
 
     def response_started(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
@@ -188,27 +222,38 @@ class CaptureRecorder:
         for key, value in headers:
             name = key.decode("latin-1").lower()  # as the request's: HTTP/2 style, one spelling per name
             sent.setdefault(name, value.decode("latin-1"))
-            if key.lower() == REQUEST_ID_HEADER and value.isdigit():
-                self.ticket_id = int(value)
+            if key.lower() == REQUEST_ID_HEADER and whole_number(value.decode("latin-1")) is not None:
+                self.ticket_id = whole_number(value.decode("latin-1"))
         if self.parts & RESPONSE_HEADERS:
             self.response_headers = redacted(sent)
 
     def response_sent(self, data: bytes) -> None:
-        if not self.parts & RESPONSE_BODY or self.collected > self.store.limit_bytes:
+        if not self.parts & RESPONSE_BODY or self.too_large or self.finished:
             return
         self.collected += len(data)
-        if data:
+        if data and self._keep(len(data)):
             self.chunks.append(data)
+
+    def _keep(self, size: int) -> bool:
+        """Reserve `size` bytes; without room, stop collecting and give back what this capture held."""
+        if self.store.reserve(size):
+            self.reserved += size
+            return True
+        self.too_large = True
+        self.chunks, self.request_body = [], None
+        self.store.release(self.reserved)
+        self.reserved = 0
+        return False
 
     def finish(self) -> None:
         """Store the capture (once): a request that got no id (refused before queueing) has none."""
         if self.finished:
             return
         self.finished = True
-        if self.ticket_id is None or self.status is None:
-            return
-        if self.collected > self.store.limit_bytes:
-            self.store.refuse(self.ticket_id, self.collected)
+        if self.ticket_id is None or self.status is None or self.too_large:
+            self.store.release(self.reserved)
+            if self.ticket_id is not None and self.too_large:
+                self.store.refuse(self.ticket_id, self.collected)
             return
         # As llama-swap: an answer other than 200 keeps its headers, not its body.
         keep_body = self.parts & RESPONSE_BODY and self.status == 200
@@ -219,7 +264,7 @@ class CaptureRecorder:
             req_body=self.request_body,
             resp_headers=self.response_headers,
             resp_body=b"".join(self.chunks) if keep_body else None,
-        ))
+        ), reserved=self.reserved)
 
 
 def begin_capture(megabytes: float, path: str, forwarded_path: str, headers: dict[str, str],

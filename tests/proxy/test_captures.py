@@ -44,8 +44,8 @@ def test_a_smaller_buffer_drops_the_oldest_and_zero_turns_captures_off():
 
 def test_credential_headers_are_redacted_whatever_their_case():
     headers = {"Authorization": "Bearer k", "PROXY-AUTHORIZATION": "Basic x", "cookie": "a=b",
-               "Set-Cookie": "c=d", "X-Api-Key": "k", "X-Other": "kept"}
-    assert redacted(headers) == {**{name: REDACTED for name in list(headers)[:5]}, "X-Other": "kept"}
+               "Set-Cookie": "c=d", "X-Api-Key": "k", "Api-Key": "azure", "X-Other": "kept"}
+    assert redacted(headers) == {**{name: REDACTED for name in list(headers)[:6]}, "X-Other": "kept"}
 
 
 def test_audio_and_image_routes_leave_their_large_bodies_out():
@@ -92,3 +92,46 @@ def test_capture_buffer_is_read_in_mb_off_by_default_and_fractions_allowed():
         with pytest.raises(ConfigError) as refused:
             parse_config(f"captureBuffer: {bad}\n" + model)
         assert "captureBuffer" in str(refused.value) and expected in str(refused.value)
+
+
+def streaming(store: CaptureStore, ticket_id: int) -> CaptureRecorder:
+    recorder = CaptureRecorder(store, "/v1/chat/completions", parts_for("/v1/chat/completions"), {}, b"")
+    recorder.response_started(200, [(b"x-llamaswap-request-id", str(ticket_id).encode())])
+    return recorder
+
+
+def test_exchanges_being_collected_share_the_buffer_with_the_stored_ones():
+    store = CaptureStore()
+    store.configure(1000 / MB)
+    recorders = [streaming(store, ticket_id) for ticket_id in range(1, 7)]
+    for _ in range(3):  # six streams of 300 bytes at once, in 100-byte chunks
+        for recorder in recorders:
+            recorder.response_sent(b"y" * 100)
+            assert sum(len(chunk) for r in recorders for chunk in r.chunks) <= 1000
+    for recorder in recorders:
+        recorder.finish()
+    kept = [ticket_id for ticket_id in range(1, 7) if store.has(ticket_id)]
+    assert 1 <= len(kept) <= 3
+    left_out = next(ticket_id for ticket_id in range(1, 7) if ticket_id not in kept)
+    assert "beside the other exchanges being captured" in store.why_missing(left_out)
+    assert store.add(capture(10, 1000))  # every reservation was given back: the whole buffer is free again
+
+
+def test_an_exchange_being_collected_drops_the_oldest_stored_capture_for_room():
+    store = CaptureStore()
+    store.configure(1000 / MB)
+    store.add(capture(1, 600))
+    recorder = streaming(store, 2)
+    recorder.response_sent(b"y" * 500)
+    assert not store.has(1)
+    recorder.finish()
+    assert store.get(2).resp_body == b"y" * 500
+
+
+def test_a_client_leaving_gives_back_what_its_capture_held():
+    store = CaptureStore()
+    store.configure(1000 / MB)
+    left = CaptureRecorder(store, "/v1/chat/completions", parts_for("/v1/chat/completions"), {}, b"x" * 400)
+    left.response_sent(b"y" * 500)  # refused before it was queued: no id, nothing stored
+    left.finish()
+    assert store.add(capture(3, 1000))
