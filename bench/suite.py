@@ -17,10 +17,10 @@ million rows); queue capacity; and distributed mode beside one process
 two front ends; skipped, saying why, without PostgreSQL and Redis). The targets for llamaswap alone
 are judged on the first data-path run, with no third server on the machine.
 Prints one markdown report and, with `--write`, replaces the text between that file's results
-markers with it. About 7.5 minutes (plus about one to install LiteLLM the first time).
+markers with it. About 10 minutes (plus about one to install LiteLLM the first time).
 
 A part that fails is reported as failed (its traceback on stderr) and the rest still runs; the
-exit status is then 1. `--quick` runs every part at a smaller size, in about 4 minutes. `--only`
+exit status is then 1. `--quick` runs every part at a smaller size, in about 5.5 minutes. `--only`
 runs the parts named (e.g. `--only distributed-mode`) and prints their report without writing it.
 """
 
@@ -478,7 +478,7 @@ def write_between_markers(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="every part at a smaller size (about 4 minutes)")
+    parser.add_argument("--quick", action="store_true", help="every part at a smaller size (about 5.5 minutes)")
     parser.add_argument("--no-peer", action="store_true", help="skip LiteLLM (no install, no start)")
     parser.add_argument("--write", type=Path, metavar="FILE", help="put the report between FILE's results markers")
     parser.add_argument("--only", nargs="+", metavar="PART",
