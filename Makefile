@@ -29,8 +29,8 @@ run: $(STAMP)
 test: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest
 
-# Every benchmark in one run (about 7.5 minutes), its report written into BENCHMARKS.md;
-# `make bench BENCH_ARGS=--quick` runs each part smaller (about 4 minutes).
+# Every benchmark in one run (about 10 minutes), its report written into BENCHMARKS.md;
+# `make bench BENCH_ARGS=--quick` runs each part smaller (about 5.5 minutes).
 bench: $(STAMP)
 	$(VENV)/bin/python bench/suite.py --write BENCHMARKS.md $(BENCH_ARGS)
 
