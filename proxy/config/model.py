@@ -299,6 +299,15 @@ def _read_filters(section: Section) -> ModelFilters:
     filters = section.section("filters")
     if filters is None:
         return ModelFilters()
+    strip, set_params = read_strip_and_set_params(filters, "use useModelName to rename the model upstream")
+    set_params_by_id = _read_set_params_by_id(filters)
+    filters.warn_unread()
+    return ModelFilters(strip_params=strip, set_params=set_params, set_params_by_id=freeze(set_params_by_id))
+
+
+def read_strip_and_set_params(filters: Section, rename_hint: str) -> tuple[tuple[str, ...], FrozenDict]:
+    """`stripParams` (or its old spelling `strip_params`) and `setParams`, as models and peers share them:
+    `model` is protected in both, and `rename_hint` says how to rename the model instead."""
     strip_text = filters.text("stripParams")
     legacy = filters.text("strip_params")
     if legacy and strip_text:
@@ -313,16 +322,9 @@ def _read_filters(section: Section) -> ModelFilters:
     elif not isinstance(set_params, dict):
         filters.error("setParams", f"expected a mapping of param: value, got {kind_of(set_params)} — e.g. setParams: {{temperature: 0.7}}")
         set_params = {}
-    for name in [name for name in set_params if name == "model"]:
-        filters.log.warn(filters.path(f"setParams.{name}"), "model is protected and never overridden, ignored — use useModelName to rename the model upstream")
-        del set_params[name]
-    set_params_by_id = _read_set_params_by_id(filters)
-    filters.warn_unread()
-    return ModelFilters(
-        strip_params=tuple(strip),
-        set_params=freeze({str(k): v for k, v in set_params.items()}),
-        set_params_by_id=freeze(set_params_by_id),
-    )
+    if "model" in set_params:
+        filters.log.warn(filters.path("setParams.model"), f"model is protected and never overridden, ignored — {rename_hint}")
+    return tuple(strip), freeze({str(k): v for k, v in set_params.items() if k != "model"})
 
 
 def _read_set_params_by_id(filters: Section) -> dict[str, dict]:

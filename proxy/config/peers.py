@@ -13,9 +13,8 @@ from urllib.parse import urlsplit
 
 from .errors import ProblemLog, kind_of
 from .fields import MISSING, Section
-from .filters import ModelFilters, parse_strip_params
-from .frozen import freeze
-from .model import UpstreamTimeouts, read_upstream_timeouts
+from .filters import ModelFilters
+from .model import UpstreamTimeouts, read_strip_and_set_params, read_upstream_timeouts
 
 # A peer is another machine or a hosted API: wait at most this long for its response headers.
 DEFAULT_PEER_RESPONSE_HEADER_TIMEOUT = 60.0
@@ -158,28 +157,9 @@ def _read_filters(entry: Section) -> ModelFilters:
     filters = entry.section("filters")
     if filters is None:
         return ModelFilters()
-    strip, protected = parse_strip_params(filters.text("stripParams"))
-    for name in protected:
-        filters.log.warn(filters.path("stripParams"), f"{name} is protected and never stripped — remove it from the list")
-    set_params = filters.expanded("setParams")
-    if set_params is MISSING or set_params is None:
-        set_params = {}
-    elif not isinstance(set_params, dict):
-        filters.error(
-            "setParams",
-            f"expected a mapping of param: value, got {kind_of(set_params)} — e.g. setParams: {{temperature: 0.7}}",
-        )
-        set_params = {}
-    if "model" in set_params:
-        filters.log.warn(
-            filters.path("setParams.model"),
-            "model is protected and never overridden, ignored — list the peer's own model names under models",
-        )
+    strip, set_params = read_strip_and_set_params(filters, "list the peer's own model names under models")
     filters.warn_unread()
-    return ModelFilters(
-        strip_params=tuple(strip),
-        set_params=freeze({str(k): v for k, v in set_params.items() if k != "model"}),
-    )
+    return ModelFilters(strip_params=strip, set_params=set_params)
 
 
 def _read_timeouts(entry: Section) -> UpstreamTimeouts:
