@@ -260,18 +260,8 @@ class SchedulerRuntime:
         if record:
             self.recorder.create(
                 ticket.id,
-                model=request.model,
-                requested_model=request.requested_model,
-                method=request.method,
-                path=request.path,
-                stream=request.stream,
-                client=request.client,
-                origin=request.origin,
-                route=request.route,
+                **_request_columns(request),
                 max_wait_s=request.max_wait_s,
-                selector=request.selector,
-                priority=request.priority,
-                band=band.value,
                 state="queued",
                 scheduler=self.scheduler.name,
                 arrived_at=self._wall(arrival),
@@ -412,18 +402,8 @@ class SchedulerRuntime:
         self._relayed[ticket_id] = (request, started_at)
         self.recorder.create(
             ticket_id,
-            model=request.model,
-            requested_model=request.requested_model,
-            method=request.method,
-            path=request.path,
-            stream=request.stream,
-            client=request.client,
-            origin=request.origin,
-            route=request.route,
-            selector=request.selector,
+            **_request_columns(request),
             peer=peer,
-            priority=request.priority,
-            band=band_of(request.priority).value,
             state="dispatched",
             arrived_at=started_at,
             dispatched_at=started_at,
@@ -768,6 +748,23 @@ def aged(outlooks: dict[int, Outlook], seconds: float) -> dict[int, Outlook]:
             after=None if outlook.after is None else dataclasses.replace(outlook.after, in_s=sooner(outlook.after.in_s)),
         )
         for ticket_id, outlook in outlooks.items()
+    }
+
+
+def _request_columns(request: TicketRequest) -> dict[str, Any]:
+    """A request's row columns as it arrived, alike for a queued request and one relayed to a peer."""
+    return {
+        "model": request.model,
+        "requested_model": request.requested_model,
+        "method": request.method,
+        "path": request.path,
+        "stream": request.stream,
+        "client": request.client,
+        "origin": request.origin,
+        "route": request.route,
+        "selector": request.selector,
+        "priority": request.priority,
+        "band": band_of(request.priority).value,
     }
 
 
