@@ -68,7 +68,7 @@ from tests.conftest import POSTGRES_ADMIN_URL, REDIS_URL, fresh_redis_db, scratc
 from tests.e2e.held import HeldStream  # noqa: E402
 from tests.served import REPO, Served, Worker, fake_cmd, model_ports, wait_until  # noqa: E402
 
-ADDED_TARGET_MS = 5.0  # p50 a front end may add over the model itself (issue 11)
+ADDED_TARGET_MS = 5.0  # p50 a front end may add over the model itself: the distributed mode's target
 CLIENTS = 8  # concurrent clients in the throughput rounds, and the model's slots
 WARMUP = 20  # grants per side before the timed ones
 GAP_BLOCKS = 2  # dispatch-gap blocks per side, alternating
