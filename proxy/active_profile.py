@@ -1,4 +1,5 @@
-"""Which profile is active: none at start and after a config reload, else the last `PUT /api/profiles/active`.
+"""Which profile is active: `hooks.on_startup.profile` (or none) at start and after a config reload, else the
+last `PUT /api/profiles/active`.
 
 The name lives in one database row (scheduling.models.ActiveProfile), so in distributed mode every
 front end applies the same profile. Each process reads it again at most every REFRESH_S, so a switch
@@ -48,8 +49,15 @@ async def set_active_profile(name: str) -> None:
     _cached = (name, time.monotonic())
 
 
-def clear_active_profile() -> None:
-    """No profile is active: at start and after a config reload, as in llama-swap. Synchronous (database)."""
+def reset_active_profile(config) -> None:
+    """At start and after a config reload the config's `hooks.on_startup.profile` is active, or none (llama-swap
+    switches profiles off on both). Synchronous (database)."""
     global _cached
-    _write("")
+    _write(config.startup_profile)
     _cached = None
+
+
+def start_with_profile(config) -> None:
+    """Distributed mode, where the active profile belongs to the whole deployment and a worker starting does not
+    reset it: the startup profile is taken only when no profile was ever stored. Synchronous (database)."""
+    ActiveProfile.objects.get_or_create(pk=1, defaults={"name": config.startup_profile, "changed_at": timezone.now()})

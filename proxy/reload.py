@@ -26,7 +26,7 @@ WATCH_INTERVAL_S = 2.0
 async def reload_config(service, path: str | None, config_dir: str | None = None) -> bool:
     """Load `path` (with `config_dir`'s files merged after it) and apply it to the running service; returns
     whether it was applied."""
-    from proxy.active_profile import clear_active_profile
+    from proxy.active_profile import reset_active_profile
     from scheduling.settings_store import stored_serial_settings
 
     loop = asyncio.get_running_loop()
@@ -50,7 +50,7 @@ async def reload_config(service, path: str | None, config_dir: str | None = None
     restart = sorted(m for m in new.models if m in old.models and process_changed(old.models[m], new.models[m]))
     settings = await loop.run_in_executor(None, stored_serial_settings, new.scheduler.serial, new.models)
     service.apply_config(new, restart, settings)
-    await loop.run_in_executor(None, clear_active_profile)  # as llama-swap: a reload switches profiles off
+    await loop.run_in_executor(None, reset_active_profile, new)  # a reload switches to the startup profile, or off
     apply_log_level(new.log_level)
     apply_log_output(new.log_output)
     added = sorted(set(new.models) - set(old.models))

@@ -72,6 +72,7 @@ class Config:
     selectors: Mapping[str, SelectorConfig] = field(default_factory=lambda: MappingProxyType({}))  # selector ID -> selector
     profiles: Mapping[str, ProfileConfig] = field(default_factory=lambda: MappingProxyType({}))  # name -> profile
     capture_buffer_mb: float = 0.0  # captureBuffer: MB of request/response captures kept in memory; 0 is off
+    startup_profile: str = ""  # hooks.on_startup.profile: active at start and after a reload ("" for none)
 
     def resolve(self, name: str) -> ModelConfig | None:
         """The model a request names, by ID or alias."""
@@ -209,7 +210,6 @@ def check_document(data, log: ProblemLog) -> Config:
         routing.warn_unread()
     api_keys = _read_api_keys(top)
     log_level = _read_log_level(top)
-    preload = _read_preload(top, index)
     max_request_body_bytes = top.integer(
         "maxRequestBodyBytes", DEFAULT_MAX_REQUEST_BODY_BYTES, minimum=1, example=str(DEFAULT_MAX_REQUEST_BODY_BYTES)
     )
@@ -227,6 +227,7 @@ def check_document(data, log: ProblemLog) -> Config:
         peer_model=lambda name: peer_models.find(name) is not None, peer_ids=peers,
     )
     profiles = read_profiles(top, index, selector_ids=selectors, peer_model=lambda name: peer_models.find(name) is not None)
+    preload, startup_profile = _read_startup_hooks(top, index, profiles)
     top.warn_unread(notes=TOP_KEY_NOTES)
     log.raise_if_any()
 
@@ -255,6 +256,7 @@ def check_document(data, log: ProblemLog) -> Config:
         selectors=MappingProxyType(selectors),
         profiles=MappingProxyType(profiles),
         capture_buffer_mb=capture_buffer_mb,
+        startup_profile=startup_profile,
     )
 
 
@@ -325,7 +327,8 @@ def _read_log_level(top: Section) -> str:
     return level
 
 
-def _read_preload(top: Section, index: ModelIndex) -> tuple[str, ...]:
+def _read_startup_hooks(top: Section, index: ModelIndex, profiles: Mapping[str, ProfileConfig]) -> tuple[tuple[str, ...], str]:
+    """`hooks.on_startup`: the models to `preload` and the `profile` to make active."""
     hooks = top.section("hooks")
     on_startup = hooks.section("on_startup") if hooks else None
     names = on_startup.text_list("preload", example="model-a") if on_startup else ()
@@ -339,7 +342,12 @@ def _read_preload(top: Section, index: ModelIndex) -> tuple[str, ...]:
             top.log.error(f"hooks.on_startup.preload[{position}]", index.unknown(name))
         elif real not in preload:
             preload.append(real)
+    profile = on_startup.text("profile").strip() if on_startup else ""
+    if profile and profile not in profiles:
+        known = ", ".join(sorted(profiles)) or "none are defined"
+        on_startup.error("profile", f'"{profile}" is not a profile — name one under `profiles:` ({known})')
+        profile = ""
     for section in (on_startup, hooks):
         if section is not None:
             section.warn_unread()
-    return tuple(preload)
+    return tuple(preload), profile

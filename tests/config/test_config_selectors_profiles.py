@@ -184,3 +184,19 @@ profiles:
 def test_no_selectors_or_profiles(load):
     config = load(MODELS)
     assert dict(config.selectors) == {} and dict(config.profiles) == {}
+
+
+def test_the_startup_profile_must_be_a_profile(load, config_error, problem):
+    profiles = MODELS + """
+profiles:
+  coding: {pins: {llm-code: a}}
+hooks:
+  on_startup:
+    preload: [a]
+    profile: %s
+"""
+    config = load(profiles % "coding")
+    assert (config.startup_profile, config.preload) == ("coding", ("a",))
+    assert load(MODELS).startup_profile == ""
+    message = problem(config_error(profiles % "writing"), "hooks.on_startup.profile")
+    assert '"writing" is not a profile' in message and "coding" in message

@@ -202,6 +202,26 @@ def test_the_active_profile_survives_no_restart(tmp_path):
         assert chat(served, "code").status_code == 404
 
 
+def test_hooks_on_startup_profile_is_active_at_start_and_after_a_reload(tmp_path):
+    """`hooks.on_startup.profile` replaces "none" as what a start and a reload switch to."""
+    events = tmp_path / "events.jsonl"
+    with_hook = config(events) + """
+        hooks:
+          on_startup:
+            profile: coding
+    """
+    with Served(tmp_path, with_hook) as served:
+        api = served.base + "/api/profiles"
+        assert httpx.get(api, timeout=10).json()["active"] == "coding"
+        assert chat(served, "code").json()["model"] == "beta"
+        assert httpx.put(api + "/active", json={"name": None}, timeout=10).json() == {"active": None}
+        assert chat(served, "code").status_code == 404
+        served.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: httpx.get(api, timeout=10).json()["active"] == "coding",
+                   what="the reload to switch to the startup profile")
+        assert chat(served, "code").json()["model"] == "beta"
+
+
 def test_distributed_front_ends_share_the_active_profile_and_see_the_workers_models(tmp_path, distributed):
     """One front end switches the profile on; the other applies it too. Warm reads the worker's process
     states from a front end, and the worker's row records the selector."""
