@@ -57,6 +57,18 @@ def reset_active_profile(config) -> None:
     _cached = None
 
 
+def start_profile(config) -> None:
+    """At start: the profile last selected when `profileStateFile` asks to remember it (and it is still
+    configured), else the startup profile. Synchronous (database)."""
+    global _cached
+    if config.remember_profile:
+        row = ActiveProfile.objects.filter(pk=1).first()
+        if row is not None and (row.name in config.profiles or not row.name):
+            _cached = None
+            return
+    reset_active_profile(config)
+
+
 def start_with_profile(config) -> None:
     """Distributed mode, where the active profile belongs to the whole deployment and a worker starting does not
     reset it: the startup profile is taken only when no profile was ever stored. Synchronous (database)."""

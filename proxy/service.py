@@ -66,7 +66,7 @@ def prepare(config=None, *, worker: bool = False) -> Prepared:
     distributed mode recovers only its own models, and keeps the queued rows of front ends, to serve
     them (`carried_requests`).
     """
-    from proxy.active_profile import reset_active_profile, start_with_profile
+    from proxy.active_profile import start_profile, start_with_profile
     from proxy.orphans import stop_orphaned_model_processes
     from scheduling.recovery import recover_previous_run
     from scheduling.row_durations import durations_from_rows
@@ -80,7 +80,7 @@ def prepare(config=None, *, worker: bool = False) -> Prepared:
     if worker:  # in distributed mode the profile belongs to the whole deployment: only a reload resets it
         start_with_profile(config)
     else:
-        reset_active_profile(config)
+        start_profile(config)
     _prepared = Prepared(
         config, next_id, stored_serial_settings(config.scheduler.serial, config.models), durations_from_rows(config.models)
     )

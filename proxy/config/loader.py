@@ -73,6 +73,7 @@ class Config:
     profiles: Mapping[str, ProfileConfig] = field(default_factory=lambda: MappingProxyType({}))  # name -> profile
     capture_buffer_mb: float = 0.0  # captureBuffer: MB of request/response captures kept in memory; 0 is off
     startup_profile: str = ""  # hooks.on_startup.profile: active at start and after a reload ("" for none)
+    remember_profile: bool = False  # profileStateFile is set: a start keeps the profile last selected
 
     def resolve(self, name: str) -> ModelConfig | None:
         """The model a request names, by ID or alias."""
@@ -228,6 +229,8 @@ def check_document(data, log: ProblemLog) -> Config:
     )
     profiles = read_profiles(top, index, selector_ids=selectors, peer_model=lambda name: peer_models.find(name) is not None)
     preload, startup_profile = _read_startup_hooks(top, index, profiles)
+    # llama-swap remembers the selected profile in this file; llamaswap keeps it in its database already.
+    remember_profile = bool(top.text("profileStateFile").strip())
     top.warn_unread(notes=TOP_KEY_NOTES)
     log.raise_if_any()
 
@@ -257,6 +260,7 @@ def check_document(data, log: ProblemLog) -> Config:
         profiles=MappingProxyType(profiles),
         capture_buffer_mb=capture_buffer_mb,
         startup_profile=startup_profile,
+        remember_profile=remember_profile,
     )
 
 

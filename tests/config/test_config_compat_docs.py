@@ -48,6 +48,7 @@ def test_profiles_example_pins_and_disables_and_its_selectors_keep_their_order()
     assert coding.pins["llm-plan"] == "gpt-oss-120b"
     assert not coding.pins["image-gen"]  # `~` disables the ID while the profile is active
     assert config.profiles["writing"].pins == {"llm-code": "gemma-3-27b", "llm-plan": "gemma-3-27b"}
+    assert (config.startup_profile, config.remember_profile) == ("coding", True)
     warm = config.selectors["coding-model"]
     assert (warm.strategy, warm.targets, warm.name) == ("warm", ("gpt-oss-120b", "qwen3-coder-30b"), "Coding Model")
     # two peers offer `llama`: only the qualified names reach it, and the selector uses those

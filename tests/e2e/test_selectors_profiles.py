@@ -222,6 +222,27 @@ def test_hooks_on_startup_profile_is_active_at_start_and_after_a_reload(tmp_path
         assert chat(served, "code").json()["model"] == "beta"
 
 
+def test_with_a_profile_state_file_a_restart_keeps_the_profile_last_selected(tmp_path):
+    """llama-swap's `profileStateFile` remembers the selection across restarts; llamaswap's database does."""
+    events = tmp_path / "events.jsonl"
+    remembering = config(events) + f"""
+        profileStateFile: {tmp_path / "profile-state.json"}
+    """
+    with Served(tmp_path, remembering) as served:
+        assert httpx.get(served.base + "/api/profiles", timeout=10).json()["active"] is None
+        httpx.put(served.base + "/api/profiles/active", json={"name": "coding"}, timeout=10)
+    with Served(tmp_path, remembering) as served:
+        assert httpx.get(served.base + "/api/profiles", timeout=10).json()["active"] == "coding"
+        assert chat(served, "code").json()["model"] == "beta"
+        httpx.put(served.base + "/api/profiles/active", json={"name": None}, timeout=10)
+    with Served(tmp_path, remembering + """
+        hooks:
+          on_startup:
+            profile: coding
+    """) as served:  # "none" was selected last: remembered over the startup hook
+        assert httpx.get(served.base + "/api/profiles", timeout=10).json()["active"] is None
+
+
 def test_distributed_front_ends_share_the_active_profile_and_see_the_workers_models(tmp_path, distributed):
     """One front end switches the profile on; the other applies it too. Warm reads the worker's process
     states from a front end, and the worker's row records the selector."""
