@@ -19,6 +19,7 @@ from typing import NoReturn
 from proxy.active_profile import active_profile
 from proxy.errors import ProxyError
 from proxy.inbound import ModelRequest
+from proxy.upstream_names import leading_names
 
 # (selector ID, target as written) -> requests picked through the selector and not finished yet.
 _reserved: Counter[tuple[str, str]] = Counter()
@@ -82,11 +83,10 @@ async def pinned_upstream_path(service, rest: str) -> str:
     if not profile:
         return rest
     pins = service.config.profiles[profile].pins
-    segments = rest.split("/")
-    for end in range(len(segments), 0, -1):
-        pinned = "/".join(segments[:end])
+    for pinned, after in leading_names(rest, max(map(len, pins), default=0)):
         if pinned in pins:
-            return "/".join([pins[pinned] or _disabled(pinned, profile), *segments[end:]])
+            target = pins[pinned] or _disabled(pinned, profile)
+            return target if after is None else f"{target}/{after}"
     return rest
 
 

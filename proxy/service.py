@@ -20,6 +20,7 @@ from proxy import system_metrics
 from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
 from proxy.peer_relay import PeerRelays
+from proxy.upstream_names import leading_names
 from proxy.upstreams import ClientUse, UpstreamClients
 from scheduling import frontdoor, metrics
 from scheduling.config_inputs import model_specs, swap_policy
@@ -232,11 +233,10 @@ class ProxyService:
         The path is None when the request named just the model (`/upstream/<model>`), which
         is answered with a redirect that adds the trailing slash.
         """
-        segments = rest.split("/")
-        for end in range(len(segments), 0, -1):
-            model = self.config.resolve("/".join(segments[:end]))
+        longest = max(map(len, [*self.config.models, *self.config.aliases]), default=0)
+        for name, remainder in leading_names(rest, longest):
+            model = self.config.resolve(name)
             if model is not None:
-                remainder = "/".join(segments[end:]) if end < len(segments) else None
                 return model, remainder
         raise ProxyError(404, f"no configured model matches /upstream/{rest}", "model_not_found")
 
