@@ -200,11 +200,28 @@ def _read_proxy(section: Section, port: int | None) -> str:
     proxy = section.text("proxy")
     if not proxy:
         return ""
-    parts = urlsplit(proxy)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        section.error("proxy", f'"{proxy}" is not an http(s) URL — e.g. proxy: http://127.0.0.1:8080')
+    problem = http_url_problem(proxy)
+    if problem:
+        section.error("proxy", f'"{proxy}" {problem} — e.g. proxy: http://127.0.0.1:8080')
         return ""
     return proxy.rstrip("/")
+
+
+def http_url_problem(url: str) -> str:
+    """Why `url` cannot be an upstream's base URL ("" when it can): an http(s) scheme, a host, a port that
+    is a number in range, and no whitespace (it goes into the request line)."""
+    if any(char.isspace() for char in url):
+        return "has whitespace in it"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a bracketed host that is no IPv6 address, a port out of range or not a number
+        return f"is not a valid URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "is not an http(s) URL"
+    if port == 0:
+        return "has port 0"
+    return ""
 
 
 def _read_check_endpoint(section: Section) -> str | None:

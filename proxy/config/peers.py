@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from .errors import ProblemLog, kind_of
 from .fields import MISSING, Section
 from .filters import ModelFilters
-from .model import UpstreamTimeouts, read_strip_and_set_params, read_upstream_timeouts
+from .model import UpstreamTimeouts, http_url_problem, read_strip_and_set_params, read_upstream_timeouts
 
 # A peer is another machine or a hosted API: wait at most this long for its response headers.
 DEFAULT_PEER_RESPONSE_HEADER_TIMEOUT = 60.0
@@ -118,11 +118,12 @@ def _read_proxy(entry: Section) -> str:
         entry.error("proxy", "missing — set the peer's base URL, e.g. proxy: http://192.168.1.23:8080")
         return ""
     proxy = entry.text("proxy").strip()
-    parts = urlsplit(proxy)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    problem = http_url_problem(proxy)
+    if problem:
         if not entry.log.is_unknown(entry.path("proxy")):
-            entry.error("proxy", f'"{proxy}" is not an http(s) URL — e.g. proxy: https://openrouter.ai/api')
+            entry.error("proxy", f'"{proxy}" {problem} — e.g. proxy: https://openrouter.ai/api')
         return ""
+    parts = urlsplit(proxy)
     if "?" in proxy or "#" in proxy:
         entry.error(
             "proxy",

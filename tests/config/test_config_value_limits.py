@@ -109,3 +109,21 @@ def test_a_log_destination_that_is_not_text_is_one_problem(config_error, problem
 def test_null_log_keys_mean_the_default(load):
     output = load("logToStdout: null\nlogTimeFormat: ~\n" + MODEL.format(extra="")).log_output
     assert output.to_stdout is None and output.time_format is None
+
+
+def test_a_proxy_url_that_cannot_be_reached_is_refused_naming_why(config_error, problem):
+    urls = {
+        "bracket": ("http://[::1", "Invalid IPv6 URL"),
+        "nohost": ("http://[zz]:1", "does not appear to be an IPv4 or IPv6 address"),
+        "range": ("http://127.0.0.1:99999", "Port out of range"),
+        "word": ("http://127.0.0.1:abc", "could not be cast"),
+        "space": ("http://127.0.0.1:1/a b", "whitespace"),
+        "zero": ("http://127.0.0.1:0", "port 0"),
+    }
+    models = "".join(f'  {name}:\n    cmd: run\n    proxy: "{url}"\n' for name, (url, _) in urls.items())
+    peers = "".join(f'  p-{name}:\n    proxy: "{url}"\n    models: [x]\n' for name, (url, _) in urls.items())
+    error = config_error("models:\n" + models + "peers:\n" + peers)
+    for name, (url, why) in urls.items():
+        for key in (f"models.{name}.proxy", f"peers.p-{name}.proxy"):
+            message = problem(error, key)
+            assert url in message and why in message and "e.g. proxy:" in message, (key, message)
