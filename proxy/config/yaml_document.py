@@ -23,10 +23,22 @@ ENV_MACRO = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}")
 _MERGE_KEY = "tag:yaml.org,2002:merge"
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading `1e3` as a number as YAML 1.2 (and llama-swap's Go parser) does: YAML 1.1
+    wants a sign in the exponent and a dot in the mantissa, so PyYAML alone reads it as text."""
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def read_yaml_document(text: str, log: ProblemLog, environ: Mapping[str, str] | None = None) -> Any:
     """Parse `text`; returns None (with problems logged) when it cannot be used."""
     environ = os.environ if environ is None else environ
-    loader = yaml.SafeLoader(text)
+    loader = _ConfigLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -63,7 +75,7 @@ def _child_key(parent: str, name: str) -> str:
 class _EnvFiller:
     """Walks the node tree: fills env macros in scalars and reports duplicate keys."""
 
-    def __init__(self, environ: Mapping[str, str], log: ProblemLog, loader: yaml.SafeLoader):
+    def __init__(self, environ: Mapping[str, str], log: ProblemLog, loader: _ConfigLoader):
         self.environ = environ
         self.log = log
         self.loader = loader

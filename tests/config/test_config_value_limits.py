@@ -127,3 +127,20 @@ def test_a_proxy_url_that_cannot_be_reached_is_refused_naming_why(config_error, 
         for key in (f"models.{name}.proxy", f"peers.p-{name}.proxy"):
             message = problem(error, key)
             assert url in message and why in message and "e.g. proxy:" in message, (key, message)
+
+
+def test_exponents_are_numbers_as_in_yaml_1_2(load):
+    config = load("""
+        globalTTL: 1e3
+        captureBuffer: 2.5E-1
+        models:
+          m:
+            cmd: run
+            proxy: http://127.0.0.1:8080
+            timeouts: {connect: 1.0e2}
+            metadata: {note: "1e3", plain: 1e3}
+    """)
+    assert (config.global_ttl, config.capture_buffer_mb) == (1000, 0.25)
+    model = config.models["m"]
+    assert model.timeouts.connect == 100
+    assert model.metadata["note"] == "1e3" and model.metadata["plain"] == 1000.0  # quoted text stays text
