@@ -17,9 +17,10 @@ COMFYUI_MIN_CONCURRENCY = 50
 def read_ignore_websockets(section: Section, model_id: str) -> bool:
     """`compat.ignoreWebsockets`: WebSocket upgrades bypass the scheduler (forced on for comfyui_auto)."""
     compat = section.section("compat")
-    ignore = compat.boolean("ignoreWebsockets", False) if compat is not None else False
-    if compat is not None:
-        compat.warn_unread()
+    if compat is None:
+        return model_id == COMFYUI_MODEL_ID
+    ignore = compat.boolean("ignoreWebsockets", False)
+    compat.warn_unread()
     return ignore or model_id == COMFYUI_MODEL_ID
 
 

@@ -101,12 +101,9 @@ def load_merged(path: str | os.PathLike | None, config_dir: str | os.PathLike) -
 
 def _read(file: str) -> dict | None:
     """One file's document (None when it holds nothing); its own problems are raised naming it."""
-    try:
-        text = Path(file).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(file, [Problem("", "file not found — check the path given with --config")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(file, [Problem("", f"cannot be read ({exc}) — check its permissions and that it is UTF-8 text")]) from None
+    from .loader import read_config_text  # the loader imports this module on demand
+
+    text = read_config_text(file)
     try:
         if yaml.safe_load(text) is None:  # only comments: a fragment may be switched off that way
             return None

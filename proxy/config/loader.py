@@ -165,14 +165,18 @@ def load_config(path: str | os.PathLike | None, config_dir: str | os.PathLike | 
         from .config_dir import load_merged
 
         return load_merged(path, config_dir)
+    return parse_config(read_config_text(path), str(path))
+
+
+def read_config_text(path: str | os.PathLike) -> str:
+    """A config file's text; raises ConfigError naming it when it is missing or unreadable."""
     try:
         with open(path, encoding="utf-8") as file:
-            text = file.read()
+            return file.read()
     except FileNotFoundError:
         raise ConfigError(path, [Problem("", "file not found — check the path given with --config")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(path, [Problem("", f"cannot be read ({exc}) — check its permissions and that it is UTF-8 text")]) from None
-    return parse_config(text, str(path))
 
 
 def parse_config(text: str, path: str = "<string>") -> Config:
@@ -223,11 +227,15 @@ def check_document(data, log: ProblemLog) -> Config:
     warn_shadowed(peers, lambda name: index.resolve(name) is not None, log)
     performance = read_performance(top)
     peer_models = PeerModels(peers)
+
+    def is_peer_model(name: str) -> bool:
+        return peer_models.find(name) is not None
+
     selectors = read_selectors(
         top, index, together=coexistence_check(router.groups, router.matrix, models),
-        peer_model=lambda name: peer_models.find(name) is not None, peer_ids=peers,
+        peer_model=is_peer_model, peer_ids=peers,
     )
-    profiles = read_profiles(top, index, selector_ids=selectors, peer_model=lambda name: peer_models.find(name) is not None)
+    profiles = read_profiles(top, index, selector_ids=selectors, peer_model=is_peer_model)
     preload, startup_profile = _read_startup_hooks(top, index, profiles)
     # llama-swap remembers the selected profile in this file; llamaswap keeps it in its database already.
     remember_profile = bool(top.text("profileStateFile").strip())

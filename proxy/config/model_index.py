@@ -18,8 +18,7 @@ class ModelIndex:
         self._real: dict[str, str] = {model_id: model_id for model_id in models}
         for model_id in self.ids:
             model = models[model_id]
-            for index, alias in enumerate(model.aliases):
-                key = model.alias_keys[index] if index < len(model.alias_keys) else f"models.{model_id}.aliases[{index}]"
+            for alias, key in zip(model.aliases, model.alias_keys, strict=True):
                 owner = self._real.get(alias)
                 if alias == model_id:
                     log.error(key, f'"{alias}" is the model\'s own ID — remove it from aliases')

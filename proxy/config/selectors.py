@@ -129,10 +129,11 @@ def _read_selector(selector_id: str, entry: Section, index: ModelIndex, together
     if settings is not None:
         spillover = settings.integer("spillover", DEFAULT_SPILLOVER, minimum=1, example="1")
         settings.warn_unread()
-    if ok and strategy == "spillover" and len(set(local)) > 1 and not together(list(dict.fromkeys(local))):
+    distinct = list(dict.fromkeys(local))
+    if ok and strategy == "spillover" and len(distinct) > 1 and not together(distinct):
         entry.error(
             "targets",
-            f"spillover runs its targets side by side, but the router does not let {', '.join(dict.fromkeys(local))} "
+            f"spillover runs its targets side by side, but the router does not let {', '.join(distinct)} "
             "run together — put them in one group with swap: false (routing.router.settings.groups), "
             "or in one matrix set, or use strategy: warm",
         )
