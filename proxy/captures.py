@@ -267,11 +267,10 @@ class CaptureRecorder:
         ), reserved=self.reserved)
 
 
-def begin_capture(megabytes: float, path: str, forwarded_path: str, headers: dict[str, str],
-                  body: bytes) -> CaptureRecorder | None:
+def begin_capture(path: str, forwarded_path: str, headers: dict[str, str], body: bytes) -> CaptureRecorder | None:
     """A recorder for a request to `path` (as the client named it; its parts are chosen by the path the
-    model is sent) when `captureBuffer` is on, else None: nothing is collected."""
-    STORE.configure(megabytes)
+    model is sent) when `captureBuffer` is on, else None: nothing is collected. The service sizes the
+    store (`STORE.configure`) when it starts and on every reload."""
     if STORE.limit_bytes <= 0:
         return None
     return CaptureRecorder(STORE, path, parts_for(forwarded_path), headers, body)

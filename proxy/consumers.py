@@ -102,7 +102,7 @@ class ModelConsumer(StreamingHttpConsumer):
     async def serve(self, service, model_cfg, *, requested: str, stream: bool, method: str,
                     upstream_path: str, body: bytes, headers: dict[str, str], selector: str = "") -> None:
         door = service.door
-        self.capture = begin_capture(service.config.capture_buffer_mb, self.scope["path"], upstream_path, headers, body)
+        self.capture = begin_capture(self.scope["path"], upstream_path, headers, body)
         request = TicketRequest(
             model=model_cfg.id,
             path=self.scope["path"],

@@ -25,7 +25,6 @@ async def capture(request: HttpRequest, service, capture_id: str) -> HttpRespons
     ticket_id = whole_number(capture_id)
     if ticket_id is None:
         return json_error(404, f"no request has id {as_typed(capture_id)}: ids stop at {ROW_ID_MAX}", "capture_not_found")
-    STORE.configure(service.config.capture_buffer_mb)
     found = STORE.get(ticket_id)
     if found is None:
         return json_error(404, STORE.why_missing(ticket_id), "capture_not_found")

@@ -135,7 +135,7 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
     began = loop.time()
     ticket_id = await door.begin_relayed(request, peer.id, f"relayed to peer '{peer.id}' at {peer.proxy}, not scheduled")
     identity = identity_headers(ticket_id, 0.0) if ticket_id is not None else {}
-    consumer.capture = begin_capture(service.config.capture_buffer_mb, consumer.scope["path"], upstream_path, headers, body)
+    consumer.capture = begin_capture(consumer.scope["path"], upstream_path, headers, body)
     if consumer.capture is not None:
         consumer.capture.ticket_id = ticket_id
     open_row = [True]

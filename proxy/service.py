@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
 
-from proxy import system_metrics
+from proxy import captures, system_metrics
 from proxy.errors import ProxyError
 from proxy.fleet import ModelFleet
 from proxy.peer_relay import PeerRelays
@@ -171,6 +171,7 @@ class ProxyService:
             self.door = door_class(config, get_channel_layer(), observer=metrics.record_event)
             metrics.export_front_end(config)
         frontdoor.install(self.door)
+        captures.STORE.configure(config.capture_buffer_mb)
         self._clients = UpstreamClients()
         self.peer_relays = PeerRelays()
 
@@ -201,6 +202,7 @@ class ProxyService:
         old_peers = self.config.peers
         self.config = config
         self.door.config = config
+        captures.STORE.configure(config.capture_buffer_mb)
         if self.runtime is not None:
             self.fleet.apply(config, restart)
             self.runtime.reconfigure(model_specs(config), swap_policy(config), restart)

@@ -22,6 +22,7 @@ def config(monkeypatch):
     """The service config as the views see it: no apiKeys, captures off, unless a test sets them."""
     config = SimpleNamespace(api_keys=[], capture_buffer_mb=0)
     monkeypatch.setattr("proxy.views.get_service", lambda: SimpleNamespace(config=config))
+    STORE.configure(config.capture_buffer_mb)  # as a service does when it starts
     yield config
     STORE.configure(0)
 
