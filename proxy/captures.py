@@ -15,11 +15,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.auth import CREDENTIAL_HEADERS
 from scheduling.whole_numbers import whole_number
 
 MB = 1024 * 1024
 REDACTED = "[REDACTED]"
-REDACTED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key"})
+REDACTED_HEADERS = CREDENTIAL_HEADERS | {"cookie", "set-cookie", "api-key"}
 REQUEST_ID_HEADER = b"x-llamaswap-request-id"
 # Why a capture is missing is remembered for this many ids, so a 404 can say it (evicted, too large).
 _REASONS_KEPT = 10_000

@@ -16,6 +16,7 @@ import contextlib
 import logging
 from urllib.parse import quote_plus, unquote_plus
 
+from proxy.auth import CREDENTIAL_HEADERS
 from proxy.captures import begin_capture
 from proxy.config.peers import PeerConfig
 from proxy.errors import ProxyError
@@ -25,7 +26,7 @@ from scheduling.core import PRIORITY_HEADER, parse_priority
 from scheduling.runtime import Outcome, Rejected, TicketRequest
 
 log = logging.getLogger("llamaswap.proxy")
-CALLER_CREDENTIALS = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie"})
+CALLER_CREDENTIALS = CREDENTIAL_HEADERS | {"cookie"}
 
 
 def peer_for(config, name: str) -> tuple[PeerConfig, str] | None:

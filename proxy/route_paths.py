@@ -42,8 +42,12 @@ def model_in_query(path: str, query: str) -> str:
     return model
 
 
+# GET routes that also take a JSON body naming the model (/v1/audio/voices and its versionless alias).
+_GET_AND_POST_ROUTES = GET_ROUTES & (EXTRA_JSON_ROUTES | versionless(EXTRA_JSON_ROUTES))
+
+
 def route_methods(path: str) -> tuple[str, ...]:
     """The methods a model route takes: POST, GET for those that read `?model=`, or both (/v1/audio/voices)."""
     if path not in GET_ROUTES:
         return ("POST",)
-    return ("GET", "POST") if path in EXTRA_JSON_ROUTES | versionless(EXTRA_JSON_ROUTES) else ("GET",)
+    return ("GET", "POST") if path in _GET_AND_POST_ROUTES else ("GET",)

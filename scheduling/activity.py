@@ -122,7 +122,8 @@ def activity_page(query: ActivityQuery) -> dict[str, Any]:
     }
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso_utc(value: datetime | None) -> str | None:
+    """A row's time as RFC 3339 in UTC, with `Z`, as both activity APIs give it."""
     return None if value is None else value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
@@ -172,10 +173,10 @@ def activity_row(row: QueuedRequest) -> dict[str, Any]:
         slot=row.slot,
         waited_because=row.waited_because or None,
         explanation=row.explanation,
-        arrived_at=_iso(row.arrived_at),
-        dispatched_at=_iso(row.dispatched_at),
-        first_byte_at=_iso(row.first_byte_at),
-        finished_at=_iso(row.finished_at),
+        arrived_at=iso_utc(row.arrived_at),
+        dispatched_at=iso_utc(row.dispatched_at),
+        first_byte_at=iso_utc(row.first_byte_at),
+        finished_at=iso_utc(row.finished_at),
         status_code=row.status_code,
         error=row.error,
         duration_ms=row.duration_ms,

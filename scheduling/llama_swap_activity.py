@@ -11,12 +11,13 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Case, Count, F, IntegerField, Q, Sum, When
 from django.http import QueryDict
 
+from scheduling.activity import iso_utc
 from scheduling.models import TERMINAL_STATES, QueuedRequest, RequestState
 from scheduling.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
@@ -155,7 +156,7 @@ def activity_entry(row: QueuedRequest, has_capture: bool) -> dict[str, Any]:
     """A row as llama-swap's `ActivityLogEntry`; what was not reported is -1 (cache, draft, speeds) or 0."""
     entry: dict[str, Any] = {
         "id": row.id,
-        "timestamp": row.arrived_at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
+        "timestamp": iso_utc(row.arrived_at),
         "model": row.model,
         "req_path": row.path,
         "resp_content_type": "text/event-stream" if row.stream else "application/json",
