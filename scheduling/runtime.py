@@ -365,20 +365,10 @@ class SchedulerRuntime:
         now = self.now()
         if outcome.state == "completed" and request.method != "LOAD":  # a preload's "job" is no job
             self.durations.add_job(job_kind(request, decision.priority), now - granted_at)
-        fields: dict[str, Any] = {
-            "state": outcome.state,
-            "status_code": outcome.status_code,
-            "error": outcome.error,
-            "finished_at": self._wall(now),
-            "duration_ms": int((now - granted_at) * 1000),
-        }
-        if outcome.first_byte_monotonic is not None:
-            fields["first_byte_at"] = self._wall(outcome.first_byte_monotonic)
-        if outcome.response_bytes is not None:
-            fields["response_bytes"] = outcome.response_bytes
-        if outcome.usage:
-            fields.update(outcome.usage)
-        self.recorder.update(ticket_id, **fields)
+        first_byte = outcome.first_byte_monotonic
+        self.recorder.update(ticket_id, **_outcome_columns(
+            outcome, self._wall(now), now - granted_at, None if first_byte is None else self._wall(first_byte)
+        ))
         if outcome.state == "failed":  # the model may have died: the next request must start it again
             self.fleet.check_exited(request.model)
         self._observer(
@@ -418,21 +408,10 @@ class SchedulerRuntime:
         if relayed is None:
             return
         request, started_at = relayed
-        finished_at = started_at + timedelta(seconds=seconds)
-        fields: dict[str, Any] = {
-            "state": outcome.state,
-            "status_code": outcome.status_code,
-            "error": outcome.error,
-            "finished_at": finished_at,
-            "duration_ms": int(seconds * 1000),
-        }
-        if first_byte_s is not None:
-            fields["first_byte_at"] = started_at + timedelta(seconds=first_byte_s)
-        if outcome.response_bytes is not None:
-            fields["response_bytes"] = outcome.response_bytes
-        if outcome.usage:
-            fields.update(outcome.usage)
-        self.recorder.update(ticket_id, **fields)
+        first_byte_at = None if first_byte_s is None else started_at + timedelta(seconds=first_byte_s)
+        self.recorder.update(ticket_id, **_outcome_columns(
+            outcome, started_at + timedelta(seconds=seconds), seconds, first_byte_at
+        ))
         self._observer(
             Finished(
                 model=request.model, route=request.route, band=band_of(request.priority), state=outcome.state,
@@ -766,6 +745,25 @@ def _request_columns(request: TicketRequest) -> dict[str, Any]:
         "priority": request.priority,
         "band": band_of(request.priority).value,
     }
+
+
+def _outcome_columns(outcome: Outcome, finished_at: datetime, seconds: float,
+                     first_byte_at: datetime | None) -> dict[str, Any]:
+    """A request's row columns as it ended, alike for a scheduled request and one relayed to a peer."""
+    columns: dict[str, Any] = {
+        "state": outcome.state,
+        "status_code": outcome.status_code,
+        "error": outcome.error,
+        "finished_at": finished_at,
+        "duration_ms": int(seconds * 1000),
+    }
+    if first_byte_at is not None:
+        columns["first_byte_at"] = first_byte_at
+    if outcome.response_bytes is not None:
+        columns["response_bytes"] = outcome.response_bytes
+    if outcome.usage:
+        columns.update(outcome.usage)
+    return columns
 
 
 def job_kind(request: TicketRequest, priority: int) -> JobKind:
