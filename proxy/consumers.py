@@ -19,7 +19,7 @@ from proxy.inbound import (
     MODEL_ROUTES, forwarded_body, max_wait_seconds, off_loop_when_large, read_model_request, route_label,
 )
 from proxy.peer_relay import peer_for, query_naming, serve_peer, serve_peer_body
-from proxy.relay import relay, upstream_headers
+from proxy.relay import as_sent, identity_headers, relay, upstream_headers
 from proxy.route_paths import model_in_query, route_methods, upstream_path
 from proxy.service import get_service
 from proxy.config.upstream_paths import is_ignored
@@ -35,11 +35,6 @@ _PATH_SEPARATORS = re.compile(r"[/\\]")
 def climbs_out(path: str) -> bool:
     """Whether a '..' segment, plain or percent-encoded, could lead above the model's base URL."""
     return ".." in _PATH_SEPARATORS.split(unquote(path))
-
-
-def as_sent(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    """Headers back to the bytes the client sent: httpx would refuse a non-ASCII str value."""
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
 
 
 class ModelConsumer(StreamingHttpConsumer):
@@ -169,11 +164,6 @@ class ModelConsumer(StreamingHttpConsumer):
         await self.send_body(error_event(cut.status, cut.message, cut.code) if stream else b"")
 
 
-def identity_headers(ticket_id: int, waited_s: float) -> dict[str, str]:
-    """The headers naming a request's row and its wait, on every answer to a request that had a row."""
-    return {"X-LlamaSwap-Request-Id": str(ticket_id), "X-LlamaSwap-Queue-Wait-Ms": str(int(waited_s * 1000))}
-
-
 def loading_stream_headers(ticket_id: int | None) -> list[tuple[bytes, bytes]]:
     """The headers of a stream the loading state begins, before the model answers: an SSE stream,
     with the request's id once the scheduler has told it."""
@@ -260,6 +250,6 @@ class UpstreamConsumer(ModelConsumer):
         if is_ignored(unquote("/" + remainder), service.config.ignore_paths):
             await refuse_unless_ready(service, model_cfg, "/" + remainder)
             if service.fleet is not None:
-                await send_unscheduled(self, service, model_cfg, as_sent=as_sent, **forward)
+                await send_unscheduled(self, service, model_cfg, **forward)
                 return
         await self.serve(service, model_cfg, requested=model_cfg.id, stream=False, **forward)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from proxy.auth import CREDENTIAL_HEADERS
 from proxy.errors import ProxyError
-from proxy.relay import relay, upstream_headers
+from proxy.relay import as_sent, relay, upstream_headers
 
 
 async def refuse_unless_ready(service, model_cfg, path: str) -> None:
@@ -29,7 +29,7 @@ async def refuse_unless_ready(service, model_cfg, path: str) -> None:
 
 
 async def send_unscheduled(consumer, service, model_cfg, *, method: str, upstream_path: str, body: bytes,
-                           headers: list[tuple[bytes, bytes]] | dict[str, str], as_sent) -> None:
+                           headers: dict[str, str]) -> None:
     """Relay straight to the ready model's server, without a lease (this process runs the models)."""
     drop = CREDENTIAL_HEADERS if service.config.api_keys else frozenset()
     async with service.client_for(model_cfg) as client:

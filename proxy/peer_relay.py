@@ -21,7 +21,7 @@ from proxy.captures import begin_capture
 from proxy.config.peers import PeerConfig
 from proxy.errors import ProxyError
 from proxy.inbound import ModelRequest, forwarded_body, max_wait_seconds, off_loop_when_large, route_label
-from proxy.relay import relay, upstream_headers
+from proxy.relay import as_sent, identity_headers, relay, upstream_headers
 from scheduling.core import PRIORITY_HEADER, parse_priority
 from scheduling.runtime import Outcome, Rejected, TicketRequest
 
@@ -94,7 +94,7 @@ def peer_headers(headers: dict[str, str], peer: PeerConfig) -> list[tuple[bytes,
     sent = upstream_headers(headers, CALLER_CREDENTIALS)
     if peer.api_key:
         sent += [("authorization", f"Bearer {peer.api_key}"), ("x-api-key", peer.api_key)]
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in sent]
+    return as_sent(sent)
 
 
 async def serve_peer_body(consumer, service, found: tuple[PeerConfig, str], parsed: ModelRequest, *, asked: str,
@@ -115,8 +115,6 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
                      method: str, upstream_path: str, body: bytes, headers: dict[str, str],
                      selector: str = "") -> None:
     """Relay one request to `peer`'s `model` (the body already names it as the peer does) and record it."""
-    from proxy.consumers import identity_headers  # the consumers module imports this one
-
     max_wait_seconds(headers)  # refused when malformed, as for a local model; a peer's request never waits here
     door = service.door
     qualified = peer.qualified(model)

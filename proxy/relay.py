@@ -38,6 +38,16 @@ _SSE_TAIL_CHUNKS = 16
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
+def as_sent(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    """Headers back to the bytes the client sent: httpx would refuse a non-ASCII str value."""
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+
+
+def identity_headers(ticket_id: int, waited_s: float) -> dict[str, str]:
+    """The headers naming a request's row and its wait, on every answer to a request that had a row."""
+    return {"X-LlamaSwap-Request-Id": str(ticket_id), "X-LlamaSwap-Queue-Wait-Ms": str(int(waited_s * 1000))}
+
+
 def upstream_headers(headers: dict[str, str], drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
     return [(k, v) for k, v in headers.items() if k not in _NOT_FORWARDED and k not in drop]
 
