@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: run test venv bench clean
+.PHONY: run test test-fast chaos venv bench clean
 
 $(STAMP): pyproject.toml
 	# A venv whose creation was interrupted has python but no pip: create it again.
@@ -26,11 +26,29 @@ LISTEN ?= 127.0.0.1:8080
 run: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/llamaswap serve --config examples/config.yaml --listen $(LISTEN)
 
+# The slowest tests are listed at the end, so the suite's time is watched as it grows. Two pytest
+# processes (TEST_PROCESSES=1 for one): most tests wait on the real processes they start.
+TEST_PROCESSES ?= 2
 test: $(TEST_STAMP)
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest --durations=25 -n $(TEST_PROCESSES)
 
-# Every benchmark in one run (about 10 minutes), its report written into BENCHMARKS.md;
-# `make bench BENCH_ARGS=--quick` runs each part smaller (about 5.5 minutes).
+# The fast lane while working: the scheduling core, the config reader, the proxy's units, the runtime with
+# fake models and the architecture rules; outside CI the core's property tests search a third as hard. The
+# runtime's tests over a real Redis (its outages take seconds) are left to `make test`.
+REDIS_RUNTIME_TESTS := tests/runtime/test_channel_layer.py tests/runtime/test_takeover.py tests/runtime/test_transport_properties.py
+FAST_TESTS := tests/core tests/config tests/proxy tests/runtime tests/test_layers.py $(addprefix --ignore=,$(REDIS_RUNTIME_TESTS))
+test-fast: $(TEST_STAMP)
+	$(VENV)/bin/python -m pytest -q -n $(TEST_PROCESSES) $(FAST_TESTS)
+
+# A long fault run of both topologies: `make chaos SECONDS=600 SEED=7` (SEED=0 draws one, printed).
+SECONDS ?= 300
+SEED ?= 0
+
+chaos: $(TEST_STAMP)
+	LLAMASWAP_CHAOS_SECONDS=$(SECONDS) LLAMASWAP_CHAOS_SEED=$(SEED) $(VENV)/bin/python -m pytest tests/faults/test_chaos.py -s --timeout=0
+
+# Every benchmark in one run, its report (with how long it took) written into BENCHMARKS.md;
+# `make bench BENCH_ARGS=--quick` runs each part smaller.
 bench: $(STAMP)
 	$(VENV)/bin/python bench/suite.py --write BENCHMARKS.md $(BENCH_ARGS)
 

@@ -60,10 +60,11 @@ from bench.common import (  # noqa: E402
 from bench.proxy import CONNECT_WAVE  # noqa: E402
 from llamaswap_site.environment import CHANNEL_LAYER_BACKENDS, redis_host  # noqa: E402
 from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, SwapPolicy  # noqa: E402
-from scheduling.in_process import InProcessFrontDoor  # noqa: E402
-from scheduling.remote import ChannelLayerFrontDoor  # noqa: E402
-from scheduling.runtime import Outcome, SchedulerRuntime, TicketRequest  # noqa: E402
-from scheduling.worker import GATHER_S, SchedulerWorker  # noqa: E402
+from scheduling.door.in_process import InProcessFrontDoor  # noqa: E402
+from scheduling.door.remote import ChannelLayerFrontDoor  # noqa: E402
+from scheduling.runtime import SchedulerRuntime  # noqa: E402
+from scheduling.tickets import Outcome, TicketRequest
+from scheduling.door.worker import GATHER_S, SchedulerWorker  # noqa: E402
 from tests.conftest import POSTGRES_ADMIN_URL, REDIS_URL, fresh_redis_db, scratch_database  # noqa: E402
 from tests.e2e.held import HeldStream  # noqa: E402
 from tests.served import REPO, Served, Worker, fake_cmd, model_ports, wait_until  # noqa: E402
@@ -121,6 +122,9 @@ class NoRows:
 
     def update(self, ticket_id: int, **fields) -> None:
         pass
+
+    def backlogged(self) -> bool:
+        return False  # nothing is written, so nothing waits to be
 
 
 def one_slot_runtime() -> SchedulerRuntime:

@@ -117,7 +117,7 @@ def read_rows(rows: int) -> float:
 
     from scheduling.core import band_of
     from scheduling.models import QueuedRequest
-    from scheduling.replay_history import recorded_window
+    from scheduling.operating.replay_history import recorded_window
 
     call_command("migrate", interactive=False, verbosity=0)
     since = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy import fakemodel  # noqa: E402
+from proxy.testing import fakemodel
 
 
 class ArrivalOrderSlot:

@@ -17,11 +17,13 @@ million rows); queue capacity; and distributed mode beside one process
 two front ends; skipped, saying why, without PostgreSQL and Redis). The targets for llamaswap alone
 are judged on the first data-path run, with no third server on the machine.
 Prints one markdown report and, with `--write`, replaces the text between that file's results
-markers with it. About 10 minutes (plus about one to install LiteLLM the first time).
+markers with it; the report says how long the run took (the first run also installs LiteLLM).
 
 A part that fails is reported as failed (its traceback on stderr) and the rest still runs; the
-exit status is then 1. `--quick` runs every part at a smaller size, in about 5.5 minutes. `--only`
-runs the parts named (e.g. `--only distributed-mode`) and prints their report without writing it.
+exit status is then 1. `--quick` runs every part at a smaller size. `--only`
+runs the parts named (e.g. `--only distributed-mode`) and prints their report; with `--write` it
+replaces only what those parts wrote before (their summary rows and sections, found by the marks
+each carries) and says under the heading when they were run again.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import (distributed, interactive, llama_swap_parity, load, peer, prediction, proxy, replay,  # noqa: E402
-                   scheduler_core, slots, streaming, thrash)
+from bench import (distributed, interactive, llama_swap_parity, load, peer, prediction, prediction_core,  # noqa: E402
+                   proxy, replay, scheduler_core, slots, streaming, thrash, whatif)
 from bench.common import REPO, Stats, added, direct_base, load_average, machine, stats, versions  # noqa: E402
 
 BEGIN = "<!-- bench:results -->"
@@ -99,20 +101,24 @@ class Target:
     bound: str
     measured: str
     verdict: str
+    part: str = ""  # the part that measured it, hyphenated
 
 
 @dataclass
 class Report:
-    """The targets and the figures without one (what, value), then the detail sections, in run order."""
+    """The targets and the figures without one (what, value, part), then the detail sections (part,
+    text), in run order."""
 
     targets: list[Target] = field(default_factory=list)
-    figures: list[tuple[str, str]] = field(default_factory=list)
-    sections: list[str] = field(default_factory=list)
+    figures: list[tuple[str, str, str]] = field(default_factory=list)
+    sections: list[tuple[str, str]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    running: str = ""  # the part running now, hyphenated
 
     def part(self, name: str, run: Callable[[], None]) -> None:
         """Run one part; a failure is recorded against its name instead of ending the suite."""
         print(f"[bench] {name} …", file=sys.stderr, flush=True)
+        self.running = hyphenated(name)
         started = time.monotonic()
         try:
             run()
@@ -120,26 +126,31 @@ class Report:
             traceback.print_exc()
             self.failed.append(name)
             reason = f"{type(exc).__name__}: {exc}".replace("|", "\\|").replace("\n", " ")[:300]
-            self.targets.append(Target(name, "—", "—", f"**failed**: {reason}", "FAILED"))
+            self.targets.append(Target(name, "—", "—", f"**failed**: {reason}", "FAILED", self.running))
         print(f"[bench] {name}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
     def judge(self, what: str, statistic: str, bound: str, measured: str, ok: bool) -> None:
-        self.targets.append(Target(what, statistic, bound, measured, met(ok)))
+        self.targets.append(Target(what, statistic, bound, measured, met(ok), self.running))
 
     def not_measured(self, what: str, statistic: str, bound: str, why: str) -> None:
-        self.targets.append(Target(what, statistic, bound, f"not measured: {why}", "not measured"))
+        self.targets.append(Target(what, statistic, bound, f"not measured: {why}", "not measured", self.running))
 
     def figure(self, what: str, value: str) -> None:
         """A figure worth a glance that no target judges."""
-        self.figures.append((what, value))
+        self.figures.append((what, value, self.running))
 
     def section(self, title: str, *blocks: list[str] | str) -> None:
         body = "\n\n".join(block if isinstance(block, str) else "\n".join(block) for block in blocks)
-        self.sections.append(f"#### {title}\n\n{body}")
+        self.sections.append((self.running, f"#### {title}\n\n{body}"))
 
 
 def met(ok: bool) -> str:
     return "met" if ok else "**MISSED**"
+
+
+def hyphenated(name: str) -> str:
+    """A part's name as `--only` takes it."""
+    return name.replace(" ", "-")
 
 
 # -- the parts ---------------------------------------------------------------------------------
@@ -309,6 +320,37 @@ def replay_part(report: Report, sizes: Sizes) -> None:
     )
 
 
+def prediction_seeds_part(report: Report, quick: bool) -> None:
+    """The forecast on the core alone: four workload shapes, tuned and unseen seeds."""
+    seconds = 150 if quick else 300
+    results = prediction_core.judge_all(seconds)
+    for r in results:
+        if r.seeds == "unseen":
+            overall, batch = r.median(), r.median("batch")
+            report.judge(f"predicted wait, core alone, {r.shape}, unseen seeds {prediction.JUDGED_SEEDS}",
+                         "median of \\|predicted − actual\\| ÷ actual: all; batch",
+                         f"≤ {prediction.TARGET_MEDIAN:.0%}; ≤ {prediction.TARGET_BATCH_MEDIAN:.0%}",
+                         f"{overall:.0%}; {batch:.0%}",
+                         overall <= prediction.TARGET_MEDIAN and batch <= prediction.TARGET_BATCH_MEDIAN)
+    costs = {waiting: prediction_core.forecast_cost_ms(waiting) for waiting in prediction_core.COST_WAITING}
+    report.figure("one forecast of the whole queue (what `/api/queue` pays at most once a second), core alone, "
+                  f"median of {prediction_core.COST_CALLS} calls",
+                  ", ".join(f"{waiting:,} waiting {ms:,.0f} ms" for waiting, ms in costs.items()))
+    report.section("Wait prediction over seeds and workload shapes (core alone)", prediction_core.method(seconds),
+                   [prediction_core.HEADER, *prediction_core.rows(results)])
+
+
+def whatif_part(report: Report, quick: bool) -> None:
+    """Replay's what-if held against the same traffic run for real under the proposed settings."""
+    seconds = 20 if quick else 45
+    result = whatif.measure(seconds)
+    report.judge(f"replay's what-if ({whatif.SETTING} {whatif.A} → {whatif.B}), {result.requests} requests",
+                 "largest \\|replayed − real\\| ÷ real over wait p50/p99 by band and model starts",
+                 f"≤ {whatif.TARGET:.0%}", f"{result.worst():.0%}", result.worst() <= whatif.TARGET)
+    report.section(f"Replay's what-if against reality: {result.requests} requests over {seconds:g} s",
+                   whatif.method(seconds, 21), [whatif.HEADER, *whatif.rows(result)])
+
+
 def slots_part(report: Report, sizes: Sizes) -> None:
     """Embeddings beside a batch job, concurrent streams on slots, and the service's CPU per chunk."""
     beside = slots.measure_embeddings(sizes.embeddings, sizes.embeddings_blocks, sizes.single_slot_rounds)
@@ -439,6 +481,37 @@ def distributed_part(report: Report, sizes: Sizes) -> None:
 
 # -- the report --------------------------------------------------------------------------------
 
+# Each summary row ends with its part's mark, a cell past the table's last column (which markdown drops), and
+# each part's sections lie between its marks, so a run of some parts can replace what they wrote before.
+TARGETS_HEADER = "| what | statistic judged | target | measured | verdict |"
+FIGURES_HEADER = "| figures without a target | measured |"
+
+
+def mark(part: str) -> str:
+    return f"<!-- part:{part} -->"
+
+
+def end_mark(part: str) -> str:
+    return f"<!-- /part:{part} -->"
+
+
+def target_rows(report: Report) -> list[str]:
+    return [f"| {t.what} | {t.statistic} | {t.bound} | {t.measured} | {t.verdict} | {mark(t.part)}"
+            for t in report.targets]
+
+
+def figure_rows(report: Report) -> list[str]:
+    return [f"| {what} | {value} | {mark(part)}" for what, value, part in report.figures]
+
+
+def section_blocks(report: Report) -> dict[str, str]:
+    """Each part's sections, between its marks."""
+    texts: dict[str, list[str]] = {}
+    for part, text in report.sections:
+        texts.setdefault(part, []).append(text)
+    return {part: f"{mark(part)}\n\n" + "\n\n".join(found) + f"\n\n{end_mark(part)}" for part, found in texts.items()}
+
+
 def render(report: Report, command: str, load_before: str, seconds: float, peer_version: str) -> str:
     found = versions()
     found["litellm"] = peer_version
@@ -454,36 +527,74 @@ def render(report: Report, command: str, load_before: str, seconds: float, peer_
         "Each target is judged on exactly the statistic named beside it; the tables after the summary "
         "hold every figure.",
         "",
-        "| what | statistic judged | target | measured | verdict |",
+        TARGETS_HEADER,
         "|---|---|---|---|---|",
-        *(f"| {t.what} | {t.statistic} | {t.bound} | {t.measured} | {t.verdict} |" for t in report.targets),
+        *target_rows(report),
         "",
-        "| figures without a target | measured |",
+        FIGURES_HEADER,
         "|---|---|",
-        *(f"| {what} | {value} |" for what, value in report.figures),
+        *figure_rows(report),
         "",
-        *("\n\n".join(report.sections).splitlines()),
+        *"\n\n".join(section_blocks(report).values()).splitlines(),
     ]
     return "\n".join(lines)
 
 
-def write_between_markers(path: Path, text: str) -> None:
+def results_of(path: Path) -> tuple[str, str, str]:
+    """The text before the results markers, between them and after them."""
     document = path.read_text()
     if BEGIN not in document or END not in document:
         raise SystemExit(f"{path}: no results markers; add a line `{BEGIN}` and a line `{END}` where the results go")
     head, rest = document.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+    between, tail = rest.split(END, 1)
+    return head, between.strip("\n"), tail
+
+
+def write_between_markers(path: Path, text: str) -> None:
+    head, _, tail = results_of(path)
     path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+def splice(results: str, report: Report, parts: list[str], command: str, load_before: str) -> str:
+    """`results` with what `parts` wrote replaced by `report`: their summary rows, their sections, and a line
+    under the heading saying when and how they were run again."""
+    marks = tuple(mark(part) for part in parts)
+    lines = [line for line in results.splitlines()
+             if not (line.startswith("|") and line.endswith(marks))
+             and not line.startswith(tuple(f"- {part} run again" for part in parts))]
+    for header, rows in ((TARGETS_HEADER, target_rows(report)), (FIGURES_HEADER, figure_rows(report))):
+        if header not in lines:
+            raise SystemExit(f"the results have no table headed {header!r}: run the whole suite with --write")
+        end = lines.index(header) + 1
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        lines[end:end] = rows
+    when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
+    blank = lines.index("")  # the generated line, then the machine's lines: these go after them
+    while blank + 1 < len(lines) and lines[blank + 1].startswith("- "):
+        blank += 1
+    lines[blank + 1:blank + 1] = [f"- {part} run again by `{command}` on {when} (load average before: {load_before})"
+                                  for part in parts]
+    text = "\n".join(lines)
+    for part, block in section_blocks(report).items():
+        start = f"\n{mark(part)}\n"  # a line of its own: a summary row ends with the mark too
+        if start in text:
+            before, rest = text.split(start, 1)
+            _, after = rest.split(end_mark(part), 1)
+            text = f"{before}\n{block}{after}"
+        else:
+            text = f"{text}\n\n{block}"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="every part at a smaller size (about 5.5 minutes)")
+    parser.add_argument("--quick", action="store_true", help="every part at a smaller size")
     parser.add_argument("--no-peer", action="store_true", help="skip LiteLLM (no install, no start)")
     parser.add_argument("--write", type=Path, metavar="FILE", help="put the report between FILE's results markers")
     parser.add_argument("--only", nargs="+", metavar="PART",
-                        help="run only these parts (their names with hyphens: data-path, distributed-mode, …) "
-                        "and write nothing")
+                        help="run only these parts (their names with hyphens: data-path, distributed-mode, …); "
+                        "with --write, only what they wrote before is replaced")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     command = " ".join([".venv/bin/python bench/suite.py", *(argv if argv is not None else sys.argv[1:])])
@@ -499,23 +610,26 @@ def main(argv: list[str] | None = None) -> int:
         "swap thrash": lambda: thrash_part(report, sizes),
         "wait prediction": lambda: prediction_part(report, sizes),
         "replay": lambda: replay_part(report, sizes),
+        "wait prediction over seeds": lambda: prediction_seeds_part(report, args.quick),
+        "replay what-if": lambda: whatif_part(report, args.quick),
         "coexisting models and slots": lambda: slots_part(report, sizes),
         "llama-swap parity": lambda: parity_part(report, sizes),
         "queue capacity": lambda: capacity_part(report, sizes),
         "distributed mode": lambda: distributed_part(report, sizes),
     }
-    chosen = {name.replace(" ", "-"): name for name in parts}
+    chosen = {hyphenated(name): name for name in parts}
     if args.only and (unknown := [name for name in args.only if name not in chosen]):
         parser.error(f"--only: no part {', '.join(unknown)}; the parts: {', '.join(chosen)}")
-    if args.only and args.write:
-        parser.error("--only runs part of the suite: its report is not written into a file")
     for name in [chosen[name] for name in args.only] if args.only else parts:
         report.part(name, parts[name])
     peer_version = (peer.installed_version() or "not installed") + " (peer, in .bench-venv/)"
     text = render(report, command, load_before, time.monotonic() - started, peer_version)
     print(text)
     if args.write:
-        write_between_markers(args.write if args.write.is_absolute() else REPO / args.write, text)
+        path = args.write if args.write.is_absolute() else REPO / args.write
+        if args.only:
+            text = splice(results_of(path)[1], report, args.only, command, load_before)
+        write_between_markers(path, text)
         print(f"\n[bench] results written into {args.write}", file=sys.stderr)
     if report.failed:
         print(f"[bench] failed: {', '.join(report.failed)}", file=sys.stderr)

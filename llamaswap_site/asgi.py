@@ -10,8 +10,8 @@ django_asgi_app = get_asgi_application()  # must run before the consumers import
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from proxy.cors import PreflightAnswerer  # noqa: E402
-from proxy.routing import http_patterns, websocket_patterns  # noqa: E402
+from proxy.http.cors import PreflightAnswerer  # noqa: E402
+from proxy.http.routing import http_patterns, websocket_patterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -6,7 +6,7 @@ import os
 import secrets
 import tempfile
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 
 class EnvironmentProblem(ValueError):
@@ -97,11 +97,26 @@ def channel_layers_from_url(redis_url: str, database: dict, backend: str = "list
     if backend not in CHANNEL_LAYER_BACKENDS:
         raise EnvironmentProblem(f"LLAMASWAP_CHANNEL_LAYER={backend!r}: use {' or '.join(map(repr, CHANNEL_LAYER_BACKENDS))}")
     config: dict = {"hosts": [redis_host(redis_url)]}
+    if backend == "pubsub":
+        # Redis's pub/sub ignores the database index: deployments told apart by REDIS_URL's /db are told
+        # apart by the layer's prefix instead (the lists layer keeps its keys in that database).
+        config["prefix"] = f"llamaswap.db{redis_database(redis_url)}."
     if backend == "lists":
         # What front ends send a worker waits in its channel while none runs (a restart, a failover): room for
         # every request and heartbeat of that while, where other channels keep channels_redis's default of 100.
         config["channel_capacity"] = {"llamaswap.worker.*": WORKER_CHANNEL_CAPACITY}
     return {"default": {"BACKEND": CHANNEL_LAYER_BACKENDS[backend], "CONFIG": config}}
+
+
+def redis_database(redis_url: str) -> int:
+    """The database index REDIS_URL names: its path (redis://host/2) or its ?db= (unix sockets); else 0."""
+    parts = urlsplit(redis_url)
+    path = "" if parts.scheme == "unix" else parts.path.strip("/")
+    index = path or dict(parse_qsl(parts.query)).get("db", "0")
+    try:
+        return int(index)
+    except ValueError:
+        raise EnvironmentProblem(f"REDIS_URL: the database index {index!r} in {redis_url!r} is not a number") from None
 
 
 WORKER_CHANNEL_CAPACITY = 100_000

@@ -53,7 +53,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # First: /health answers any Host, and unknown Host names get the JSON error naming LLAMASWAP_ALLOWED_HOSTS.
-    "proxy.hosts.host_check_middleware",
+    "proxy.http.hosts.host_check_middleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -90,12 +90,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Distributed mode when REDIS_URL is set: front ends reach the scheduler worker over the channel layer.
 # Without it there is no layer (a layer makes every consumer open a channel of its own) and the
-# scheduler runs in the serving process. See scheduling/frontdoor.py.
+# scheduler runs in the serving process. See scheduling/door/frontdoor.py.
 CHANNEL_LAYERS = channel_layers_from_url(
     os.environ.get("REDIS_URL", ""), DATABASES["default"], os.environ.get("LLAMASWAP_CHANNEL_LAYER", "lists")
 )
 LLAMASWAP_SCHEDULER_FRONT_DOOR = (
-    "scheduling.remote.ChannelLayerFrontDoor" if CHANNEL_LAYERS else "scheduling.in_process.InProcessFrontDoor"
+    "scheduling.door.remote.ChannelLayerFrontDoor" if CHANNEL_LAYERS else "scheduling.door.in_process.InProcessFrontDoor"
 )
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -132,7 +132,7 @@ if LLAMASWAP_HTTPS:
     SECURE_HSTS_PRELOAD = True
 
 # llamaswap's own loggers all live under "llamaswap"; the config file's `logLevel` sets their level
-# when `llamaswap serve` starts and on every reload (proxy/log_level.py).
+# when `llamaswap serve` starts and on every reload (proxy/compat/log_level.py).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -3,8 +3,10 @@ from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import path, re_path
 from django.views.generic import RedirectView
 
-from proxy import llama_swap_views, profile_views, queue_views, views
-from proxy.metrics_view import metrics_view
+from proxy.compat import llama_swap_views, profile_views
+
+from proxy.api import queue_views, views
+from proxy.api.metrics_view import metrics_view
 from scheduling.admin import overview_page
 
 urlpatterns = [
@@ -37,6 +39,6 @@ urlpatterns = [
     path("metrics", metrics_view, name="prometheus-django-metrics"),
 ]
 
-handler400 = "proxy.views.bad_request"
-handler404 = "proxy.views.not_found"
-handler500 = "proxy.views.server_error"
+handler400 = "proxy.api.views.bad_request"
+handler404 = "proxy.api.views.not_found"
+handler500 = "proxy.api.views.server_error"

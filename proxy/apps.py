@@ -7,6 +7,6 @@ class ProxyConfig(AppConfig):
 
     def ready(self) -> None:
         from proxy.service import config_for_pages
-        from scheduling import frontdoor
+        from scheduling.door import frontdoor
 
         frontdoor.set_config_loader(config_for_pages)

@@ -14,9 +14,9 @@ import os
 
 from proxy.config import ConfigError, load_config
 from proxy.config.config_dir import sources_signature
-from proxy.fleet import process_changed
-from proxy.log_level import apply_log_level
-from proxy.log_output import apply_log_output
+from proxy.model_processes.fleet import process_changed
+from proxy.compat.log_level import apply_log_level
+from proxy.compat.log_output import apply_log_output
 
 log = logging.getLogger("llamaswap.reload")
 
@@ -26,8 +26,8 @@ WATCH_INTERVAL_S = 2.0
 async def reload_config(service, path: str | None, config_dir: str | None = None) -> bool:
     """Load `path` (with `config_dir`'s files merged after it) and apply it to the running service; returns
     whether it was applied."""
-    from proxy.active_profile import reset_active_profile
-    from scheduling.settings_store import stored_serial_settings
+    from proxy.compat.active_profile import reset_active_profile
+    from scheduling.operating.settings_store import stored_serial_settings
 
     loop = asyncio.get_running_loop()
     try:

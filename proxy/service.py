@@ -16,18 +16,22 @@ from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
 
-from proxy import captures, system_metrics
-from proxy.errors import ProxyError
-from proxy.fleet import ModelFleet
-from proxy.peer_relay import PeerRelays
-from proxy.upstream_names import leading_names
-from proxy.upstreams import ClientUse, UpstreamClients
-from scheduling import frontdoor, metrics
-from scheduling.config_inputs import model_specs, swap_policy
+from proxy.upstream import captures
+
+from proxy.api import system_metrics
+from proxy.http.errors import ProxyError
+from proxy.model_processes.fleet import ModelFleet
+from proxy.upstream.peer_relay import PeerRelays
+from proxy.upstream.upstream_names import leading_names
+from proxy.upstream.upstreams import ClientUse, UpstreamClients
+from scheduling.door import frontdoor
+from scheduling import metrics
+from scheduling.operating.config_inputs import model_specs, swap_policy
 from scheduling.core import SerialSettings, build_scheduler
 from scheduling.core.durations import DurationHistory
-from scheduling.recorder import Recorder
-from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketRequest
+from scheduling.rows.recorder import Recorder
+from scheduling.runtime import SchedulerRuntime
+from scheduling.tickets import Outcome, Rejected, TicketRequest
 
 log = logging.getLogger("llamaswap.service")
 
@@ -67,11 +71,11 @@ def prepare(config=None, *, worker: bool = False) -> Prepared:
     distributed mode recovers only its own models, and keeps the queued rows of front ends, to serve
     them (`carried_requests`).
     """
-    from proxy.active_profile import start_profile, start_with_profile
-    from proxy.orphans import stop_orphaned_model_processes
-    from scheduling.recovery import recover_previous_run
-    from scheduling.row_durations import durations_from_rows
-    from scheduling.settings_store import stored_serial_settings
+    from proxy.compat.active_profile import start_profile, start_with_profile
+    from proxy.model_processes.orphans import stop_orphaned_model_processes
+    from scheduling.rows.recovery import recover_previous_run
+    from scheduling.rows.row_durations import durations_from_rows
+    from scheduling.operating.settings_store import stored_serial_settings
 
     global _prepared
     config = config or load_configured()
@@ -90,7 +94,7 @@ def prepare(config=None, *, worker: bool = False) -> Prepared:
 
 def prepare_front_end(config) -> Prepared:
     """A front end in distributed mode recovers nothing: the worker owns the rows and the models."""
-    from scheduling.settings_store import stored_serial_settings
+    from scheduling.operating.settings_store import stored_serial_settings
 
     global _prepared
     _prepared = Prepared(config, 0, stored_serial_settings(config.scheduler.serial, config.models))
@@ -118,7 +122,7 @@ def get_service() -> ProxyService:
 
 
 def _prepare_locked() -> Prepared:
-    from proxy.instance_lock import hold_instance_lock
+    from proxy.model_processes.instance_lock import hold_instance_lock
 
     hold_instance_lock()
     return prepare()
@@ -130,6 +134,7 @@ def reset_service() -> None:
     _service = None
     _prepared = None
     frontdoor.install(None)
+    metrics.EXPORT.only = None
 
 
 def config_for_pages():
@@ -170,6 +175,7 @@ class ProxyService:
             self.recorder = self.fleet = self.runtime = None
             self.door = door_class(config, get_channel_layer(), observer=metrics.record_event)
             metrics.export_front_end(config)
+            metrics.EXPORT.only = metrics.FRONT_END
         frontdoor.install(self.door)
         captures.STORE.configure(config.capture_buffer_mb)
         self._clients = UpstreamClients()

@@ -1,6 +1,6 @@
 """The operators' admin: the live queue, the models, the scheduler settings and the request history.
 
-The queue and models pages read the running scheduler through its front door (`scheduling.frontdoor`),
+The queue and models pages read the running scheduler through its front door (`scheduling.door.frontdoor`),
 not the database, so they show what the scheduler will do next. The history is
 read-only and built to stay fast on millions of rows: no full COUNT, and only
 indexed orderings.
@@ -8,8 +8,6 @@ indexed orderings.
 
 from __future__ import annotations
 
-from asgiref.sync import async_to_sync
-from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
@@ -19,10 +17,11 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from scheduling import frontdoor, overview, settings_preview
-from scheduling.core.settings import slot_count_problem
-from scheduling.forms import PriorityForm, SlotsField
-from scheduling.history import CappedCountPaginator, HistoryQuerySet, search_requests
+from scheduling.door import frontdoor
+
+from scheduling.operating import overview, settings_preview
+from scheduling.forms import PriorityForm, SchedulerSettingsForm, config_or_problem
+from scheduling.rows.history import CappedCountPaginator, HistoryQuerySet, search_requests
 from scheduling.models import (
     ConfiguredModel,
     QueuedRequest,
@@ -31,8 +30,9 @@ from scheduling.models import (
     SettingsChange,
     WaitingRequest,
 )
-from scheduling.settings_store import as_text, ignored_slots, override_source, save_settings
-from scheduling.whole_numbers import whole_number
+from scheduling.door.questions import BusyModels, CancelWaiting, Processes, Queue, Reprioritize, Snapshot, Unload, Waiting
+from scheduling.operating.settings_store import as_text, ignored_slots, ignored_values, override_source, save_settings
+from scheduling.operating.whole_numbers import whole_number
 
 
 admin.site.site_header = "llamaswap"
@@ -54,14 +54,6 @@ def _ticket_list(ids) -> str:
 def _changelist_url(model) -> str:
     opts = model._meta
     return reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
-
-
-def _config_or_problem():
-    """(config, None) or (None, why there is no config to show)."""
-    try:
-        return frontdoor.current_config(), None
-    except frontdoor.ConfigUnavailable as exc:
-        return None, str(exc)
 
 
 class LivePageAdmin(admin.ModelAdmin):
@@ -134,14 +126,14 @@ class WaitingRequestAdmin(LivePageAdmin):
     template_name = "admin/scheduling/waitingrequest/queue.html"
 
     def page_context(self, request: HttpRequest, door: frontdoor.FrontDoor) -> dict:
-        snapshot = door.snapshot()
-        entries = door.waiting()
+        snapshot = door.ask_now(Snapshot())
+        entries = door.ask_now(Waiting())
         # Ranked by score now; the forecast's place and wait (as /api/queue tells them) beside each.
-        predicted = {entry.ticket_id: entry for entry in async_to_sync(door.queue)()}
+        predicted = {entry.ticket_id: entry for entry in door.ask_now(Queue())}
         return {
             "entries": entries,
             "rows": [(entry, predicted.get(entry.ticket_id)) for entry in entries],
-            "busy_models": door.running(),
+            "busy_models": door.ask_now(BusyModels()),
             "scheduler": door.config.scheduler.use,
             "settings_in_use": snapshot.settings,
             "starting": snapshot.starting,
@@ -155,7 +147,7 @@ class WaitingRequestAdmin(LivePageAdmin):
             self.message_user(request, "Select at least one waiting request first.", messages.WARNING)
             return HttpResponseRedirect(request.path)
         if action == "cancel":
-            cancelled = door.cancel_waiting(tickets)
+            cancelled = door.ask_now(CancelWaiting(tuple(tickets)))
             if cancelled:
                 self.message_user(
                     request,
@@ -173,14 +165,14 @@ class WaitingRequestAdmin(LivePageAdmin):
         form = PriorityForm(request.POST if "apply" in request.POST else None)
         if form.is_valid():
             priority = form.cleaned_data["priority"]
-            changed = door.reprioritize_waiting(tickets, priority)
+            changed = door.ask_now(Reprioritize(tuple(tickets), priority))
             if changed:
                 self.message_user(
                     request, f"{_ticket_list(changed)} now at priority {priority} and re-ranked.", messages.SUCCESS
                 )
             self._report_gone(request, tickets, changed)
             return HttpResponseRedirect(request.path)
-        selected = [entry for entry in door.waiting() if entry.ticket_id in tickets]
+        selected = [entry for entry in door.ask_now(Waiting()) if entry.ticket_id in tickets]
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -207,7 +199,7 @@ class ConfiguredModelAdmin(LivePageAdmin):
     template_name = "admin/scheduling/configuredmodel/models.html"
 
     def page_context(self, request: HttpRequest, door: frontdoor.FrontDoor) -> dict:
-        states = door.model_states()
+        states = door.ask_now(Processes())
         rows = [
             {
                 "id": model_id,
@@ -227,7 +219,7 @@ class ConfiguredModelAdmin(LivePageAdmin):
             self.message_user(request, f"No configured model named {', '.join(unknown) or 'in the request'}.",
                               messages.ERROR)
             return HttpResponseRedirect(request.path)
-        door.unload_now(wanted)
+        door.ask_now(Unload(tuple(wanted), wait=False))
         self.message_user(
             request,
             f"Unloading {', '.join(wanted)} now; running requests on {'it' if len(wanted) == 1 else 'them'} "
@@ -245,59 +237,6 @@ def _last_used(model: str):
         .values_list("finished_at", flat=True)
         .first()
     )
-
-
-class SchedulerSettingsForm(forms.ModelForm):
-    slots = SlotsField(
-        label="slots",
-        required=False,
-        help_text=(
-            "Requests each model's server takes at once (llama-server -np N): one `model: N` per line, "
-            "by model ID or alias; a model not listed has 1. Blank: the config file value."
-        ),
-    )
-
-    class Meta:
-        model = SchedulerSettings
-        fields = ("aging_divisor", "swap_affinity_bonus", "slots")
-        labels = SchedulerSettings.CONFIG_NAMES  # the config file's spelling, not capitalised
-
-    def clean_slots(self) -> dict[str, object] | None:
-        """The config file's checks, with its messages: whole numbers ≥ 1, configured models (aliases
-        become model IDs), one entry per model. An entry already stored for a model the config no
-        longer has may stay as it is (it is ignored until that model is configured again), so it
-        never blocks an edit of the other settings."""
-        slots = self.cleaned_data["slots"]
-        if slots is None:
-            return None
-        config, _ = _config_or_problem()
-        stored = self.instance.slots or {}
-        stale = ignored_slots(stored, config.models) if config is not None else {}
-        resolved: dict[str, object] = {}
-        set_by: dict[str, str] = {}
-        for name, count in slots.items():
-            problem = slot_count_problem(name, count)
-            if problem is not None:
-                raise forms.ValidationError(f"{name}: {problem}")
-            if config is None:  # nothing to check the names against
-                resolved[name] = count
-                continue
-            model = name if name in config.models else config.aliases.get(name)
-            if model is None and name in stale and stored[name] == count:
-                model = name
-            elif model is None:
-                known = ", ".join(sorted(config.models)) or "none"
-                raise forms.ValidationError(
-                    f'no model or alias is called "{name}" — use a model ID or alias from `models:` '
-                    f"(defined models: {known})"
-                )
-            if model in set_by:
-                raise forms.ValidationError(
-                    f'"{name}" is model {model}, whose slots are already set by "{set_by[model]}" — keep one entry'
-                )
-            set_by[model] = name
-            resolved[model] = count
-        return resolved
 
 
 @admin.register(SchedulerSettings)
@@ -352,9 +291,9 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
             )
 
     def _overview(self, stored: SchedulerSettings) -> dict:
-        config, problem = _config_or_problem()
+        config, problem = config_or_problem()
         door = frontdoor.installed()
-        in_use = door.snapshot().settings if door is not None else None
+        in_use = door.ask_now(Snapshot()).settings if door is not None else None
         rows = []
         for field, name in SchedulerSettings.CONFIG_NAMES.items():
             rows.append(
@@ -371,6 +310,10 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
             "config_problem": problem,
             "setting_rows": rows,
             "service_running": door is not None,
+            "ignored_values": [
+                f"{SchedulerSettings.CONFIG_NAMES[field]}: {as_text(getattr(stored, field))} — {why}"
+                for field, why in ignored_values(stored).items()
+            ],
             "ignored_slots": [
                 f"{model}: {stored.slots[model]} — {why}"
                 for model, why in ignored_slots(stored.slots, config.models if config else None).items()
@@ -412,7 +355,7 @@ class ConfiguredModelFilter(admin.SimpleListFilter):
     parameter_name = "model"
 
     def lookups(self, request: HttpRequest, model_admin):
-        config, _ = _config_or_problem()
+        config, _ = config_or_problem()
         if config is not None:
             names = [*config.models, *(peer.qualified(model) for peer in config.peers.values() for model in peer.models)]
         else:
@@ -547,7 +490,7 @@ class QueuedRequestAdmin(admin.ModelAdmin):
 
 
 def overview_view(request: HttpRequest) -> HttpResponse:
-    """The operators' Overview: charts of the request history over a window (`scheduling.overview`)."""
+    """The operators' Overview: charts of the request history over a window (`scheduling.operating.overview`)."""
     if not request.user.has_perm("scheduling.view_queuedrequest"):
         raise PermissionDenied
     context = {

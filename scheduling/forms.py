@@ -1,4 +1,4 @@
-"""Forms of the operators' admin pages that are not plain model forms."""
+"""Forms of the operators' admin pages: their fields checked as the config file checks its values."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from collections.abc import Mapping
 from django import forms
 
 from scheduling.core import PRIORITY_ALIASES, parse_priority
-from scheduling.whole_numbers import whole_number
+from scheduling.core.settings import slot_count_problem
+from scheduling.door import frontdoor
+from scheduling.models import SchedulerSettings
+from scheduling.operating.settings_store import ignored_slots
+from scheduling.operating.whole_numbers import whole_number
 
 _SIGNED_INTEGER = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
@@ -120,3 +124,64 @@ def _refuse_repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
             raise _RepeatedKey(key)
         table[key] = value
     return table
+
+
+def config_or_problem():
+    """(config, None) or (None, why there is no config to show)."""
+    try:
+        return frontdoor.current_config(), None
+    except frontdoor.ConfigUnavailable as exc:
+        return None, str(exc)
+
+
+class SchedulerSettingsForm(forms.ModelForm):
+    slots = SlotsField(
+        label="slots",
+        required=False,
+        help_text=(
+            "Requests each model's server takes at once (llama-server -np N): one `model: N` per line, "
+            "by model ID or alias; a model not listed has 1. Blank: the config file value."
+        ),
+    )
+
+    class Meta:
+        model = SchedulerSettings
+        fields = ("aging_divisor", "swap_affinity_bonus", "slots")
+        labels = SchedulerSettings.CONFIG_NAMES  # the config file's spelling, not capitalised
+
+    def clean_slots(self) -> dict[str, object] | None:
+        """The config file's checks, with its messages: whole numbers ≥ 1, configured models (aliases
+        become model IDs), one entry per model. An entry already stored for a model the config no
+        longer has may stay as it is (it is ignored until that model is configured again), so it
+        never blocks an edit of the other settings."""
+        slots = self.cleaned_data["slots"]
+        if slots is None:
+            return None
+        config, _ = config_or_problem()
+        stored = self.instance.slots or {}
+        stale = ignored_slots(stored, config.models) if config is not None else {}
+        resolved: dict[str, object] = {}
+        set_by: dict[str, str] = {}
+        for name, count in slots.items():
+            problem = slot_count_problem(name, count)
+            if problem is not None:
+                raise forms.ValidationError(f"{name}: {problem}")
+            if config is None:  # nothing to check the names against
+                resolved[name] = count
+                continue
+            model = name if name in config.models else config.aliases.get(name)
+            if model is None and name in stale and stored[name] == count:
+                model = name
+            elif model is None:
+                known = ", ".join(sorted(config.models)) or "none"
+                raise forms.ValidationError(
+                    f'no model or alias is called "{name}" — use a model ID or alias from `models:` '
+                    f"(defined models: {known})"
+                )
+            if model in set_by:
+                raise forms.ValidationError(
+                    f'"{name}" is model {model}, whose slots are already set by "{set_by[model]}" — keep one entry'
+                )
+            set_by[model] = name
+            resolved[model] = count
+        return resolved

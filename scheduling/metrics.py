@@ -231,11 +231,13 @@ class ModelSlotsCollector(Collector):
 
 @dataclass
 class Export:
-    """What this process's /metrics reports on: the served runtime and fleet."""
+    """What this process's /metrics reports on: the served runtime and fleet, and `only` these series
+    when set (a front end of distributed mode, whose worker exports the scheduler's), else all."""
 
     scheduler: SchedulerCollector
     model_states: ModelStateCollector
     model_slots: ModelSlotsCollector
+    only: CollectorRegistry | None = None
 
 
 EXPORT = Export(SchedulerCollector(), ModelStateCollector(), ModelSlotsCollector())
@@ -249,6 +251,7 @@ def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
 
     Series that exist from the start let `rate()` and `increase()` see the first event.
     """
+    EXPORT.only = None
     EXPORT.scheduler.runtime = runtime
     EXPORT.model_states.fleet = fleet
     EXPORT.model_states.models = tuple(config.models)
@@ -297,7 +300,7 @@ SCHEDULER_SERIES = (
 REQUEST_SERIES = (REQUESTS, REQUEST_DURATION, FIRST_BYTE, TOKENS)
 # A front end's /metrics: no queue or model series, which only the worker knows.
 FRONT_END = _registry_without(*SCHEDULER_SERIES)
-# A worker's metrics port (proxy.worker_metrics): no request series; each front end counts those it served.
+# A worker's metrics port (proxy.api.worker_metrics): no request series; each front end counts those it served.
 WORKER = _registry_without(*REQUEST_SERIES)
 
 

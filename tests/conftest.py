@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import pytest
 
 from llamaswap_site.environment import redis_host
+from tests.served import share_of_range
 
 
 def skips_fail() -> bool:
@@ -89,11 +90,12 @@ def fresh_redis_db(redis_url: str) -> str:
     import redis
 
     base = redis_url.rsplit("/", 1)[0]
-    for index in random.sample(range(1, 16), 15):
+    indexes = range(*share_of_range(1, 16))  # another pytest process could pick an index before it holds keys
+    for index in random.sample(indexes, len(indexes)):
         with redis.Redis.from_url(f"{base}/{index}", socket_connect_timeout=5) as connection:
             if connection.dbsize() == 0:
                 return f"{base}/{index}"
-    raise RuntimeError(f"every Redis database index 1-15 at {base} holds keys: none is free")
+    raise RuntimeError(f"every Redis database index {indexes.start}-{indexes.stop - 1} at {base} holds keys: none is free")
 
 
 @pytest.fixture(params=["lists", "pubsub"])

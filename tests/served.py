@@ -31,13 +31,23 @@ def model_ports(count: int) -> int:
     a model port in that range can be taken by one before the model starts, failing its start.
     """
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low, high = share_of_range(10_000, ephemeral_low)
     for _ in range(100):
-        first = _PORT_RANDOM.randrange(10_000, ephemeral_low - count)
+        first = _PORT_RANDOM.randrange(low, high - count)
         ports = range(first, first + count)
         if _HANDED_OUT.isdisjoint(ports) and all(_bindable(port) for port in ports):
             _HANDED_OUT.update(ports)
             return first
     raise RuntimeError(f"no {count} consecutive free ports between 10000 and {ephemeral_low}")
+
+
+def share_of_range(low: int, high: int) -> tuple[int, int]:
+    """This pytest process's own slice of [low, high) when pytest-xdist runs several (else all of it):
+    what one process checks is free and hands out, another could take before it is bound."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+    size = (high - low) // count
+    return low + index * size, low + (index + 1) * size
 
 
 # Its own generator: hypothesis reseeds the global one, which made two calls pick the same port.
@@ -57,7 +67,7 @@ def _bindable(port: int) -> bool:
 
 def fake_cmd(model: str, events: Path | None = None, *args: str) -> str:
     """A `cmd:` line that starts the shipped fake model server, like llama-server would be started."""
-    parts = [sys.executable, "-m", "proxy.fakemodel", "--port", "${PORT}", "--model", model, *args]
+    parts = [sys.executable, "-m", "proxy.testing.fakemodel", "--port", "${PORT}", "--model", model, *args]
     if events is not None:
         parts += ["--events", str(events)]
     return " ".join(parts)
@@ -163,21 +173,32 @@ class Served:
         assert answer["object"] == "chat.completion" and answer["choices"][0]["message"]["content"], answer
         return self._rows_terminal(timeout, at_least=len(settled) + 1)
 
+    def rows(self) -> list[dict]:
+        """Every request row this instance sees, by id: from its PostgreSQL database (DATABASE_URL; in
+        distributed mode the rows of every front end and worker sharing it) or its SQLite file."""
+        url = self.env.get("DATABASE_URL")
+        if not url:
+            from tests.e2e.conftest import db_rows
+
+            return db_rows(self.data_dir)
+        import psycopg
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(url, connect_timeout=5, row_factory=dict_row) as connection:
+            return connection.execute("SELECT * FROM scheduling_queuedrequest ORDER BY id").fetchall()
+
     def _rows_terminal(self, timeout: float, at_least: int = 0) -> list[dict]:
         """Poll the request table until it holds `at_least` rows and none is queued or dispatched."""
-        from tests.e2e.conftest import db_rows
-
-        assert not self.env.get("DATABASE_URL"), "the rows are read from the SQLite file; this instance has none"
 
         def settled():
-            rows = db_rows(self.data_dir)
+            rows = self.rows()
             done = len(rows) >= at_least and all(r["state"] in TERMINAL_STATES for r in rows)
             return (rows,) if done else None  # a tuple: no rows at all is settled too
 
         try:
             return wait_until(settled, timeout, 0.05, "every request row to reach a terminal state")[0]
         except AssertionError:
-            rows = db_rows(self.data_dir)
+            rows = self.rows()
             stuck = [(r["id"], r["model"], r["state"]) for r in rows if r["state"] not in TERMINAL_STATES]
             raise AssertionError(
                 f"{len(rows)} rows (expected at least {at_least}); not terminal after {timeout}s: {stuck}"

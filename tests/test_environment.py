@@ -64,3 +64,15 @@ def test_a_wrong_variable_is_said_in_one_line_not_a_traceback(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr == "llamaswap: LLAMASWAP_CHANNEL_LAYER='bogus': use 'lists' or 'pubsub'\n"
+
+
+def test_the_pubsub_layer_is_prefixed_by_the_redis_database_index_which_pubsub_itself_ignores():
+    def prefix(url: str) -> str:
+        return channel_layers_from_url(url, POSTGRES, "pubsub")["default"]["CONFIG"]["prefix"]
+
+    assert prefix("redis://r:6379/2") == "llamaswap.db2."
+    assert prefix("redis://r:6379") == prefix("redis://r:6379/") == "llamaswap.db0."
+    assert prefix("unix:///run/redis.sock?db=5") == "llamaswap.db5."
+    assert "prefix" not in channel_layers_from_url("redis://r:6379/2", POSTGRES)["default"]["CONFIG"]
+    with pytest.raises(ValueError, match="the database index 'x' in 'redis://r:6379/x' is not a number"):
+        channel_layers_from_url("redis://r:6379/x", POSTGRES, "pubsub")

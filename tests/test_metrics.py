@@ -17,8 +17,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import parse_config
-from proxy.inbound import route_label
-from scheduling import frontdoor, metrics
+from proxy.http.inbound import route_label
+from scheduling.door import frontdoor
+from scheduling import metrics
 from scheduling.core import Band, Decision, SchedulerSnapshot, ScoreTerms, SerialSettings
 from scheduling.events import Dispatched, Finished, ModelLoaded, Refused
 
@@ -307,9 +308,10 @@ def test_exporting_a_service_shows_its_runtime_fleet_and_zeroed_per_model_series
 
 def serving(monkeypatch, served_config, *, runs_scheduler: bool = True) -> None:
     """As if this process served `served_config` (None: as if it served nothing); a front end of
-    distributed mode when not `runs_scheduler`."""
-    door = None if served_config is None else SimpleNamespace(config=served_config, runs_scheduler=runs_scheduler)
+    distributed mode when not `runs_scheduler`, exporting only the front end's series."""
+    door = None if served_config is None else SimpleNamespace(config=served_config)
     monkeypatch.setattr(frontdoor, "_installed", door)
+    monkeypatch.setattr(metrics.EXPORT, "only", None if runs_scheduler else metrics.FRONT_END)
 
 
 def test_metrics_require_an_api_key_when_configured(client, monkeypatch):

@@ -2,7 +2,8 @@
 
 from .errors import ConfigError, Problem
 from .filters import ModelFilters
-from .loader import Config, load_config, parse_config
+from .files import load_config
+from .loader import Config, parse_config
 from .model import ModelConfig
 from .routing import SchedulerConfig
 

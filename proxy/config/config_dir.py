@@ -12,15 +12,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from .errors import ConfigError, Problem, ProblemLog
+from .loader import Config, check_document, read_config_text
+from .secrets import is_secret
 from .yaml_document import read_yaml_document
-
-if TYPE_CHECKING:
-    from .loader import Config
 
 IDENTITY_MAPS = frozenset(
     {"models", "groups", "profiles", "selectors", "peers", "matrix", "routing.router.settings.groups",
@@ -80,7 +79,6 @@ def sources_signature(path: str | os.PathLike | None, config_dir: str | os.PathL
 
 def load_merged(path: str | os.PathLike | None, config_dir: str | os.PathLike) -> Config:
     """Read `path` (optional) and DIR's files, merge them and check the result; raises ConfigError naming files."""
-    from .loader import check_document  # the loader imports this module on demand
 
     files = config_files(path, config_dir)
     merger = _Merger()
@@ -101,7 +99,6 @@ def load_merged(path: str | os.PathLike | None, config_dir: str | os.PathLike) -
 
 def _read(file: str) -> dict | None:
     """One file's document (None when it holds nothing); its own problems are raised naming it."""
-    from .loader import read_config_text  # the loader imports this module on demand
 
     text = read_config_text(file)
     try:
@@ -151,11 +148,11 @@ class _Merger:
             elif isinstance(existing, dict) and isinstance(value, dict):
                 self.merge(existing, value, child, file)
             elif existing != value:
-                self.problems.append((Problem(
-                    child,
-                    f"{self.origins.get(child, '?')} sets {_shown(existing)} and {file} sets {_shown(value)} — "
-                    "set it in one file only",
-                ), file))
+                if is_secret(child):  # the values are keys: where they differ is all the fix needs
+                    differ = f"{self.origins.get(child, '?')} and {file} set different values"
+                else:
+                    differ = f"{self.origins.get(child, '?')} sets {_shown(existing)} and {file} sets {_shown(value)}"
+                self.problems.append((Problem(child, f"{differ} — set it in one file only"), file))
 
     def _set_origins(self, key: str, value: Any, file: str) -> None:
         self.origins[key] = file

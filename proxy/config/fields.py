@@ -15,9 +15,13 @@ from typing import Any
 
 from .errors import ProblemLog, kind_of
 from .macros import MacroCycle, MacroScope, leftover_references
+from .secrets import described, is_secret, placeholder
 from .yaml_document import ENV_MACRO
 
 MISSING: Any = object()
+# The largest whole number a key takes unless it sets its own bound: JSON clients read it exactly, and it
+# fits the database's 64-bit columns and the messages a worker exchanges with front ends.
+MAX_WHOLE_NUMBER = 2**53 - 1
 
 
 class Section:
@@ -130,7 +134,8 @@ class Section:
         if value is MISSING or value is None:
             return default
         if not isinstance(value, str):
-            self.error(name, f"expected text, got {kind_of(value)} — quote it: {name}: \"{value}\"")
+            quoted = placeholder(self.path(name)) if is_secret(self.path(name)) else value
+            self.error(name, f"expected text, got {described(self.path(name), value)} — quote it: {name}: \"{quoted}\"")
             return default
         return value
 
@@ -192,7 +197,8 @@ class Section:
         if minimum is not None and value < minimum:
             self.log.error(key, f"{value} is below the minimum of {minimum} — e.g. {example}")
             return default
-        if maximum is not None and value > maximum:
+        maximum = MAX_WHOLE_NUMBER if maximum is None else maximum
+        if value > maximum:
             self.log.error(key, f"{value} is above the maximum of {maximum} — e.g. {example}")
             return default
         return value
@@ -205,6 +211,7 @@ class Section:
         *,
         default: int | None,
         minimum: int | None = None,
+        maximum: int | None = None,
         example: Callable[[str], str],
     ) -> dict[str, int]:
         """A `{<model id or alias>: whole number}` table (slots, fifo priorities, matrix evict costs).
@@ -221,7 +228,7 @@ class Section:
             value = self.expanded(raw_name)
             if value is MISSING:
                 continue
-            value = self.check_integer(key, value, default, minimum=minimum, example=example(name))
+            value = self.check_integer(key, value, default, minimum=minimum, maximum=maximum, example=example(name))
             real = resolve(name)
             if real is None:
                 self.log.error(key, unknown(name))
@@ -247,15 +254,14 @@ class Section:
         if value is MISSING or value is None:
             return ()
         if not isinstance(value, list):
-            self.error(name, f"expected a list, got {kind_of(value)} — e.g. {name}: [{example}]")
+            self.error(name, f"expected a list, got {described(self.path(name), value)} — e.g. {name}: [{example}]")
             return ()
         items = []
         for index, item in enumerate(value):
             if not isinstance(item, str):
-                self.log.error(
-                    f"{self.path(name)}[{index}]",
-                    f"expected text, got {kind_of(item)} — quote it: \"{item}\"",
-                )
+                key = f"{self.path(name)}[{index}]"
+                quoted = placeholder(key) if is_secret(key) else item
+                self.log.error(key, f"expected text, got {described(key, item)} — quote it: \"{quoted}\"")
                 continue
             items.append(item)
         return tuple(items)

@@ -24,6 +24,7 @@ from .profiles import ProfileConfig, read_profiles
 from .selectors import SelectorConfig, coexistence_check, read_selectors
 from .performance import PerformanceConfig, read_performance
 from .routing import SchedulerConfig, read_router, read_scheduler
+from .secrets import shown_argv, shown_url
 from .upstream_paths import DEFAULT_IGNORE_PATHS, read_ignore_paths
 from .yaml_document import read_yaml_document
 
@@ -146,26 +147,16 @@ class Config:
             if model.unlisted:
                 extras.append("unlisted")
             lines.append(f"  {model.id}  [{'; '.join(extras)}]")
-            lines.append(f"    cmd:   {shlex.join(model.cmd)}")
-            lines.append(f"    proxy: {model.proxy}  ttl: {_ttl_text(model.ttl)}")
+            lines.append(f"    cmd:   {shlex.join(shown_argv(model.cmd))}")
+            lines.append(f"    proxy: {shown_url(model.proxy)}  ttl: {_ttl_text(model.ttl)}")
         for peer in self.peers.values():  # relayed as they come, never scheduled
             key = ", apiKey set" if peer.api_key else ""
-            lines.append(f"peer {peer.id} ({peer.proxy}{key}): {', '.join(peer.models)}")
+            lines.append(f"peer {peer.id} ({shown_url(peer.proxy)}{key}): {', '.join(peer.models)}")
         return "\n".join(lines)
 
 
 def _ttl_text(ttl: float) -> str:
     return "never" if ttl == 0 else f"{ttl:g}s"
-
-
-def load_config(path: str | os.PathLike | None, config_dir: str | os.PathLike | None = None) -> Config:
-    """Read and check the file at `path`, merged with the files of `config_dir` when one is given
-    (`--config-dir`, see `config_dir.load_merged`); raises ConfigError listing every problem."""
-    if config_dir:
-        from .config_dir import load_merged
-
-        return load_merged(path, config_dir)
-    return parse_config(read_config_text(path), str(path))
 
 
 def read_config_text(path: str | os.PathLike) -> str:

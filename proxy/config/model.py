@@ -16,6 +16,7 @@ from .fields import MISSING, Section
 from .filters import ModelFilters, parse_strip_params
 from .frozen import FrozenDict, freeze
 from .macros import MacroCycle, MacroScope
+from .secrets import shown_url
 
 DEFAULT_CHECK_ENDPOINT = "/health"
 DEFAULT_CONCURRENCY_LIMIT = 10
@@ -202,7 +203,7 @@ def _read_proxy(section: Section, port: int | None) -> str:
         return ""
     problem = http_url_problem(proxy)
     if problem:
-        section.error("proxy", f'"{proxy}" {problem} — e.g. proxy: http://127.0.0.1:8080')
+        section.error("proxy", f'"{shown_url(proxy)}" {problem} — e.g. proxy: http://127.0.0.1:8080')
         return ""
     return proxy.rstrip("/")
 
@@ -249,9 +250,11 @@ def _read_env(section: Section) -> tuple[tuple[str, str], ...]:
     for index, item in enumerate(section.text_list("env", example='"CUDA_VISIBLE_DEVICES=0"')):
         name, equals, value = item.partition("=")
         if not equals or not ENV_NAME.fullmatch(name):
+            # The value may be a token (HF_TOKEN=…): the problem quotes the name alone, never the entry.
+            written = f'"{name}=…" is not NAME=value' if equals else "has no '=' (NAME=value)"
             section.log.error(
                 f"{section.path('env')}[{index}]",
-                f'"{item}" is not NAME=value — write it like "CUDA_VISIBLE_DEVICES=0" '
+                f'{written} — write it like "CUDA_VISIBLE_DEVICES=0" '
                 "(names use letters, digits and '_', and do not start with a digit)",
             )
             continue

@@ -15,6 +15,7 @@ from .errors import ProblemLog, kind_of
 from .fields import MISSING, Section
 from .filters import ModelFilters
 from .model import UpstreamTimeouts, http_url_problem, read_strip_and_set_params, read_upstream_timeouts
+from .secrets import shown_url
 
 # A peer is another machine or a hosted API: wait at most this long for its response headers.
 DEFAULT_PEER_RESPONSE_HEADER_TIMEOUT = 60.0
@@ -121,14 +122,15 @@ def _read_proxy(entry: Section) -> str:
     problem = http_url_problem(proxy)
     if problem:
         if not entry.log.is_unknown(entry.path("proxy")):
-            entry.error("proxy", f'"{proxy}" {problem} — e.g. proxy: https://openrouter.ai/api')
+            entry.error("proxy", f'"{shown_url(proxy)}" {problem} — e.g. proxy: https://openrouter.ai/api')
         return ""
     parts = urlsplit(proxy)
     if "?" in proxy or "#" in proxy:
         entry.error(
             "proxy",
-            f'"{proxy}" has a query or fragment, but the request path (with its own query) is appended to the '
-            f'proxy URL — give the base URL alone, e.g. proxy: {parts.scheme}://{parts.netloc}{parts.path}',
+            f'"{shown_url(f"{parts.scheme}://{parts.netloc}{parts.path}")}?…" has a query or fragment (not shown: it '
+            'may hold a key), but the request path (with its own query) is appended '
+            f'to the proxy URL — give the base URL alone, e.g. proxy: {shown_url(f"{parts.scheme}://{parts.netloc}{parts.path}")}',
         )
         return ""
     return proxy.rstrip("/")

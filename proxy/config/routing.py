@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from scheduling.core.settings import SerialSettings, serial_settings_problems, slots_example
+from scheduling.core.settings import MAX_SLOTS, SerialSettings, serial_settings_problems, slots_example
 from scheduling.core.matrix import MatrixPolicy
 from scheduling.core.swap import DEFAULT_GROUP, SwapGroup
 
@@ -18,6 +18,9 @@ from .model_index import ModelIndex
 ROUTERS = ("group", "matrix")
 SCHEDULERS = ("fifo", "serial")
 DEFAULT_SCHEDULER = "fifo"
+# A model's fifo priority: far beyond the header's bands (100 apart), far within what a sum with any
+# header can be held to (signed 64 bits).
+MAX_FIFO_PRIORITY = 10**9
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ def _read_slots(serial: Section, index: ModelIndex) -> dict[str, int]:
     if table is None:
         return {}
     return table.model_integers(
-        index.resolve, index.unknown, "slots are", default=None, minimum=1,
+        index.resolve, index.unknown, "slots are", default=None, minimum=1, maximum=MAX_SLOTS,
         example=slots_example,
     )
 
@@ -199,5 +202,6 @@ def _read_fifo_priority(fifo: Section | None, index: ModelIndex) -> dict[str, in
     fifo.warn_unread()
     if table is None:
         return {}
-    return table.model_integers(index.resolve, index.unknown, "priority is", default=0, example=lambda name: f"{name}: 10")
+    return table.model_integers(index.resolve, index.unknown, "priority is", default=0, minimum=-MAX_FIFO_PRIORITY,
+                                maximum=MAX_FIFO_PRIORITY, example=lambda name: f"{name}: 10")
 

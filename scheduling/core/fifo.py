@@ -21,11 +21,17 @@ from . import rejections
 from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, Reject, StartModel, StopModel
 from .fleet import ModelFleet, ModelState
-from .priority import Band, band_of
+from .priority import INT64_MAX, INT64_MIN, Band, band_of
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
 from .swap import SwapPolicy
 from .ticket import ModelSpec, Ticket
+
+
+def _effective(spec: ModelSpec, priority: int) -> int:
+    """The model's priority plus the header's, held within signed 64 bits: the header may already be at
+    either end, and the sum goes into a 64-bit column and, from a worker, into a message to a front end."""
+    return max(INT64_MIN, min(INT64_MAX, spec.fifo_priority + priority))
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class FifoScheduler:
         if self._admitted[ticket.model] >= spec.concurrency_limit:
             return [rejections.over_concurrency_limit(ticket.id, ticket.model, spec.concurrency_limit)]
         self._admitted[ticket.model] += 1
-        item = _Queued(ticket, spec.fifo_priority + ticket.priority, next(self._order))
+        item = _Queued(ticket, _effective(spec, ticket.priority), next(self._order))
         proceeded, effects = self._route(item, now)
         if not proceeded:
             self._enqueue(item)
@@ -89,27 +95,51 @@ class FifoScheduler:
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
         """The client left: free its slot wherever it waits (a start it waited on carries on).
         A running request ends as if finished. Idempotent."""
+        return self.cancel_all((ticket_id,), now)
+
+    def cancel_all(self, ticket_ids: Iterable[int], now: float) -> list[Effect]:
+        """Requests that leave together (their front end is gone): each is dropped wherever it is,
+        and only then is the queue walked, so none of them proceeds on the way out."""
+        effects: list[Effect] = []
+        drain = False
+        for ticket_id in ticket_ids:
+            if self._unqueue(ticket_id, now):
+                effects.append(Dequeued(ticket_id, "cancelled"))
+            elif ticket_id in self._granted:
+                ended, idle = self._end_job(ticket_id, now)
+                effects += ended
+                drain |= idle
+        return effects + (self._drain(now) if drain else [])
+
+    def _unqueue(self, ticket_id: int, now: float) -> bool:
+        """Take a request out of the queue or off the start it waits on; whether it was there."""
         for index, item in enumerate(self._queue):
             if item.ticket.id == ticket_id:
                 del self._queue[index]
                 self._fleet.end_waiting(item.ticket.model, now)
                 self._release(item.ticket.model)
-                return [Dequeued(ticket_id, "cancelled")]
+                return True
         for swap in self._swaps.values():
             if swap.waiters.pop(ticket_id, None) is not None:
                 self._release(swap.target)
-                return [Dequeued(ticket_id, "cancelled")]
-        return self.finished(ticket_id, now)
+                return True
+        return False
 
     def finished(self, ticket_id: int, now: float) -> list[Effect]:
-        model = self._granted.pop(ticket_id, None)
-        if model is None:
+        if ticket_id not in self._granted:
             return []
+        ended, idle = self._end_job(ticket_id, now)
+        return ended + (self._drain(now) if idle else [])
+
+    def _end_job(self, ticket_id: int, now: float) -> tuple[list[Effect], bool]:
+        """A running request is over. Returns what that asks for, and whether its model went idle
+        (then the queue is to be walked)."""
+        model = self._granted.pop(ticket_id)
         self._release(model)
         self._fleet.end_serving(model, now)
         if self._fleet.serving(model):
-            return []
-        return self._stop_if_retired(model) + self._drain(now)
+            return [], False
+        return self._stop_if_retired(model), True
 
     def reprioritize(self, ticket_id: int, priority: int, now: float) -> list[Effect]:
         """Move a queued request to its new place; among equals it keeps its arrival order."""
@@ -118,7 +148,7 @@ class FifoScheduler:
                 del self._queue[index]
                 spec = self._fleet.spec(item.ticket.model)
                 self._insert(
-                    _Queued(replace(item.ticket, priority=priority), spec.fifo_priority + priority, item.order)
+                    _Queued(replace(item.ticket, priority=priority), _effective(spec, priority), item.order)
                 )
                 break
         return []

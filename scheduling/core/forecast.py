@@ -7,10 +7,16 @@ prediction knows what the request competes with (slots, swaps, coexisting
 models), what is ahead of it, and which aging crossovers happen meanwhile,
 without a second model of the scheduler that could disagree with the first.
 
-Requests keep arriving while one waits, and those that outrank it go first: so
-the copy is also fed the requests expected meanwhile, each kind at the pace it
-came at lately (`Arrivals`). Without them a batch request's wait would be
-predicted as if nothing more urgent could come.
+Requests keep arriving while one waits, and those that outrank it go first. The
+copy is not fed sample arrivals: a wait would then jump by a whole job whenever
+a made-up arrival fell just before or after a dispatch, and the copy would play
+every one of them. Instead each kind expected to outrank the request adds its
+share of the GPU while the request waits: `ρ` = Σ pace × typical length over the
+kinds that arrive at a higher priority (`Arrivals`, each at the pace it came at
+lately), and a wait of `d` with what is queued now stretches to `d / (1 − ρ)`,
+the work those arrivals bring meanwhile included (they too bring arrivals).
+That is the expected delay in a priority queue with random arrivals, and it
+costs one pass over the queue, not one per arrival.
 
 A job or load of a model with no history has no predicted end: the requests
 that wait on it have no predicted wait either, and say why.
@@ -19,18 +25,23 @@ that wait on it have no predicted wait either, and say why.
 from __future__ import annotations
 
 import copy
-import heapq
-import itertools
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from statistics import median
 
 from .durations import DurationHistory, JobKind
-from .effects import Grant, StartModel, StopModel
-from .ticket import Ticket
+from .effects import Grant, StartModel
+from .simulation import Simulation
 
 # Scheduler events the copy plays through at most, so a forecast of a very long queue stays cheap;
 # requests beyond it are said to be too far ahead to predict.
 MAX_EVENTS = 5000
+# The pace of arrivals the forecast expects to go on: each kind's arrivals over the last ten minutes,
+# once at least three came over ten seconds or more (a single burst is no pace).
+ARRIVAL_WINDOW_S = 600.0
+ARRIVAL_MIN_SPAN_S = 10.0
+ARRIVAL_MIN_COUNT = 3
 
 
 @dataclass(frozen=True)
@@ -42,16 +53,40 @@ class Blocker:
     ticket_id: int | None  # the job's request
     in_s: float  # from now
     band: str = ""  # the job's band
-    expected: bool = False  # the job is of a request expected to arrive meanwhile
+    expected: bool = False  # requests expected to arrive meanwhile, of `band` mostly
 
 
 @dataclass(frozen=True)
 class Arrivals:
-    """Requests of one kind and priority expected to keep coming, one every `every_s` seconds."""
+    """Requests of one kind and priority expected to keep coming, one every `every_s` seconds on average."""
 
     kind: JobKind
     priority: int
     every_s: float
+
+
+class RecentArrivals:
+    """The new requests of the last `ARRIVAL_WINDOW_S`, and the pace each kind came at: what the
+    forecast expects to keep coming."""
+
+    def __init__(self, keep: int = 5000) -> None:
+        self._seen: deque[tuple[float, JobKind, int]] = deque(maxlen=keep)
+
+    def add(self, at: float, kind: JobKind, priority: int) -> None:
+        self._seen.append((at, kind, priority))
+
+    def expected(self, now: float) -> list[Arrivals]:
+        """Each kind of request at the pace it arrived at lately, with its median priority."""
+        while self._seen and self._seen[0][0] < now - ARRIVAL_WINDOW_S:
+            self._seen.popleft()
+        if not self._seen or now - self._seen[0][0] < ARRIVAL_MIN_SPAN_S:
+            return []
+        span = now - self._seen[0][0]
+        priorities: dict[JobKind, list[int]] = {}
+        for _, kind, priority in self._seen:
+            priorities.setdefault(kind, []).append(priority)
+        return [Arrivals(kind, int(median(seen)), span / len(seen))
+                for kind, seen in priorities.items() if len(seen) >= ARRIVAL_MIN_COUNT]
 
 
 @dataclass(frozen=True)
@@ -91,43 +126,83 @@ def forecast(
     requests expected to keep arriving meanwhile."""
     queued = {tid for tid in waiting if scheduler.is_queued(tid)}
     run = _Run(copy.deepcopy(scheduler), kinds, set(waiting), durations, now)
-    for stream in expected:
-        run.arrive_after(stream, now)
     for ticket_id, since in underway.jobs.items():
         kind = kinds[ticket_id]
-        run.expect("finished", ticket_id, kind.model, now, durations.job_left_s(kind, now - since))
+        run.expect("finished", ticket_id, kind.model, durations.job_left_s(kind, now - since))
     for model, since in underway.starts.items():
-        run.expect("ready", model, model, now, durations.load_left_s(model, now - since))
+        run.expect("ready", model, model, durations.load_left_s(model, now - since))
     for model in underway.stops:
-        run.expect("stopped", model, model, now, 0.0)
+        run.expect("stopped", model, model, 0.0)
     played = run.play(max_events)
-    return run.outlooks(waiting, queued, complete=played)
+    outlooks = run.outlooks(waiting, queued, complete=played)
+    shares = _arrival_shares(expected, durations)
+    return {tid: _outranked(outlook, run.priorities.get(tid), shares) for tid, outlook in outlooks.items()}
+
+
+def _arrival_shares(expected: Sequence[Arrivals], durations: DurationHistory) -> list[tuple[float, Arrivals]]:
+    """The share of the GPU each kind expected to arrive will take: pace × typical length (kinds
+    with no history yet are left out, as they are nowhere counted). The typical length is the
+    median, as for the queued jobs: a wait is judged by its usual error, and the mean did no better
+    on the benchmark's heavy-tailed lengths."""
+    shares = []
+    for stream in expected:
+        job_s = durations.job_s(stream.kind)
+        if job_s is not None and job_s > 0:
+            shares.append((job_s / stream.every_s, stream))
+    return shares
+
+
+def _outranked(outlook: Outlook, priority: int | None, shares: list[tuple[float, Arrivals]]) -> Outlook:
+    """A queued request's wait stretched by the work of the arrivals that will go before it: those of
+    a higher priority (see the module's docstring; the few points aging and swap affinity add are
+    left out). One already dispatched to its model's start (no position) is past being overtaken."""
+    if outlook.eta_s is None or outlook.position is None or priority is None:
+        return outlook
+    ahead = [(share, stream) for share, stream in shares if stream.priority > priority]
+    if not ahead or outlook.eta_s <= 0:
+        return outlook
+    load = sum(share for share, _ in ahead)
+    if load >= 1:
+        return replace(outlook, eta_s=None, load_s=None, after=None,
+                       unknown="requests that outrank it are expected to keep coming faster than they can be served")
+    eta_s = outlook.eta_s / (1 - load)
+    _, most = max(ahead, key=lambda pair: pair[0])
+    return replace(outlook, eta_s=eta_s, after=Blocker("job", most.kind.model, None, eta_s, most.kind.band, True))
 
 
 class _Run:
-    def __init__(self, sim, kinds: Mapping[int, JobKind], targets: set[int], durations: DurationHistory, now: float):
-        self.sim = sim
-        self.kinds = dict(kinds)  # and the requests the copy expects to arrive
-        self.arrivals = itertools.count(-1, -1)  # their ticket ids: below every real one
+    """The copy played forward, watching when each target is dispatched and what it waited for last;
+    every duration is the typical one, and one with no history makes `unknown` say so."""
+
+    def __init__(self, scheduler, kinds: Mapping[int, JobKind], targets: set[int], durations: DurationHistory,
+                 now: float):
+        self.sim = Simulation(scheduler, self)
+        self.kinds = kinds
         self.targets = targets
         self.durations = durations
         self.now = now
-        self.events: list[tuple[float, int, str, object, str]] = []
-        self.order = itertools.count()
         self.dispatched: dict[int, tuple[float, float | None, Blocker | None]] = {}
+        self.priorities: dict[int, int] = {}  # of the targets, as dispatched
         self.launched: dict[str, tuple[float, Blocker | None]] = {}
         self.unknown: set[str] = set()  # what has no typical duration yet
 
-    def expect(self, event: str, subject: object, model: str, at: float, after: float | None) -> None:
-        """`event` comes due `after` seconds after `at` (never: its duration is not known)."""
-        if after is None:
-            self.unknown.add(f"{'a load of' if event == 'ready' else 'a request to'} {model}")
-            return
-        heapq.heappush(self.events, (at + after, next(self.order), event, subject, model))
+    # -- Timing: the typical durations ---------------------------------------------------------------
+    def job_s(self, grant: Grant, now: float) -> float | None:
+        kind = self.kinds.get(grant.ticket_id)
+        return None if kind is None else self._known(self.durations.job_s(kind), "a request to", grant.model)
 
-    def arrive_after(self, stream: Arrivals, at: float) -> None:
-        """The next request of `stream` arrives `every_s` after `at`."""
-        heapq.heappush(self.events, (at + stream.every_s, next(self.order), "arrives", stream, stream.kind.model))
+    def load_s(self, model: str) -> float | None:
+        return self._known(self.durations.load_s(model), "a load of", model)
+
+    def _known(self, seconds: float | None, what: str, model: str) -> float | None:
+        if seconds is None:
+            self.unknown.add(f"{what} {model}")
+        return seconds
+
+    def expect(self, event: str, subject: object, model: str, after: float | None) -> None:
+        """What is under way now: `event` comes due `after` seconds from now (never: not known)."""
+        if self._known(after, "a load of" if event == "ready" else "a request to", model) is not None:
+            self.sim.at(self.now + after, event, subject)
 
     def play(self, max_events: int) -> bool:
         """Play events until every target is dispatched; returns whether the forecast got that far
@@ -135,43 +210,27 @@ class _Run:
         for _ in range(max_events):
             if self.targets <= self.dispatched.keys():
                 return True
-            if all(event == "arrives" for _, _, event, _, _ in self.events):
-                return False  # nothing under way ends: arrivals alone free nothing
-            at, _, event, subject, model = heapq.heappop(self.events)
-            if event == "arrives":
-                ticket = Ticket(next(self.arrivals), model, subject.priority, at)
-                self.kinds[ticket.id] = subject.kind
-                self.arrive_after(subject, at)
-                self.carry_out(self.sim.submit(ticket, at), at, None)
-                continue
+            if self.sim.next_at() is None:
+                return False  # nothing under way ends: nothing frees what they wait for
+            at, event, subject = self.sim.pop()
             if event == "finished":
-                band = self.kinds[subject].band
-                cause = Blocker("job", model, subject, at - self.now, band, subject < 0)
-                effects = self.sim.finished(subject, at)
+                cause = Blocker("job", self.kinds[subject].model, subject, at - self.now, self.kinds[subject].band)
             elif event == "ready":
-                cause = Blocker("load", model, None, at - self.now)
-                effects = self.sim.model_ready(subject, at)
+                cause = Blocker("load", subject, None, at - self.now)
             else:
-                cause = Blocker("stop", model, None, at - self.now)
-                effects = self.sim.model_stopped(subject, at)
-            self.carry_out(effects, at, cause)
+                cause = Blocker("stop", subject, None, at - self.now)
+            self.watch(self.sim.tell(event, subject, at), at, cause)
         return self.targets <= self.dispatched.keys()
 
-    def carry_out(self, effects: list, at: float, cause: Blocker | None) -> None:
+    def watch(self, effects: list, at: float, cause: Blocker | None) -> None:
         for effect in effects:
-            if isinstance(effect, Grant):
-                kind = self.kinds.get(effect.ticket_id)
-                if effect.ticket_id in self.targets:
-                    launch = self.launched.get(effect.model) if effect.decision.needs_swap else None
-                    load = None if launch is None else at - launch[0]
-                    self.dispatched[effect.ticket_id] = (at, load, cause if launch is None else launch[1])
-                if kind is not None:
-                    self.expect("finished", effect.ticket_id, effect.model, at, self.durations.job_s(kind))
+            if isinstance(effect, Grant) and effect.ticket_id in self.targets:
+                launch = self.launched.get(effect.model) if effect.decision.needs_swap else None
+                load = None if launch is None else at - launch[0]
+                self.dispatched[effect.ticket_id] = (at, load, cause if launch is None else launch[1])
+                self.priorities[effect.ticket_id] = effect.decision.priority
             elif isinstance(effect, StartModel):
                 self.launched[effect.model] = (at, cause)
-                self.expect("ready", effect.model, effect.model, at, self.durations.load_s(effect.model))
-            elif isinstance(effect, StopModel):
-                self.expect("stopped", effect.model, effect.model, at, 0.0)
 
     def outlooks(self, waiting: Sequence[int], queued_ids: set[int], complete: bool) -> dict[int, Outlook]:
         """Positions count the queued requests in predicted order, those with no prediction last."""
@@ -191,6 +250,6 @@ class _Run:
     def _why_unknown(self, complete: bool) -> str:
         if self.unknown:
             return f"no history yet: {' or '.join(sorted(self.unknown))} has never finished, so its length is unknown"
-        if not complete and self.events:
+        if not complete and self.sim.next_at() is not None:
             return "too far back in the queue to predict"
         return "nothing under way is predicted to make room for it"

@@ -14,9 +14,9 @@ PRIORITY_HEADER = "X-LlamaSwap-Priority"
 PRIORITY_ALIASES = {"interactive": 100, "normal": 0, "batch": -100}
 BAND_SPACING = 100
 
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
-_INT64_DIGITS = len(str(_INT64_MAX))
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+_INT64_DIGITS = len(str(INT64_MAX))
 # ASCII digits only: str.isdigit() and int() would accept "١٢" and "1_0".
 _SIGNED_INTEGER = re.compile(r"[+-]?[0-9]+")
 # HTTP optional whitespace plus line breaks; other characters are part of the value.
@@ -45,7 +45,7 @@ def parse_priority(value: str | bytes | None) -> int:
     if len(digits) > _INT64_DIGITS:
         return 0  # out of range; int() would also refuse strings past 4300 digits
     number = int(sign + digits)
-    if not _INT64_MIN <= number <= _INT64_MAX:
+    if not INT64_MIN <= number <= INT64_MAX:
         return 0
     return number
 

@@ -14,7 +14,8 @@ in the same order and reproduces the recording; a median would blur each start.
 
 What the recording cannot tell is handled in the open and counted, never
 dropped silently: a client that left leaves again at the same moment (while
-waiting, or cutting its job short); a request whose job never ran to its end
+waiting, or cutting its job short), and so does a request an operator cancelled,
+counted apart; a request whose job never ran to its end
 runs for the median of its kind (see `durations`), or as long as it had run
 when its client cut it, if that is longer; a model never loaded in the
 window loads in the median of all loads; requests refused for a failed start or
@@ -24,8 +25,6 @@ configured, are left out.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from .effects import Grant, Reject, StartModel, StopModel
 from .priority import Band, band_of
 from .scheduler import build_scheduler
 from .settings import SerialSettings
+from .simulation import CORE_EVENTS, Simulation
 from .ticket import ModelSpec, Ticket
 
 CHANGED_MOST = 10  # requests listed by how much their wait changed
@@ -53,6 +53,7 @@ class Recorded:
     stream: bool = False
     service_s: float | None = None  # time on its model, when its job ran to its end (completed or failed)
     left_after_s: float | None = None  # its client left this long after arriving: waiting, or cutting its job
+    by_operator: bool = False  # left_after_s is when an operator, not its client, cancelled it
     ran_s: float | None = None  # a job its client cut short: how long it had run (it would have run longer)
     max_wait_s: float | None = None  # refused if not sent to its model within this
     load_s: float | None = None  # the start of its model its dispatch needed took this long
@@ -75,8 +76,9 @@ class Setup:
 
 @dataclass(frozen=True)
 class Replayed:
-    """One request in a replay. `outcome`: served, left (its client left before it was sent), timed_out
-    (its maximum wait ran out) or refused (by the replayed scheduler)."""
+    """One request in a replay. `outcome`: served, left (its client left before it was sent), cancelled (an
+    operator cancelled it before it was sent), timed_out (its maximum wait ran out) or refused (by the
+    replayed scheduler)."""
 
     id: int
     model: str
@@ -97,6 +99,7 @@ class Handling:
     """What the replay did with what the recording could not tell, by count."""
 
     left: int = 0  # clients that left before being sent
+    cancelled: int = 0  # cancelled by an operator before being sent (at the recorded moment)
     timed_out: int = 0  # maximum waits that ran out
     refused: int = 0  # refused by the replayed scheduler
     service_assumed: int = 0  # jobs whose length was not recorded: the median of their kind (see `replay`)
@@ -140,13 +143,13 @@ class _Replay:
                 skipped["failed_starts" if record.refused == "failed start" else "refused_recorded"] += 1
             else:
                 self.records[record.id] = record
-        self.counts = {**skipped, "left": 0, "timed_out": 0, "refused": 0, "service_assumed": 0, "loads_assumed": 0}
+        self.counts = {**skipped, "left": 0, "cancelled": 0, "timed_out": 0, "refused": 0, "service_assumed": 0,
+                       "loads_assumed": 0}
         self.loads = _load_draws(records)
         self.all_loads = median([s for draws in self.loads.values() for s in draws] or [0.0])
         self.started: dict[str, int] = {}
         self.durations = _typical_jobs(records)
-        self.events: list[tuple[float, int, str, object]] = []
-        self.sequence = itertools.count()
+        self.sim = Simulation(self.scheduler, self)
         self.results: dict[int, Replayed] = {}
         self.granted = 0
         self.swaps = self.aging = self.affinity = 0
@@ -159,10 +162,11 @@ class _Replay:
         first = arrivals[0].arrival_s if arrivals else 0.0
         self._warm(warm, first)
         index = 0
-        while index < len(arrivals) or self.events:
+        while index < len(arrivals) or self.sim.next_at() is not None:
             # What ends at an instant goes before what arrives at it.
-            if self.events and (index == len(arrivals) or self.events[0][0] <= arrivals[index].arrival_s):
-                now, _, event, subject = heapq.heappop(self.events)
+            due = self.sim.next_at()
+            if due is not None and (index == len(arrivals) or due <= arrivals[index].arrival_s):
+                now, event, subject = self.sim.pop()
                 self._event(event, subject, now)
             else:
                 record = arrivals[index]
@@ -198,49 +202,46 @@ class _Replay:
                     effects += self.scheduler.finished(ticket_id, at)
 
     def _arrive(self, record: Recorded, now: float) -> None:
-        for after, event in ((record.left_after_s, "left"), (record.max_wait_s, "timed_out")):
+        left = "cancelled" if record.by_operator else "left"
+        for after, event in ((record.left_after_s, left), (record.max_wait_s, "timed_out")):
             if after is not None:
-                self._at(now + after, event, record.id)
+                self.sim.at(now + after, event, record.id)
         self._apply(self.scheduler.submit(Ticket(record.id, record.model, record.priority, now), now), now)
 
     def _event(self, event: str, subject, now: float) -> None:
-        if event == "finished":
-            self._busy(-1, now)
-            effects = self.scheduler.finished(subject, now)
-        elif event == "ready":
-            self._busy(-1, now)
-            effects = self.scheduler.model_ready(subject, now)
-        elif event == "stopped":
-            effects = self.scheduler.model_stopped(subject, now)
-        elif event == "tick":
-            self.ticks.discard(now)
-            effects = self.scheduler.tick(now)
-        else:  # left or timed_out: only a request not yet sent goes; a running job's cut is its end
-            if subject in self.results:
-                return
-            record = self.records[subject]
-            self.results[subject] = Replayed(record.id, record.model, record.kind.band, record.arrival_s, event)
-            self.counts[event] += 1
-            effects = self.scheduler.cancel(subject, now)
-        self._apply(effects, now)
+        if event in CORE_EVENTS:
+            if event in ("finished", "ready"):
+                self._busy(-1, now)
+            elif event == "tick":
+                self.ticks.discard(now)
+            self._watch(self.sim.tell(event, subject, now), now)
+            return
+        # left, cancelled or timed_out: only a request not yet sent goes; a running job's cut is its end
+        if subject in self.results:
+            return
+        record = self.records[subject]
+        self.results[subject] = Replayed(record.id, record.model, record.kind.band, record.arrival_s, event)
+        self.counts[event] += 1
+        self._apply(self.scheduler.cancel(subject, now), now)
 
-    def _apply(self, effects: Iterable, now: float) -> None:
+    def _apply(self, effects: list, now: float) -> None:
+        self.sim.carry_out(effects, now)
+        self._watch(effects, now)
+
+    def _watch(self, effects: Iterable, now: float) -> None:
         for effect in effects:
             if isinstance(effect, Grant):
-                self._grant(effect, now)
+                self._granted(effect, now)
             elif isinstance(effect, StartModel):
                 self._busy(+1, now)
                 self.swaps += 1
-                self._at(now + self._load_s(effect.model), "ready", effect.model)
-            elif isinstance(effect, StopModel):
-                self._at(now, "stopped", effect.model)
             elif isinstance(effect, Reject) and effect.ticket_id not in self.results:
                 record = self.records[effect.ticket_id]
                 band = record.kind.band
                 self.results[record.id] = Replayed(record.id, record.model, band, record.arrival_s, "refused")
                 self.counts["refused"] += 1
 
-    def _grant(self, grant: Grant, now: float) -> None:
+    def _granted(self, grant: Grant, now: float) -> None:
         record = self.records[grant.ticket_id]
         decision = grant.decision
         self.granted += 1
@@ -250,6 +251,11 @@ class _Replay:
             record.id, record.model, str(decision.band), record.arrival_s, "served", now, self.granted,
             decision.needs_swap,
         )
+        self._busy(+1, now)
+
+    # -- Timing: what the recording says, or the median of the kind --------------------------------------
+    def job_s(self, grant: Grant, now: float) -> float:
+        record = self.records[grant.ticket_id]
         if record.service_s is not None:
             end = now + record.service_s
         else:
@@ -257,10 +263,9 @@ class _Replay:
             self.counts["service_assumed"] += 1
         if record.left_after_s is not None:
             end = min(end, record.arrival_s + record.left_after_s)
-        self._busy(+1, now)
-        self._at(max(now, end), "finished", record.id)
+        return max(now, end) - now
 
-    def _load_s(self, model: str) -> float:
+    def load_s(self, model: str) -> float:
         draws = self.loads.get(model)
         if not draws:
             self.counts["loads_assumed"] += 1
@@ -277,14 +282,11 @@ class _Replay:
             self.busy += now - self.busy_since
             self.idle_since = now
 
-    def _at(self, when: float, event: str, subject) -> None:
-        heapq.heappush(self.events, (when, next(self.sequence), event, subject))
-
     def _arm_tick(self) -> None:
         deadline = self.scheduler.next_deadline()
         if deadline is not None and deadline not in self.ticks:
             self.ticks.add(deadline)
-            self._at(deadline, "tick", None)
+            self.sim.at(deadline, "tick", None)
 
 
 def _load_draws(records: Iterable[Recorded]) -> dict[str, list[float]]:
@@ -332,13 +334,14 @@ class Waits:
     p50: float | None
     p95: float | None
     max: float | None
+    p99: float | None = None
 
 
 def waits(values: Iterable[float]) -> Waits:
     ordered = sorted(values)
     if not ordered:
         return Waits(0, None, None, None)
-    return Waits(len(ordered), _rank(ordered, 0.5), _rank(ordered, 0.95), ordered[-1])
+    return Waits(len(ordered), _rank(ordered, 0.5), _rank(ordered, 0.95), ordered[-1], _rank(ordered, 0.99))
 
 
 def _rank(ordered: list[float], share: float) -> float:

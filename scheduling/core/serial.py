@@ -16,51 +16,19 @@ starts, so a swap is never interrupted by another pick. With one model at a time
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from . import rejections
 from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, StartModel, StopModel
 from .fleet import ModelFleet, ModelState
+from .launches import Job, Launch, Round
 from .priority import Band, band_of
 from .queue import WaitQueue
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
 from .swap import SwapPolicy
 from .ticket import ModelSpec, Ticket
-
-
-@dataclass
-class _Launch:
-    """A dispatched request whose model is being brought up, on `slot` of it. `ticket` becomes
-    None if the client leaves; the start still runs to completion, as in llama-swap."""
-
-    model: str
-    decision: Decision
-    ticket: Ticket | None
-    slot: int
-    started: bool = False  # StartModel sent; until then it waits for conflicting stops to finish
-
-
-@dataclass(frozen=True)
-class _Job:
-    ticket: Ticket
-    slot: int
-
-
-class _Round:
-    """What one pass over the waiting requests has set aside so far, best request first: the
-    models swaps will evict (no new work for them) and the models those swaps will start."""
-
-    def __init__(self) -> None:
-        self.reserved: dict[str, tuple[int, str]] = {}  # model -> (ticket id, swap target)
-        self.targets: list[tuple[str, int]] = []  # (swap target, ticket id), best first
-
-    def reserve(self, ticket_id: int, target: str, victims: Iterable[str]) -> None:
-        for victim in victims:
-            self.reserved.setdefault(victim, (ticket_id, target))
-        self.targets.append((target, ticket_id))
 
 
 class SerialScheduler:
@@ -71,8 +39,8 @@ class SerialScheduler:
         self._policy = policy
         self._settings = settings
         self._queue = WaitQueue(settings.aging_divisor)
-        self._jobs: dict[int, _Job] = {}  # granted and unfinished, in grant order
-        self._launches: dict[str, _Launch] = {}  # by model, in dispatch order
+        self._jobs: dict[int, Job] = {}  # granted and unfinished, in grant order
+        self._launches: dict[str, Launch] = {}  # by model, in dispatch order
         self._slots: dict[str, dict[int, int]] = {}  # model -> {slot: ticket id} of jobs and launches
         self._waited: dict[int, str] = {}  # why a waiting request was last held back while work ran
         # Models a start under way stops first (victim -> the model starting): they hold the GPU,
@@ -113,27 +81,46 @@ class SerialScheduler:
     def cancel(self, ticket_id: int, now: float) -> list[Effect]:
         """The client left (or an operator cancelled): drop it wherever it is. Idempotent. What
         it reserved is free again."""
-        if self._dequeue(ticket_id, now) is not None:
-            return [Dequeued(ticket_id, "cancelled"), *self._dispatch(now)]
-        for launch in self._launches.values():
-            if launch.ticket is not None and launch.ticket.id == ticket_id:
+        return self.cancel_all((ticket_id,), now)
+
+    def cancel_all(self, ticket_ids: Iterable[int], now: float) -> list[Effect]:
+        """Requests that leave together (their front end is gone): each is dropped wherever it is,
+        and only then is what they held given out, so none of them is granted, or has its model
+        started, on the way out. One by one, a running one's slot could go to the next of them."""
+        effects: list[Effect] = []
+        ended_job = freed = False
+        for ticket_id in ticket_ids:
+            if self._dequeue(ticket_id, now) is not None:
+                effects.append(Dequeued(ticket_id, "cancelled"))
+                freed = True
+            elif (launch := self._launch_of(ticket_id)) is not None:
                 self._orphan(launch)
-                effects: list[Effect] = [Dequeued(ticket_id, "cancelled")]
-                if not launch.started:
+                effects.append(Dequeued(ticket_id, "cancelled"))
+                if not launch.started:  # a start under way runs on: nothing is free until it ends
                     del self._launches[launch.model]
-                    effects += self._dispatch(now)
-                return effects
-        return self.finished(ticket_id, now)
+                    freed = True
+            elif ticket_id in self._jobs:
+                effects += self._end_job(ticket_id, now)
+                ended_job = freed = True
+        return effects + (self._start_launches() if ended_job else []) + (self._dispatch(now) if freed else [])
 
     def finished(self, ticket_id: int, now: float) -> list[Effect]:
         """The granted request ended, whatever the outcome. Unknown ids are ignored."""
-        job = self._jobs.pop(ticket_id, None)
-        if job is None:
+        if ticket_id not in self._jobs:
             return []
+        return self._end_job(ticket_id, now) + self._start_launches() + self._dispatch(now)
+
+    def _end_job(self, ticket_id: int, now: float) -> list[Effect]:
+        """A running request is over: its slot is free, given out by the caller's dispatch."""
+        job = self._jobs.pop(ticket_id)
         model = job.ticket.model
         self._free_slot(model, job.slot)
         self._fleet.end_serving(model, now)
-        return self._stop_if_retired(model) + self._start_launches() + self._dispatch(now)
+        return self._stop_if_retired(model)
+
+    def _launch_of(self, ticket_id: int) -> Launch | None:
+        return next((launch for launch in self._launches.values()
+                     if launch.ticket is not None and launch.ticket.id == ticket_id), None)
 
     def reprioritize(self, ticket_id: int, priority: int, now: float) -> list[Effect]:
         """Re-rank a waiting request; it keeps its arrival time, so its aging carries on. The
@@ -314,7 +301,7 @@ class SerialScheduler:
         tops = self._queue.model_tops(loaded, self._settings)
         if not tops:
             return False
-        round_ = _Round()
+        round_ = Round()
         up = self._holding()
         for launch in self._launches.values():
             if not launch.started:  # its evictions are promised; keep them idle until it starts
@@ -345,7 +332,7 @@ class SerialScheduler:
         """Whether a loaded model has a free slot: then a request held back is told why."""
         return any(len(self._slots.get(m, ())) < self._settings.slots_for(m) for m in loaded)
 
-    def _holdback(self, ticket: Ticket, loaded: tuple[str, ...], up: tuple[str, ...], round_: _Round) -> str | None:
+    def _holdback(self, ticket: Ticket, loaded: tuple[str, ...], up: tuple[str, ...], round_: Round) -> str | None:
         """Why `ticket` cannot be dispatched now (None: it can). Reserves what it needs when
         only busy work stands in its way."""
         model = ticket.model
@@ -404,7 +391,7 @@ class SerialScheduler:
         if ready:
             self._free_slot(ticket.model, slot)
             return [self._grant(ticket, decision, slot)]
-        self._launches[ticket.model] = _Launch(ticket.model, decision, ticket, slot)
+        self._launches[ticket.model] = Launch(ticket.model, decision, ticket, slot)
         return self._start_launches()
 
     def _start_launches(self) -> list[Effect]:
@@ -474,17 +461,13 @@ class SerialScheduler:
         return self._policy.evictions(target, after_start) <= before
 
     @staticmethod
-    def _decision_id(launch: _Launch) -> int:
+    def _decision_id(launch: Launch) -> int:
         return launch.decision.ticket_id
 
     # -- internals ----------------------------------------------------------------------------
 
     def _holds(self, ticket_id: int) -> bool:
-        return (
-            ticket_id in self._queue
-            or ticket_id in self._jobs
-            or any(launch.ticket is not None and launch.ticket.id == ticket_id for launch in self._launches.values())
-        )
+        return ticket_id in self._queue or ticket_id in self._jobs or self._launch_of(ticket_id) is not None
 
     def _take_slot(self, model: str, ticket_id: int) -> int:
         slots = self._slots.setdefault(model, {})
@@ -499,7 +482,7 @@ class SerialScheduler:
             if not slots:
                 del self._slots[model]
 
-    def _orphan(self, launch: _Launch) -> None:
+    def _orphan(self, launch: Launch) -> None:
         """The launch's request is gone (left, refused or sent back to the queue)."""
         self._free_slot(launch.model, launch.slot)
         launch.ticket = None
@@ -516,7 +499,7 @@ class SerialScheduler:
         return ticket
 
     def _grant(self, ticket: Ticket, decision: Decision, slot: int) -> Grant:
-        self._jobs[ticket.id] = _Job(ticket, slot)
+        self._jobs[ticket.id] = Job(ticket, slot)
         self._slots.setdefault(ticket.model, {})[slot] = ticket.id
         self._fleet.begin_serving(ticket.model)
         return Grant(ticket.id, ticket.model, decision)

@@ -83,6 +83,11 @@ def kind_of(value: object) -> str:
     return type(value).__name__
 
 
+# Job slots of one model: llama-server's -np is a few dozen at most; beyond this a count is a typo, and
+# a count past 64 bits could not even be sent to a worker.
+MAX_SLOTS = 1024
+
+
 def slots_example(model: str) -> str:
     """The fix a slots message suggests; shared so the config file and the admin word it alike."""
     return f"{model}: 4 (and start its server with as many slots, e.g. llama-server -np 4)"
@@ -95,6 +100,8 @@ def slot_count_problem(model: str, count: object) -> str | None:
         return f"expected a whole number, got {kind_of(count)} — e.g. {slots_example(model)}"
     if count < 1:
         return f"{count} is below the minimum of 1 — e.g. {slots_example(model)}"
+    if count > MAX_SLOTS:
+        return f"{count} is above the maximum of {MAX_SLOTS} — e.g. {slots_example(model)}"
     return None
 
 

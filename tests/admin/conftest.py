@@ -3,6 +3,12 @@ import textwrap
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _settings_warnings_logged_afresh(monkeypatch):
+    """Each test sees the warnings about stored values it causes, though the process logged them before."""
+    monkeypatch.setattr("scheduling.operating.settings_store._logged", set())
+
+
 @pytest.fixture
 def config_file(tmp_path, settings):
     """A two-model config with serial settings agingDivisor 30 / swapAffinityBonus 5 / slots beta: 2,

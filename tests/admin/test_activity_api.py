@@ -19,7 +19,7 @@ def api_keys(monkeypatch):
     """The service's configured apiKeys, as the API sees them (none by default: open)."""
     keys: list[str] = []
     service = SimpleNamespace(config=SimpleNamespace(api_keys=keys))
-    monkeypatch.setattr("proxy.views.get_service", lambda: service)
+    monkeypatch.setattr("proxy.api.views.get_service", lambda: service)
     return keys
 
 

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from scheduling.history import CappedCountPaginator
+from scheduling.rows.history import CappedCountPaginator
 from scheduling.models import QueuedRequest
 from tests.admin.rows import dispatched
 

@@ -8,7 +8,7 @@ import pytest
 from django.db.models import QuerySet
 from django.utils import timezone as django_timezone
 
-from scheduling.history import HistoryQuerySet, search_requests
+from scheduling.rows.history import HistoryQuerySet, search_requests
 from scheduling.models import QueuedRequest
 
 pytestmark = pytest.mark.django_db

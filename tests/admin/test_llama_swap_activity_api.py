@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from proxy.captures import STORE, Capture
-from scheduling.llama_swap_activity import histogram, percentile
+from proxy.upstream.captures import STORE, Capture
+from scheduling.rows.llama_swap_activity import histogram, percentile
 from tests.admin.rows import dispatched
 
 pytestmark = pytest.mark.django_db
@@ -21,7 +21,7 @@ T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 def config(monkeypatch):
     """The service config as the views see it: no apiKeys, captures off, unless a test sets them."""
     config = SimpleNamespace(api_keys=[], capture_buffer_mb=0)
-    monkeypatch.setattr("proxy.views.get_service", lambda: SimpleNamespace(config=config))
+    monkeypatch.setattr("proxy.api.views.get_service", lambda: SimpleNamespace(config=config))
     STORE.configure(config.capture_buffer_mb)  # as a service does when it starts
     yield config
     STORE.configure(0)

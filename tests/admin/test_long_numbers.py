@@ -11,7 +11,7 @@ from django.test import RequestFactory
 
 from scheduling.admin import _selected_tickets
 from scheduling.forms import PriorityField, SlotsField
-from scheduling.whole_numbers import ROW_ID_MAX, as_typed, whole_number
+from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 pytestmark = pytest.mark.django_db
 
@@ -21,7 +21,7 @@ HUGE = "9" * 5000
 @pytest.fixture
 def config(monkeypatch):
     config = SimpleNamespace(api_keys=[], capture_buffer_mb=1)
-    monkeypatch.setattr("proxy.views.get_service", lambda: SimpleNamespace(config=config))
+    monkeypatch.setattr("proxy.api.views.get_service", lambda: SimpleNamespace(config=config))
     return config
 
 

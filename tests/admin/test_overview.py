@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
-from scheduling.overview import BadWindow, Window, summarize
-from scheduling.svg_charts import Chart, Series, nice_ticks, number, render
+from scheduling.operating.overview import BadWindow, Window, summarize
+from scheduling.operating.svg_charts import Chart, Series, nice_ticks, number, render
 
 pytestmark = pytest.mark.django_db
 

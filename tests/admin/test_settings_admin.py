@@ -10,9 +10,11 @@ from django.utils.html import escape
 
 from proxy.config import load_config
 from proxy.service import prepare, reset_service
-from scheduling import frontdoor, settings_store
+from scheduling.door import frontdoor
+from scheduling.operating import settings_store
 from scheduling.core import SerialSettings
 from scheduling.models import SchedulerSettings, SettingsChange
+from scheduling.door.questions import Retune, Snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -120,10 +122,13 @@ class RecordingFrontDoor:
         self.config = config
         self.retuned: list[SerialSettings] = []
 
-    def retune(self, settings):
-        self.retuned.append(settings)
+    def ask_now(self, question):
+        return {Retune: self._retune, Snapshot: self._snapshot}[type(question)](question)
 
-    def snapshot(self):
+    def _retune(self, question: Retune) -> None:
+        self.retuned.append(question.settings)
+
+    def _snapshot(self, question: Snapshot):
         in_use = self.retuned[-1] if self.retuned else self.config.scheduler.serial
         return SimpleNamespace(settings=in_use)
 

@@ -93,7 +93,7 @@ def test_save_still_saves(admin_client, config_file):
 
 
 def test_grouped_bars_stand_side_by_side_in_their_group_and_skip_gaps():
-    from scheduling.svg_charts import Chart, Series, render
+    from scheduling.operating.svg_charts import Chart, Series, render
 
     svg = render(Chart("waits", ["normal", "batch"], ["normal", "batch"],
                        [Series("in force", [1.0, None]), Series("proposed", [2.0, 3.0], dashed=True)],

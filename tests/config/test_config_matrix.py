@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.config import parse_config
-from scheduling.config_inputs import swap_policy
+from scheduling.operating.config_inputs import swap_policy
 from scheduling.core import MatrixPolicy, SwapPolicy
 
 COMPAT_EXAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "compat" / "llama-swap.config.example.yaml"

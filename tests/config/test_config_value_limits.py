@@ -144,3 +144,40 @@ def test_exponents_are_numbers_as_in_yaml_1_2(load):
     model = config.models["m"]
     assert model.timeouts.connect == 100
     assert model.metadata["note"] == "1e3" and model.metadata["plain"] == 1000.0  # quoted text stays text
+
+
+ROUTING = "routing:\n  scheduler:\n    use: {use}\n    settings:\n      {use}: {{{settings}}}\n"
+
+
+def scheduler(use: str, settings: str) -> str:
+    return MODEL.format(extra="") + ROUTING.format(use=use, settings=settings)
+
+
+@pytest.mark.parametrize("use, settings, key, expected", [
+    ("serial", "slots: {m: 1025}", "routing.scheduler.settings.serial.slots.m", "1025 is above the maximum of 1024"),
+    ("serial", f"slots: {{m: {2**64}}}", "routing.scheduler.settings.serial.slots.m",
+     f"{2**64} is above the maximum of 1024"),
+    ("fifo", "priority: {m: 1000000001}", "routing.scheduler.settings.fifo.priority.m",
+     "1000000001 is above the maximum of 1000000000"),
+    ("fifo", "priority: {m: -1000000001}", "routing.scheduler.settings.fifo.priority.m",
+     "-1000000001 is below the minimum of -1000000000"),
+])
+def test_scheduler_numbers_past_their_bounds_are_refused_naming_the_key(config_error, problem, use, settings, key,
+                                                                         expected):
+    assert problem(config_error(scheduler(use, settings)), key).startswith(expected + " — e.g. m:")
+
+
+def test_scheduler_numbers_at_their_bounds_are_taken(load):
+    assert dict(load(scheduler("serial", "slots: {m: 1024}")).scheduler.serial.slots) == {"m": 1024}
+    for bound in (10**9, -(10**9)):
+        config = load(scheduler("fifo", f"priority: {{m: {bound}}}"))
+        assert dict(config.scheduler.fifo_priority) == {"m": bound}
+
+
+@pytest.mark.parametrize("line, key", [
+    (f"    concurrencyLimit: {2**53}\n", "models.m.concurrencyLimit"),
+    (f"    capabilities: {{context: {2**64}}}\n", "models.m.capabilities.context"),
+])
+def test_every_whole_number_stops_where_json_clients_read_it_exactly(config_error, problem, line, key):
+    message = problem(config_error(MODEL.format(extra=line)), key)
+    assert "is above the maximum of 9007199254740991" in message, message

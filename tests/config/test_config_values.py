@@ -30,8 +30,8 @@ def test_bad_model_values(config_error, problem, entry, key, expected):
 @pytest.mark.parametrize(
     "env, expected",
     [
-        ("[FOO]", '"FOO" is not NAME=value — write it like "CUDA_VISIBLE_DEVICES=0"'),
-        ("['=x']", '"=x" is not NAME=value'),
+        ("[FOO]", "has no '=' (NAME=value) — write it like \"CUDA_VISIBLE_DEVICES=0\""),
+        ("['=x']", '"=…" is not NAME=value'),
         ("['1X=y']", "do not start with a digit"),
     ],
 )
@@ -52,7 +52,7 @@ def test_model_ids_must_be_text(config_error, problem):
     [
         ("apiKeys: ['']", "apiKeys[0]", "empty API key"),
         ("apiKeys: ['sk a']", "apiKeys[0]", "cannot contain spaces"),
-        ("apiKeys: [12345]", "apiKeys[0]", 'quote it: "12345"'),
+        ("apiKeys: [12345]", "apiKeys[0]", 'expected text, got a number — quote it: "<the key>"'),
         ("apiKeys: sk-one", "apiKeys", "expected a list"),
         ("logLevel: loud", "logLevel", "use one of: debug, info, warn, error"),
         ("startPort: 0", "startPort", "below the minimum of 1"),

@@ -2,13 +2,14 @@
 admitted exactly when its model is under its current concurrency limit, no model granted while a
 start that evicts it runs, and config reloads never let a replaced process serve."""
 
-from hypothesis import settings as hypothesis_settings, strategies as st
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from scheduling.core import FifoScheduler, ModelSpec, Reject, SerialSettings, SwapGroup
 
 from .harness import policy_within
 from .runtime_double import RuntimeDouble
+from .search_effort import property_settings
 
 MODELS = ("a", "b", "c", "d", "e")  # "e" is only configured by a reload
 POLICIES = {
@@ -134,5 +135,5 @@ class FifoMachine(RuleBasedStateMachine):
 
 
 
-FifoMachine.TestCase.settings = hypothesis_settings(max_examples=300, stateful_step_count=60, deadline=None)
+FifoMachine.TestCase.settings = property_settings(300, stateful_step_count=60)
 test_fifo_scheduler_properties = FifoMachine.TestCase

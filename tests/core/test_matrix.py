@@ -3,10 +3,12 @@
 import itertools
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from scheduling.core import MatrixPolicy, MatrixSyntaxError, compile_sets, parse_expression
+
+from .search_effort import property_settings
 
 
 def policy_of(definitions: dict[str, str], costs: dict[str, int] | None = None) -> MatrixPolicy:
@@ -186,7 +188,7 @@ def brute_force(target, running, trees, costs):
     return (cost(running), []) if best is None else (best, winners)
 
 
-@settings(max_examples=200, deadline=None)
+@property_settings(200)
 @given(matrices(), st.sampled_from(MODELS + ("lonely",)), st.sets(st.sampled_from(MODELS + ("lonely",)), max_size=5))
 def test_solver_matches_brute_force(matrix, target, running):
     texts, trees, costs = matrix
@@ -205,7 +207,7 @@ def test_solver_matches_brute_force(matrix, target, running):
     assert policy.evictions(target, running | {target}) == frozenset()
 
 
-@settings(max_examples=200, deadline=None)
+@property_settings(200)
 @given(matrices(), st.sampled_from(MODELS), st.sampled_from(MODELS))
 def test_coexistence_is_symmetric_and_means_a_set_holds_both(matrix, one, other):
     assume(one != other)

@@ -235,3 +235,10 @@ def test_replaying_a_history_the_core_produced_with_its_settings_reproduces_it(
     }
     measured = fidelity(records, result)
     assert measured.same_order in (None, 1.0) and measured.wait_error_s == 0.0
+
+
+def test_waits_carry_the_nearest_rank_p99():
+    from scheduling.core.replay import waits
+
+    assert waits([float(n) for n in range(1, 201)]).p99 == 198.0
+    assert waits([1.0, 5.0, 2.0]).p99 == 5.0  # under 100 waits: the longest

@@ -1,6 +1,6 @@
 """Random interleavings against the serial scheduler on hardware where models share the GPU: random
 swap groups (any mix of swap, exclusive and persistent) or random matrix sets, random job slots,
-arrivals, finishes, crashes, cancels, unloads and slot edits. Each step is checked against a
+arrivals (alone, or several queued in one call), finishes, crashes, cancels, unloads and slot edits. Each step is checked against a
 brute-force reference written from the double's own account of the processes, not from the
 scheduler: models that may not run together never do, no model gets more jobs than its slots, each
 model's slots go to its best-scoring requests, and a request never waits while it could run without
@@ -9,7 +9,7 @@ evicting busy work or taking what a higher-scoring request has reserved. Every r
 import itertools
 from dataclasses import dataclass, replace
 
-from hypothesis import settings as hypothesis_settings, strategies as st
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from scheduling.core import (
@@ -26,10 +26,12 @@ from scheduling.core import (
 
 from .runtime_double import RuntimeDouble
 from .scoring import best_first
+from .search_effort import property_settings
 
 MODELS = ("a", "b", "c", "d")
 PRIORITIES = st.sampled_from([-100, -1, 0, 1, 2, 100])
 SLOTS = st.fixed_dictionaries({m: st.sampled_from([1, 1, 2, 3]) for m in MODELS})
+PROMISED = 0  # the reserver of the models a launch waiting for stops will evict: no request
 
 
 # -- the routers, written out the slow way ----------------------------------------------------
@@ -137,11 +139,16 @@ class CheckedRuntime(RuntimeDouble):
     def evicting(self) -> set[str]:
         return set().union(*self.evictions().values())
 
-    def launching(self) -> set[str]:
+    def launching(self, submitting=frozenset()) -> set[str]:
         """Models of requests that left the queue without a grant yet: each holds a slot of its
-        model while the model starts (or waits to start)."""
+        model while the model starts (or waits to start). Requests `submitting` (made, not yet
+        submitted) have not been in the queue at all."""
+        return {self.tickets[i].model for i in self.dispatched(submitting)}
+
+    def dispatched(self, submitting=frozenset()) -> set[int]:
+        """Requests that left the queue without a grant yet."""
         queued = {t.id for t, _ in self.scheduler.ranked(self.now)}
-        return {self.tickets[i].model for i in self.waiting() - queued}
+        return self.waiting() - queued - set(submitting)
 
     def jobs_on(self, model: str) -> int:
         return sum(1 for m in self.running.values() if m == model)
@@ -189,33 +196,72 @@ class CoexistMachine(RuleBasedStateMachine):
     def queued(self):
         return [t for t, _ in self.scheduler.ranked(self.runtime.now)]
 
-    def observe(self, method, *args):
-        """Carry out a call. Every request it dispatched must be its model's best waiting one, and
-        none may have taken a model that a better request still waiting has reserved for its swap."""
+    def observe(self, method, *args, submitted=()):
+        """Carry out a call. Every request it dispatched, `submitted` ones (queued by the call
+        itself) included, must be its model's best waiting one; none may have taken a model that a
+        better request still waiting has reserved for its swap, or been given a start in that
+        swap's way (a start is judged by the walk as it stood when picked: without itself); and
+        none may have taken, or started a model in the way of, what a start promised before the
+        call and still waiting after it will evict."""
         runtime = self.runtime
-        before = {t.id: t for t in self.queued()}
+        submitting = {t.id for t in submitted}
+        before = {t.id for t in self.queued()} | submitting
+        promised = self.promised_starts(submitting)
+        holding = runtime.holding() | runtime.launching(submitting)
         effects = getattr(runtime, method)(*args)
         queued = self.queued()
         loaded = runtime.up - runtime.stops
-        reserved = self.reference_walk()[1]
+        walked = self.reference_walk()
+        still_promised = self.promised_starts().keys()
         current = {t.id: t for t in queued}  # with the priorities requests were re-ranked to
-        for ticket_id in before.keys() - {t.id for t in queued} - runtime.ended.keys():
+
+        def beats(ticket, other) -> bool:
+            return best_first([ticket, other], runtime.now, loaded, self.settings)[0] is ticket
+
+        for ticket_id in before - current.keys() - runtime.ended.keys():
             picked = runtime.tickets[ticket_id]
-            better = [
-                t for t in queued
-                if t.model == picked.model and best_first([t, picked], runtime.now, loaded, self.settings)[0] is t
-            ]
+            better = [t for t in queued if t.model == picked.model and beats(t, picked)]
             assert not better, f"#{picked.id} went before #{better[0].id}, which scores better for {picked.model}"
-            holder = current.get(reserved.get(picked.model, 0))
-            assert holder is None or best_first([holder, picked], runtime.now, loaded, self.settings)[0] is picked, (
+            # A start is judged against what the walk saw when it was picked: without itself.
+            launched = picked.id not in runtime.granted
+            _, reserved, targets = self.reference_walk(picked.id) if launched else walked
+            holder = current.get(reserved.get(picked.model))
+            assert holder is None or not beats(holder, picked), (
                 f"#{picked.id} took {picked.model}, which better-scoring #{holder.id} reserved for its swap"
             )
+            if launched:
+                beside = (runtime.holding() | runtime.launching({picked.id})) - {picked.model}
+                own = self.rules.evictions(picked.model, beside - {picked.model})
+                for target, holder_id in targets:
+                    holder = current.get(holder_id)
+                    assert holder is None or not beats(holder, picked) or self._leaves_alone(
+                        picked.model, own, target, beside
+                    ), f"#{picked.id} was given a start of {picked.model}, in the way of better-scoring #{holder.id}'s swap"
+            for (target, promised_to), victims in promised.items():
+                if (target, promised_to) not in still_promised:
+                    continue  # cancelled, or sent: what it evicts is stopping now
+                promise = f"the start of {target} promised to #{promised_to}"
+                assert picked.model not in victims, f"#{picked.id} took {picked.model}, which {promise} evicts"
+                own = self.rules.evictions(picked.model, holding - {picked.model})
+                assert picked.id in runtime.granted or self._leaves_alone(picked.model, own, target, holding), (
+                    f"#{picked.id} was given a start of {picked.model}, which stands in the way of {promise}"
+                )
         return effects
 
     @rule(model=st.sampled_from(MODELS), priority=PRIORITIES)
     def submit(self, model, priority):
         ticket = self.runtime.new_ticket(model, priority)
-        self.observe("call", "submit", ticket)
+        self.observe("call", "submit", ticket, submitted=[ticket])
+
+    @rule(data=st.data(), priorities=st.lists(PRIORITIES, min_size=2, max_size=3),
+          others=st.lists(st.tuples(st.sampled_from(MODELS), PRIORITIES), max_size=2))
+    def submit_together(self, data, priorities, others):
+        """Requests queued in one call (a worker taking over a queue), several for one model,
+        loaded when one is: the call may have to grant more than once."""
+        model = data.draw(st.sampled_from(sorted(self.runtime.up - self.runtime.stops) or MODELS))
+        requests = [(model, priority) for priority in priorities] + others
+        tickets = [self.runtime.new_ticket(m, priority) for m, priority in requests]
+        self.observe("call", "submit_all", tickets, submitted=tickets)
 
     @precondition(lambda self: self.runtime.tickets)
     @rule(data=st.data())
@@ -295,23 +341,27 @@ class CoexistMachine(RuleBasedStateMachine):
         idle = self.reference_walk()[0]
         assert not idle, idle[0]
 
-    def reference_walk(self) -> tuple[list[str], dict[str, int]]:
+    def reference_walk(self, leaving_out: int | None = None) -> tuple[list[str], dict[str, int], list[tuple[str, int]]]:
         """Walk the queue best first as the reference scheduler would: a request may wait only
         behind a full model, a start under way, busy work its own start would evict, or what a
         better request (or a start already promised) has reserved. A request whose start must
         wait for stops leaves the queue at once: its start follows them. Returns the requests
-        waiting without such a reason, and which request reserved each model (0: a start)."""
+        waiting without such a reason, which request reserved each model (PROMISED: a start),
+        and the swaps waiting, best first, with their requests. `leaving_out`: a request whose
+        start the call just dispatched, walked as things stood when the call picked it."""
         runtime = self.runtime
-        launching = runtime.launching()
-        holding = runtime.holding() | launching
+        out = set() if leaving_out is None else {leaving_out}
+        left_out = {runtime.tickets[i].model for i in out}
+        launching = runtime.launching(out)
+        holding = (runtime.holding() | launching) - left_out
         loaded = runtime.up - runtime.stops
         queued = self.queued()
-        busy = set(runtime.running.values()) | set(runtime.starts) | launching
+        busy = (set(runtime.running.values()) | set(runtime.starts) | launching) - left_out
         reserved: dict[str, int] = {}
-        targets: list[str] = []
-        for model in launching - set(runtime.starts):  # promised starts keep their victims idle
-            reserved.update(dict.fromkeys(self.rules.evictions(model, holding - {model}), 0))
-            targets.append(model)
+        targets: list[tuple[str, int]] = []
+        for (model, _), victims in self.promised_starts(out).items():  # they keep their victims idle
+            reserved.update(dict.fromkeys(victims, PROMISED))
+            targets.append((model, PROMISED))
         idle = []
         for ticket in best_first(queued, runtime.now, loaded, self.settings):
             model = ticket.model
@@ -326,15 +376,28 @@ class CoexistMachine(RuleBasedStateMachine):
             if model in runtime.evicting():
                 continue  # a start under way (or cut short, until it reports) stops it first
             victims = self.rules.evictions(model, holding - {model})
-            if any(not self._leaves_alone(model, victims, target, holding) for target in targets):
+            if any(not self._leaves_alone(model, victims, target, holding) for target, _ in targets):
                 continue
             if (victims | {model}) & busy:
                 for victim in victims | {model}:
                     reserved.setdefault(victim, ticket.id)
-                targets.append(model)
+                targets.append((model, ticket.id))
                 continue
             idle.append(f"#{ticket.id} waits although {model} could start, evicting only idle {sorted(victims)}")
-        return idle, reserved
+        return idle, reserved, targets
+
+    def promised_starts(self, leaving_out=frozenset()) -> dict[tuple[str, int], frozenset[str]]:
+        """Starts promised to a dispatched request but not sent yet (they wait for stops), keyed
+        by (model, request), each with what it will evict from what holds the GPU now; requests
+        `leaving_out` (not submitted yet, or dispatched by the call being judged) aside."""
+        runtime = self.runtime
+        holding = runtime.holding() | runtime.launching(leaving_out)
+        promised = {(runtime.tickets[i].model, i) for i in runtime.dispatched(leaving_out)}
+        return {
+            (model, i): frozenset(self.rules.evictions(model, holding - {model}))
+            for model, i in promised
+            if model not in runtime.starts
+        }
 
     def _leaves_alone(self, model, victims, target, holding) -> bool:
         """Whether starting `model` leaves a reserved swap to `target` no more to evict."""
@@ -350,7 +413,7 @@ class CoexistMachine(RuleBasedStateMachine):
         assert self.scheduler.snapshot(self.runtime.now).waiting == 0
 
 
-CoexistMachine.TestCase.settings = hypothesis_settings(max_examples=300, stateful_step_count=50, deadline=None)
+CoexistMachine.TestCase.settings = property_settings(300, stateful_step_count=50)
 test_serial_scheduler_on_shared_hardware = CoexistMachine.TestCase
 
 
@@ -367,4 +430,59 @@ def test_a_model_a_cut_short_start_was_stopping_waits_until_that_start_reports()
     state.submit(model="b", priority=-100)
     state.nothing_waits_that_could_run()
     assert state.queued(), "b waits for the start that stops it to report"
+    state.teardown()
+
+
+def test_one_call_that_frees_two_slots_grants_two_requests():
+    """Raising a model's slots from 1 to 3 while three requests wait for it must grant two of them
+    in that one call, best first, and leave the third waiting for a slot."""
+    state = CoexistMachine()
+    state.start(rules=GroupRules(groups=()), slots={}, aging=0, bonus=0)
+    for priority in (0, 1, 3, 2):
+        state.submit(model="a", priority=priority)
+    state.observe("answer_start", "a", True)  # the first request runs; three wait for a slot
+    state.settings = state.runtime.settings = SerialSettings(0, 0, {"a": 3})
+    effects = state.observe("call", "retune", state.settings)
+    assert [e.ticket_id for e in effects if isinstance(e, Grant)] == [3, 4]
+    state.nothing_waits_that_could_run()
+    state.teardown()
+
+
+def test_a_start_waiting_for_a_stop_keeps_what_it_will_evict_idle():
+    """c (exclusive) is dispatched while b is being unloaded by its TTL: its start waits for that
+    stop, and will evict a too. A request for a, idle and up, arriving meanwhile waits: given a,
+    it would keep c's start waiting for its job as well."""
+    state = CoexistMachine()
+    exclusive = SwapGroup("g1", ("c",), swap=False, exclusive=True, persistent=False)
+    beside = (SwapGroup("g2", ("a",), exclusive=False), SwapGroup("g3", ("b",), exclusive=False))
+    state.start(rules=GroupRules(groups=(exclusive, *beside)), slots={}, aging=0, bonus=0)
+    for model in ("a", "b"):
+        state.submit(model=model, priority=0)
+        state.observe("answer_start", model, True)
+    for ticket_id in sorted(state.runtime.running):
+        state.observe("finish", ticket_id)
+    state.wait(seconds=10)
+    state.tick()  # b's TTL (5 s) has passed: b is being stopped
+    state.submit(model="c", priority=0)
+    assert state.promised_starts() == {("c", 3): {"a", "b"}}
+    state.submit(model="a", priority=100)
+    assert [t.id for t in state.queued()] == [4], "a is kept idle for c's start"
+    state.observe("answer_stop", "b")
+    assert set(state.runtime.starts) == {"c"} and state.runtime.starts["c"] == {"a"}
+    state.teardown()
+
+
+def test_a_lower_scoring_request_does_not_take_a_model_a_waiting_swap_reserved():
+    """Three calls: #1 runs on a (one slot of two); #2 (priority 100) for b must stop a, so it
+    waits for #1 and reserves a; #3 (priority -1) for a arrives. a has a free slot, but giving it
+    to #3 would make #2 wait for #3 too: #3 waits, and goes after #2."""
+    state = CoexistMachine()
+    state.start(rules=GroupRules(groups=()), slots={"a": 2}, aging=0, bonus=0)
+    state.submit(model="a", priority=0)
+    state.observe("answer_start", "a", True)
+    state.submit(model="b", priority=100)
+    state.submit(model="a", priority=-1)
+    assert [t.id for t in state.queued()] == [2, 3]
+    state.observe("finish", 1)
+    assert set(state.runtime.starts) == {"b"}
     state.teardown()

@@ -3,7 +3,7 @@ time, every pick is the best-scoring waiting request (checked against a brute-fo
 the loaded models taken from what the runtime double was told, not from the scheduler), an idle
 GPU never leaves work waiting, and config reloads never let a replaced process serve."""
 
-from hypothesis import settings as hypothesis_settings, strategies as st
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from scheduling.core import (
@@ -19,6 +19,7 @@ from scheduling.core import (
 from .harness import policy_within
 from .runtime_double import RuntimeDouble
 from .scoring import best_first
+from .search_effort import property_settings
 
 MODELS = ("a", "b", "c", "d")  # "d" is only configured by a reload
 # One GPU, one model at a time: the spec's serial behaviour. Models that share the GPU are
@@ -188,5 +189,5 @@ class SerialMachine(RuleBasedStateMachine):
 
 
 
-SerialMachine.TestCase.settings = hypothesis_settings(max_examples=300, stateful_step_count=60, deadline=None)
+SerialMachine.TestCase.settings = property_settings(300, stateful_step_count=60)
 test_serial_scheduler_properties = SerialMachine.TestCase

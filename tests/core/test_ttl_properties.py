@@ -2,13 +2,14 @@
 has been idle — up, serving nothing, nothing queued for it — for its TTL, measured from the moment it
 last became idle (checked against the test's own account of the model, not the scheduler's)."""
 
-from hypothesis import settings as hypothesis_settings, strategies as st
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from scheduling.core import FifoScheduler, SerialScheduler, SerialSettings, StopModel, SwapGroup, SwapPolicy
 
 from .harness import specs
 from .runtime_double import RuntimeDouble
+from .search_effort import property_settings
 
 TTL = 5.0
 SCHEDULERS = {
@@ -91,5 +92,5 @@ class TtlMachine(RuleBasedStateMachine):
         assert self.scheduler.next_deadline() == expected
 
 
-TtlMachine.TestCase.settings = hypothesis_settings(max_examples=300, stateful_step_count=40, deadline=None)
+TtlMachine.TestCase.settings = property_settings(300, stateful_step_count=40)
 test_ttl_properties = TtlMachine.TestCase

@@ -4,6 +4,8 @@ see the dispatch follow."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -62,12 +64,29 @@ def browser(tmp_path):
     driver.quit()
 
 
-@pytest.fixture
-def served(tmp_path):
-    events, text = two_model_config(tmp_path, bonus=10)
-    with Served(tmp_path, text) as s:
+@contextmanager
+def serving(tmp: Path) -> Iterator[Served]:
+    events, text = two_model_config(tmp, bonus=10)
+    with Served(tmp, text) as s:
         s.events = events
         create_superuser(s, "alice", "correct-horse-battery")
+        yield s
+
+
+@pytest.fixture
+def served(tmp_path):
+    with serving(tmp_path) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def served_three(tmp_path_factory):
+    """One instance that has served three requests (alpha, beta, alpha), shared by the tests that
+    only read what they left: the overview and a preview that saves nothing."""
+    with serving(tmp_path_factory.mktemp("three-served")) as s:
+        for model in ("alpha", "beta", "alpha"):  # three dispatches, at least two of them model loads
+            assert Caller(s, model, 0, model).wait()[0] == 200
+        wait_until(lambda: len(db_rows(s.data_dir, "state = 'completed'")) == 3, 30, what="three finished rows")
         yield s
 
 
@@ -120,14 +139,10 @@ def test_an_operator_retunes_swap_affinity_and_the_next_dispatch_follows(browser
     assert started_ids(served) == ["holder", "beta", "alpha"]
 
 
-def test_the_overview_draws_its_charts_from_the_traffic_served(browser, served):
+def test_the_overview_draws_its_charts_from_the_traffic_served(browser, served_three):
     from selenium.webdriver.common.by import By
 
-    for model in ("alpha", "beta", "alpha"):  # three dispatches, at least two of them model loads
-        assert Caller(served, model, 0, model).wait()[0] == 200
-    wait_until(lambda: len(db_rows(served.data_dir, "state = 'completed'")) == 3, 30, what="three finished rows")
-
-    log_in(browser, served)
+    log_in(browser, served_three)
     browser.find_element(By.LINK_TEXT, "Overview").click()
     browser.find_element(By.LINK_TEXT, "1h").click()
     assert browser.find_element(By.CSS_SELECTOR, ".overview-windows strong").text == "1h"
@@ -142,15 +157,11 @@ def test_the_overview_draws_its_charts_from_the_traffic_served(browser, served):
     browser.save_screenshot(str(OVERVIEW_SCREENSHOT))
 
 
-def test_a_preview_replays_the_traffic_served_with_the_values_typed_and_saves_nothing(browser, served):
+def test_a_preview_replays_the_traffic_served_with_the_values_typed_and_saves_nothing(browser, served_three):
     from selenium.webdriver.common.by import By
 
-    for model in ("alpha", "beta", "alpha"):
-        assert Caller(served, model, 0, model).wait()[0] == 200
-    wait_until(lambda: len(db_rows(served.data_dir, "state = 'completed'")) == 3, 30, what="three finished rows")
-
-    log_in(browser, served)
-    browser.get(served.base + "/admin/scheduling/schedulersettings/")
+    log_in(browser, served_three)
+    browser.get(served_three.base + "/admin/scheduling/schedulersettings/")
     bonus = browser.find_element(By.NAME, "swap_affinity_bonus")
     bonus.clear()
     bonus.send_keys("0")

@@ -207,7 +207,7 @@ def test_a_front_end_streams_the_workers_events_and_stops_asking_when_its_client
         connection = redis.Redis.from_url(env["REDIS_URL"])
         db = connection.connection_pool.connection_kwargs["db"]
         with connection.monitor() as monitor:
-            wait_until(lambda: (c := monitor.next_command())["db"] == db and "logs_since" in c["command"],
+            wait_until(lambda: (c := monitor.next_command())["db"] == db and "LogsSince" in c["command"],
                        10, 0, "the front end to ask the worker for logs")
             reader.close()
             wait_for_quiet_asks(monitor, db)

@@ -44,6 +44,15 @@ def served(tmp_path):
         yield s
 
 
+@pytest.fixture(scope="module")
+def unchanged(tmp_path_factory):
+    """One instance for the tests that only read (requests refused for want of the key): nothing they
+    do changes what the next one sees."""
+    tmp = tmp_path_factory.mktemp("queue-keys")
+    with Served(tmp, config(tmp / "events.jsonl")) as s:
+        yield s
+
+
 def chat(served, fake: dict, headers: dict | None = None, stream: bool = False, model: str = "m") -> httpx.Response:
     return httpx.post(
         served.base + "/v1/chat/completions", timeout=60, headers={**AUTH, **(headers or {})},
@@ -189,23 +198,23 @@ def test_a_running_non_streaming_request_cut_gets_a_503(served, rows):
     assert row(served, rows, running["id"])["state"] == "cancelled"
 
 
-def test_the_queue_routes_want_the_api_key(served):
+def test_the_queue_routes_want_the_api_key(unchanged):
     for method, path in [("GET", "/api/queue"), ("GET", "/api/queue/1"), ("DELETE", "/api/queue/1"),
                          ("POST", "/api/inflight/1/cancel")]:
-        response = httpx.request(method, served.base + path, timeout=10)
+        response = httpx.request(method, unchanged.base + path, timeout=10)
         assert response.status_code == 401, (method, path)
         assert response.json()["error"]["code"] == "invalid_api_key"
-    assert httpx.post(served.base + "/api/queue", headers=AUTH).status_code == 405
+    assert httpx.post(unchanged.base + "/api/queue", headers=AUTH).status_code == 405
 
 
 @pytest.mark.parametrize("path", ["/api/queue", "/api/queue/1", "/api/inflight/1/cancel", "/v1/models", "/models",
                                   "/running", "/unload", "/api/models/unload", "/api/models/unload/m",
                                   "/api/activity", "/api/events", "/logs", "/logs/stream", "/logs/stream/m"])
-def test_without_the_key_a_wrong_method_is_a_401_too_not_a_405_that_reveals_the_route(served, path):
+def test_without_the_key_a_wrong_method_is_a_401_too_not_a_405_that_reveals_the_route(unchanged, path):
     wrong = "PUT"  # no API route takes it
-    response = httpx.request(wrong, served.base + path, timeout=10)
+    response = httpx.request(wrong, unchanged.base + path, timeout=10)
     assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key", response.text
-    assert httpx.request(wrong, served.base + path, headers=AUTH, timeout=10).status_code == 405
+    assert httpx.request(wrong, unchanged.base + path, headers=AUTH, timeout=10).status_code == 405
 
 
 def test_a_request_past_its_maximum_wait_gets_a_503_with_retry_after(served, rows):

@@ -102,6 +102,13 @@ def test_upstream_route_reaches_the_model_with_slashes_in_its_id(served):
     assert r.status_code == 404
 
 
+def test_upstream_route_takes_the_model_name_percent_encoded(served):
+    for sent in ("org%2Fmodel-a", "org%2fmodel%2Da", "org/model%2Da"):
+        r = httpx.post(served.base + f"/upstream/{sent}/custom/a%20b?x=1", json={"k": 1}, headers=auth("bearer"))
+        assert r.status_code == 200, (sent, r.text)
+        assert r.json()["path"].startswith("/custom/a%20b"), r.json()  # what follows the name goes as sent
+
+
 def test_body_over_the_limit_is_413(served):
     r = httpx.post(served.base + "/v1/chat/completions", headers=auth("bearer"),
                    json={"model": "a", "messages": [{"role": "user", "content": "x" * 5000}]})

@@ -75,12 +75,17 @@ def test_two_boxes_serve_their_own_models_at_once_and_one_dying_leaves_the_other
             with Worker(tmp_path / "chat-box-again", chat_box, env):
                 for thread in waiting:
                     thread.join(60)
-            assert answers["chat-1"].status_code == 200
-            started = [e["id"] for e in read_events(events) if e["event"] == "start"]
-            assert sorted(started) == ["chat-1", "coder-1", "held-chat", "held-coder"], "each request served once"
-            with psycopg.connect(env["DATABASE_URL"]) as connection:
-                ids = [row[0] for row in connection.execute("SELECT id FROM scheduling_queuedrequest")]
-            assert len(ids) == 4, "one row per request, the two boxes' ticket ids never the same"
+                assert answers["chat-1"].status_code == 200
+                started = [e["id"] for e in read_events(events) if e["event"] == "start"]
+                assert sorted(started) == ["chat-1", "coder-1", "held-chat", "held-coder"], "each request served once"
+                rows = first.check_settled("chat")[:4]  # one row per request, the two boxes' ids never the same
+                second.check_settled("coder")
+            chat, coder = ([row["state"] for row in rows if row["model"] == model] for model in ("chat", "coder"))
+            assert coder == ["cancelled", "completed"] and chat[1] == "completed", rows  # held, then queued
+            # The held chat stream's client left as its box died: the row says so once the front end's report of
+            # that reaches the next chat worker; sent in the instant of the kill, Redis may hand it to the dead
+            # worker's connection (and with `pubsub` nobody hears it), and the row says the worker died under it.
+            assert chat[0] in ("cancelled", "interrupted"), rows
 
 
 def _queued(psycopg, env) -> int:

@@ -56,7 +56,7 @@ def chat(served: Served, model: str) -> None:
 
 
 def wait_for_quiet_asks(monitor, db: int) -> None:
-    """Until the wire has carried no `logs_since` question for a second: the front end stopped asking.
+    """Until the wire has carried no `LogsSince` question for a second: the front end stopped asking.
 
     The front end's heartbeats keep commands coming, so each read returns within about a second."""
     last_ask = time.monotonic()
@@ -64,7 +64,7 @@ def wait_for_quiet_asks(monitor, db: int) -> None:
     def quiet() -> bool:
         nonlocal last_ask
         command = monitor.next_command()
-        if command["db"] == db and "logs_since" in command["command"]:
+        if command["db"] == db and "LogsSince" in command["command"]:
             last_ask = time.monotonic()
         return time.monotonic() - last_ask > 1.0
 
@@ -93,7 +93,7 @@ def test_a_front_end_streams_the_workers_logs_until_its_client_leaves(tmp_path, 
         connection = redis.Redis.from_url(env["REDIS_URL"])
         db = connection.connection_pool.connection_kwargs["db"]
         with connection.monitor() as monitor:
-            wait_until(lambda: (c := monitor.next_command())["db"] == db and "logs_since" in c["command"],
+            wait_until(lambda: (c := monitor.next_command())["db"] == db and "LogsSince" in c["command"],
                        10, 0, "the front end to ask the worker for logs")
             everything.close()
             coder.close()
@@ -111,7 +111,7 @@ def test_the_stream_says_when_the_worker_does_not_answer_and_resumes_with_a_new_
         chat(served, "chat")
         stream.read_until(REQUEST_LINE)
         first_worker.__exit__(None, None, None)  # the worker goes away under the stream
-        stream.read_until("llamaswap: the scheduler worker did not answer 'logs_since'")
+        stream.read_until("llamaswap: the scheduler worker did not answer 'LogsSince'")
         with Worker(tmp_path / "second-worker", text, env):
             stream.read_until("llamaswap: the scheduler worker answers again\n")
             answered_again = len(stream.text)

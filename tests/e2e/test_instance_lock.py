@@ -13,7 +13,7 @@ import sys
 import httpx
 import pytest
 
-from proxy.instance_lock import ADVISORY_KEY
+from proxy.model_processes.instance_lock import ADVISORY_KEY
 from tests.e2e.conftest import db_rows
 from tests.served import REPO, Served, fake_cmd, model_ports, wait_until
 
@@ -197,7 +197,11 @@ def test_a_service_whose_lock_another_took_meanwhile_shuts_down(tmp_path, postgr
     try:
         with psycopg.connect(url, autocommit=True) as thief:
             terminate_lock_session(url, psycopg, first.proc.pid)
-            assert thief.execute("SELECT pg_try_advisory_lock(%s::int4, %s::int4)", ADVISORY_KEY).fetchone()[0]
+            # pg_terminate_backend only signals: the lock is free once that backend has exited, a moment
+            # later, and well before the service's next check (1 s) would take it again.
+            take = "SELECT pg_try_advisory_lock(%s::int4, %s::int4)"
+            wait_until(lambda: thief.execute(take, ADVISORY_KEY).fetchone()[0], timeout=0.8, interval=0.01,
+                       what="the terminated session to let go of the lock")
             assert first.proc.wait(30) is not None
         assert "lost the database lock" in first.log()
     finally:

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.e2e
 
 KEY = "sk-caller-0123"
 PEER_KEY = "sk-peer-box"
+# Written into the `dead` peer's and the local model's proxy URLs: never shown anywhere.
+USERINFO_SECRET = "hunter2-userinfo"
 CALLER = {"Authorization": f"Bearer {KEY}", "Cookie": "session=caller"}
 
 
@@ -35,7 +37,7 @@ class Peer:
         self.port = model_ports(1)
         self.events = tmp / f"{name}-events.jsonl"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.fakemodel", "--port", str(self.port), "--model", name, "--tps", "0",
+            [sys.executable, "-m", "proxy.testing.fakemodel", "--port", str(self.port), "--model", name, "--tps", "0",
              "--events", str(self.events)],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -69,7 +71,7 @@ def setup(tmp_path_factory):
         models:
           local:
             cmd: {fake_cmd("local", local_events, "--tps", "20")}
-            proxy: http://127.0.0.1:${{PORT}}
+            proxy: http://bob:{USERINFO_SECRET}@127.0.0.1:${{PORT}}
         routing:
           scheduler:
             use: serial
@@ -83,7 +85,7 @@ def setup(tmp_path_factory):
             proxy: {other.url}
             models: [shared]
           dead:
-            proxy: http://127.0.0.1:{dead_port}
+            proxy: http://bob:{USERINFO_SECRET}@127.0.0.1:{dead_port}
             models: [gone]
           loop:
             proxy: SELF_URL
@@ -223,6 +225,40 @@ def test_an_unreachable_peer_is_502_with_a_hint(setup):
     assert "peer 'dead'" in message and "/v1/chat/completions" in message and "peers.dead.proxy" in message
     row = activity(served, r.headers["x-llamaswap-request-id"])
     assert (row["peer"], row["state"], row["status_code"]) == ("dead", "failed", 502)
+
+
+def test_userinfo_in_a_proxy_url_is_never_shown(setup):
+    served, _, _ = setup
+    r = chat(served, "dead/gone")
+    assert r.status_code == 502
+    request_id = r.headers["x-llamaswap-request-id"]
+    assert f"http://***@127.0.0.1:" in r.json()["error"]["message"]
+    row = activity(served, request_id)
+    assert "***@127.0.0.1" in row["error"] and "***@127.0.0.1" in row["explanation"]
+    llama_swap_rows = httpx.get(served.base + "/api/metrics/activity", headers=CALLER, timeout=10).json()["data"]
+    assert any(str(entry["id"]) == request_id for entry in llama_swap_rows)
+    assert chat(served, "local").status_code == 200  # a model whose proxy URL has userinfo is served
+    running = httpx.get(served.base + "/running", headers=CALLER, timeout=10).json()["running"]
+    assert next(item["proxy"] for item in running if item["model"] == "local").startswith("http://***@127.0.0.1:")
+    shown = [r.text, json.dumps(row), json.dumps(llama_swap_rows), json.dumps(running), served.log()]
+    assert not [text for text in shown if USERINFO_SECRET in text or "bob:" in text]
+
+
+def test_no_header_a_capture_redacts_reaches_a_peer(setup):
+    served, _, other = setup
+    secrets = {"x-api-key": KEY, "api-key": "azure-caller-key", "cookie": "session=caller",
+               "proxy-authorization": "Basic Ym9iOnNlY3JldA==", "set-cookie": "id=caller"}
+    body = {"model": "other/shared", "messages": [], "fake": {"tokens": 1}}
+    r = httpx.post(served.base + "/v1/chat/completions", json=body, timeout=30,
+                   headers={"Authorization": f"Bearer {KEY}", **secrets, "X-Custom": "kept"})
+    assert r.status_code == 200, r.text
+    sent = other.starts()[-1]["headers"]
+    assert sent["x-custom"] == "kept"
+    assert not {"authorization", *secrets} & set(sent), sent
+    capture = httpx.get(served.base + f"/api/captures/{r.headers['x-llamaswap-request-id']}", headers=CALLER,
+                        timeout=10).json()
+    redacted = {name for name, value in capture["req_headers"].items() if value == "[REDACTED]"}
+    assert redacted == {"authorization", *secrets}  # exactly what the peer was not sent
 
 
 def test_a_peer_slower_than_its_response_header_timeout_is_504(setup):

@@ -3,8 +3,12 @@ socket, and a shutdown with a socket still open."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
+import re
 import signal
+import socket
 import struct
 import threading
 import time
@@ -13,7 +17,7 @@ import httpx
 import pytest
 import websocket  # websocket-client: a client that shares no code with the passthrough
 
-from tests.e2e.conftest import db_rows
+from tests.e2e.conftest import close_frame, db_rows
 from tests.served import Served, fake_cmd, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -25,11 +29,32 @@ def ws_url(served, path: str) -> str:
     return served.base.replace("http://", "ws://") + path
 
 
-def close_frame(ws: websocket.WebSocket) -> tuple[int, str]:
-    """The code and reason of the close frame the server sends next."""
-    opcode, data = ws.recv_data(control_frame=True)
-    assert opcode == websocket.ABNF.OPCODE_CLOSE, (opcode, data[:100])
-    return struct.unpack("!H", data[:2])[0], data[2:].decode()
+def test_a_close_frame_is_read_from_a_server_that_reset_the_connection_after_sending_it():
+    """A bare server that completes the handshake, sends close 4503 and resets the connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    reset = threading.Event()
+
+    def serve():
+        with listener, listener.accept()[0] as conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(4096)
+            key = re.search(rb"(?im)^sec-websocket-key:\s*(\S+)", request).group(1)
+            accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+            conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                         b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+            payload = struct.pack("!H", 4503) + b"gone"
+            conn.sendall(bytes([0x80 | websocket.ABNF.OPCODE_CLOSE, len(payload)]) + payload)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        reset.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    ws = websocket.create_connection(f"ws://127.0.0.1:{listener.getsockname()[1]}/", timeout=10)
+    try:
+        assert reset.wait(10)
+        assert close_frame(ws) == (4503, "gone")
+    finally:
+        ws.close()
 
 
 def socket_rows(served) -> list[dict]:
@@ -151,7 +176,7 @@ def _model_pid(events) -> int:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         except OSError:
             return False
-        return b"proxy.fakemodel" in cmd and str(events).encode() in cmd
+        return b"proxy.testing.fakemodel" in cmd and str(events).encode() in cmd
 
     return int(next(p for p in os.listdir("/proc") if p.isdigit() and is_model(p)))
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import textwrap
 import time
 
@@ -14,7 +13,7 @@ import pytest
 import websocket  # websocket-client: a client that shares no code with the passthrough
 
 from tests.conftest import REDIS_URL, fresh_redis_db
-from tests.e2e.conftest import db_rows
+from tests.e2e.conftest import close_frame, db_rows
 from tests.served import REPO, Served, Worker, fake_cmd, model_ports, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -56,13 +55,6 @@ def open_socket(served, path: str, headers=AUTH, **kwargs) -> websocket.WebSocke
     return websocket.create_connection(
         ws_url(served, path), header=[f"{k}: {v}" for k, v in headers.items()], timeout=15, **kwargs
     )
-
-
-def close_code(ws: websocket.WebSocket) -> int:
-    """The code of the close frame the server sends next."""
-    opcode, data = ws.recv_data(control_frame=True)
-    assert opcode == websocket.ABNF.OPCODE_CLOSE, (opcode, data)
-    return struct.unpack("!H", data[:2])[0]
 
 
 def state(served, model: str) -> str:
@@ -109,7 +101,7 @@ def test_a_counted_websocket_holds_its_place_while_open(served):
         assert busy.status_code == 429
         second = open_socket(served, "/upstream/counted/ws")
         try:
-            assert close_code(second) == 4429
+            assert close_frame(second)[0] == 4429
         finally:
             second.close()
     finally:
@@ -126,7 +118,7 @@ def test_the_model_servers_close_reaches_the_client(served):
     ws = open_socket(served, "/upstream/counted/ws")
     try:
         ws.send("close-me")
-        assert close_code(ws) == 4321
+        assert close_frame(ws)[0] == 4321
     finally:
         ws.close()
 
@@ -135,7 +127,7 @@ def test_an_ignored_websocket_never_starts_its_model(served):
     unload(served, "ignoring")
     ws = open_socket(served, "/upstream/ignoring/ws")
     try:
-        assert close_code(ws) == 4409
+        assert close_frame(ws)[0] == 4409
     finally:
         ws.close()
     assert state(served, "ignoring") == "stopped"
@@ -160,7 +152,7 @@ def test_an_ignored_websocket_passes_when_ready_and_does_not_keep_the_model_load
 def test_the_api_key_is_checked_on_the_handshake(served):
     ws = open_socket(served, "/upstream/counted/ws", headers={"Authorization": "Bearer wrong"})
     try:
-        assert close_code(ws) == 4401
+        assert close_frame(ws)[0] == 4401
     finally:
         ws.close()
 
@@ -169,7 +161,7 @@ def test_the_api_key_is_checked_on_the_handshake(served):
 def test_an_unknown_model_or_path_is_refused(served, path):
     ws = open_socket(served, path)
     try:
-        assert close_code(ws) == 4404
+        assert close_frame(ws)[0] == 4404
     finally:
         ws.close()
 
@@ -178,7 +170,7 @@ def test_comfyui_websocket_needs_the_model_ready_and_drops_the_prefix(served):
     unload(served, "comfyui_auto")
     ws = open_socket(served, "/comfyui/ws?clientId=7")
     try:
-        assert close_code(ws) == 4409
+        assert close_frame(ws)[0] == 4409
     finally:
         ws.close()
     assert state(served, "comfyui_auto") == "stopped"
@@ -197,7 +189,7 @@ def test_an_unload_cuts_a_counted_websocket_with_the_reason(served):
         ws.send("x")
         assert ws.recv() == "x"
         assert httpx.post(served.base + "/api/models/unload/counted", headers=AUTH, timeout=30).status_code == 200
-        assert close_code(ws) == 4503
+        assert close_frame(ws)[0] == 4503
     finally:
         ws.close()
 
@@ -261,7 +253,7 @@ def test_websockets_through_a_front_end_in_distributed_mode(tmp_path, postgres):
                 ws.close()
             ws = websocket.create_connection(ws_url(front, "/upstream/ignoring/ws"), timeout=30)
             try:
-                assert close_code(ws) == 4409
+                assert close_frame(ws)[0] == 4409
             finally:
                 ws.close()
             httpx.post(front.base + "/v1/chat/completions", json={"model": "ignoring", "messages": []}, timeout=30)

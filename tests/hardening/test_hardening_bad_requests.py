@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from urllib.parse import urlencode
 
 import pytest
 
 from tests.hardening.inprocess import BASE_PATH, BODY_LIMIT
-from tests.served import read_events
+from tests.served import REPO, read_events
 
 # transaction=True: rows are written by the recorder's own thread, so no test may hold a transaction open.
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.django_db(transaction=True)]
@@ -35,6 +36,7 @@ def chat_body(**fields) -> bytes:
     (b"[" * NESTED + b"]" * NESTED, "invalid_json"),
     (b'{"model": "m", "x": ' + b"[" * NESTED + b"]" * NESTED + b"}", "invalid_json"),
     (b'{"model": "m", "x": ' + b'{"a":' * 12000, "invalid_json"),
+    (b'{"model": "m", "n": ' + b"7" * 4301 + b"}", "invalid_json"),  # longer than Python reads an integer
     (b"{}", "model_missing"),
     (b'{"model": ""}', "model_missing"),
     (b'{"model": "  \\t"}', "model_missing"),
@@ -176,13 +178,18 @@ async def test_path_tricks_on_model_routes_are_404(app, raw_path):
 
 
 @pytest.mark.parametrize("raw_path", [
-    "/static/../../llamaswap_site/settings.py", "/static/..%2f..%2fmanage.py", "/static/%2e%2e/%2e%2e/manage.py",
-    "/static//etc/passwd", "/static/admin/../../../pyproject.toml",
+    "/static/../x", "/static/../../llamaswap_site/settings.py", "/static/..%2f..%2fmanage.py",
+    "/static/%2e%2e/%2e%2e/manage.py", "/static//etc/passwd", "/static/admin/../../../pyproject.toml",
 ])
 async def test_static_files_never_leave_the_static_folders(app, raw_path):
     answer = await app.request("GET", raw_path)
-    assert answer.status in (400, 404)  # 400: Django's SuspiciousFileOperation page
+    assert answer.status in (400, 404)  # 400: Django's SuspiciousFileOperation
     assert b"import" not in answer.body and b"[project]" not in answer.body
+    # Any client may ask, without a key: the answer names no file or folder of the install.
+    message = answer.error_message()
+    assert str(REPO) not in message and sys.prefix not in message and "site-packages" not in message
+    if answer.status == 400:
+        assert message == "bad request: the path leads outside the folder it names"
 
 
 @pytest.mark.parametrize("raw_path", [

@@ -25,7 +25,7 @@ def test_health_answers_any_host(client):
 @pytest.mark.parametrize("path", ["/metrics", "/api/activity"])
 def test_wrong_methods_on_api_routes_get_a_json_405(client, monkeypatch, path):
     # No service here: one without API keys is all the key check (before the method check) reads.
-    monkeypatch.setattr("proxy.views.get_service", lambda: SimpleNamespace(config=SimpleNamespace(api_keys=())))
+    monkeypatch.setattr("proxy.api.views.get_service", lambda: SimpleNamespace(config=SimpleNamespace(api_keys=())))
     r = client.post(path)
     assert r.status_code == 405
     assert r.json()["error"]["code"] == "method_not_allowed"

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from django.test import Client
 
-from proxy import auth
+from proxy.http import auth
 from tests.served import REPO, Served, fake_cmd
 
 KEYS = ["sk-first-0001", "sk-second-0002", "sk-third-0003"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.captures import MB, REDACTED, Capture, CaptureRecorder, CaptureStore, parts_for, redacted
+from proxy.upstream.captures import MB, REDACTED, Capture, CaptureRecorder, CaptureStore, parts_for, redacted
 from proxy.config.errors import ConfigError
 from proxy.config.loader import parse_config
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from proxy import events_stream
-from proxy.events_stream import _queue_changed, envelope
+from proxy.api import events_stream
+from proxy.api.events_stream import _queue_changed, envelope
 
 
 def test_envelope_is_llama_swaps_sse_message_with_json_text_inside():

@@ -4,7 +4,7 @@ and keeps the process; only models whose process changed get a new one."""
 from __future__ import annotations
 
 from proxy.config import load_config
-from proxy.fleet import ModelFleet, process_changed
+from proxy.model_processes.fleet import ModelFleet, process_changed
 
 
 def config(tmp_path, name: str, *, health: int, unload: int, tokens: int = 16):

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from proxy import loading_state
-from scheduling.runtime import TicketRequest
+from proxy.http import loading_state
+from scheduling.tickets import TicketRequest
 
 
 class Consumer:
@@ -39,7 +39,7 @@ class Door:
         queued(42)
         return await self.granted
 
-    async def progress(self, handle):
+    async def ask(self, question):  # only `Progress` is asked
         return Entry()
 
 

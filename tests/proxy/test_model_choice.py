@@ -8,8 +8,8 @@ import textwrap
 import pytest
 
 from proxy.config import parse_config
-from proxy.errors import ProxyError
-from proxy.model_choice import choose_model
+from proxy.http.errors import ProxyError
+from proxy.compat.model_choice import choose_model
 
 CONFIG = """
 models:
@@ -31,7 +31,7 @@ class Door:
     def __init__(self, states: dict[str, str]):
         self.states = states
 
-    async def processes(self) -> dict[str, str]:
+    async def ask(self, question) -> dict[str, str]:  # only `Processes` is asked
         return dict(self.states)
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from proxy.config import parse_config
 from proxy.config.capabilities import ModelCapabilities
-from proxy.events_stream import model_status
-from proxy.model_listing import capability_fields
+from proxy.api.events_stream import model_status
+from proxy.compat.model_listing import capability_fields
 
 
 @pytest.mark.parametrize("caps, flags", [

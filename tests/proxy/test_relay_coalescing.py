@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from proxy.relay import _coalesced
+from proxy.upstream.relay import _coalesced
 
 
 async def source(chunks, gate: asyncio.Event | None = None, fail: Exception | None = None):

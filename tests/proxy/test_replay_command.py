@@ -107,6 +107,8 @@ def test_the_text_report_puts_both_runs_side_by_side(config, recorded):
     ("swapAffinityBonus=abc", "--set swapAffinityBonus=abc: 'abc' is not a number"),
     ("slots.nope=2", "--set slots.nope=2: 'nope' is not a configured model — use one of alpha, beta"),
     ("aging=5", "--set aging=5: no setting 'aging' — use agingDivisor=N, swapAffinityBonus=N or slots.MODEL=N"),
+    ("slots.alpha=1025", "--set slots.alpha=1025: alpha: 1025 is above the maximum of 1024"),
+    (f"slots.alpha={2**70}", f"--set slots.alpha={2**70}: alpha: {2**70} is above the maximum of 1024"),
 ])
 def test_a_bad_setting_is_refused_in_one_line_naming_it_and_the_fix(config, assignment, message):
     err = io.StringIO()
@@ -119,7 +121,7 @@ def test_a_bad_setting_is_refused_in_one_line_naming_it_and_the_fix(config, assi
 def test_what_if_gives_the_admin_the_same_comparison(config, recorded):
     from proxy.config import load_config
     from scheduling.core import SerialSettings
-    from scheduling.replay_history import what_if
+    from scheduling.operating.replay_history import what_if
 
     result = what_if(T, T + timedelta(hours=1), SerialSettings(aging_divisor=5, swap_affinity_bonus=0),
                      load_config(config))
@@ -127,3 +129,21 @@ def test_what_if_gives_the_admin_the_same_comparison(config, recorded):
     assert result.window.warm == ["gone"]  # its first request needed no start; no longer configured, not warmed
     assert (result.before.settings.aging_divisor, result.after.settings.aging_divisor) == (30, 5)
     assert result.after.requests[2].wait_s == 11.0
+
+
+def test_peer_requests_and_operator_cancels_are_counted_as_what_they_were(config):
+    row(1, "alpha", 0, 0, sent=0, decided=0, ran=10, swap=False)
+    row(2, "alpha", 0, 1, state="cancelled", ended=3, error="cancelled by an operator while queued")
+    row(3, "alpha", 0, 2, state="cancelled", ended=4, error="client disconnected while queued")
+    QueuedRequest.objects.create(id=4, model="box/llama", peer="box", path="/v1/chat/completions", route="chat",
+                                 priority=0, state="completed", arrived_at=T + timedelta(seconds=5),
+                                 finished_at=T + timedelta(seconds=6))
+    played = replay(config)
+    handling = played["in_force"]["handling"]
+    assert (handling["left"], handling["cancelled"], handling["unconfigured"]) == (1, 1, 0)
+    assert played["window"]["peer_requests"] == 1 and played["window"]["requests"] == 3
+    out = io.StringIO()
+    call_command("replay", "--config", config, "--since", T.isoformat(), stdout=out)
+    text = out.getvalue()
+    assert "0 of models no longer configured, 1 relayed to peers" in text
+    assert "In force: 1 client left while waiting, 1 cancelled by an operator" in text

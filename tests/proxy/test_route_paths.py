@@ -3,9 +3,9 @@ CORS preflight's echo of requested headers."""
 
 import pytest
 
-from proxy.cors import DEFAULT_ALLOWED_HEADERS, allowed_headers
-from proxy.inbound import MODEL_ROUTES, route_label
-from proxy.route_paths import route_methods, upstream_path
+from proxy.http.cors import DEFAULT_ALLOWED_HEADERS, allowed_headers
+from proxy.http.inbound import MODEL_ROUTES, route_label
+from proxy.http.route_paths import route_methods, upstream_path
 
 
 @pytest.mark.parametrize("path, upstream", [

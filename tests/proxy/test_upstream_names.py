@@ -4,7 +4,7 @@ segments did, but only runs a configured name could match."""
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.upstream_names import leading_names
+from proxy.upstream.upstream_names import leading_names
 
 
 def joined_runs(rest: str) -> list[tuple[str, str | None]]:
@@ -24,6 +24,12 @@ def test_the_runs_are_the_joined_segments_no_longer_than_the_longest_name(rest, 
 def test_a_path_of_thousands_of_slashes_yields_only_runs_a_name_could_match():
     runs = list(leading_names("/" * 16_000 + "ws", 12))
     assert len(runs) == 13 and runs[0] == ("/" * 12, "/" * 15_987 + "ws") and runs[-1] == ("", "/" * 15_999 + "ws")
+
+
+def test_a_percent_encoded_name_is_decoded_and_what_follows_is_left_as_sent():
+    assert next(leading_names("my%20model/v1/a%20b", 8)) == ("my model", "v1/a%20b")
+    assert next(leading_names("org%2Fmodel/v1", 9)) == ("org/model", "v1")
+    assert list(leading_names("%2F" * 5000 + "/x", 4)) == []  # longer than any name, decoded or not
 
 
 def test_a_model_id_with_slashes_and_the_path_after_it():

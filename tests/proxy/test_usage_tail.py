@@ -2,7 +2,7 @@
 
 import json
 
-from proxy.usage import usage_from_sse
+from proxy.upstream.usage import usage_from_sse
 
 
 def event(payload) -> bytes:

@@ -33,6 +33,8 @@ BLOCKER = "blocker"
 # Distinct priorities for the requests of one wave, spread over the three bands.
 WAVE_PRIORITIES = (*range(100, 117), *range(-8, 9), *range(-100, -84))
 QUEUE_TIMEOUT_S = 60
+# How long every queued request together may take once the GPU is free: minutes only on a badly loaded machine.
+DRAIN_TIMEOUT_S = 300
 POOL_SIZE = 50  # connections per client pool
 
 
@@ -112,7 +114,9 @@ async def run_load(served: Served, planned: list[PlannedRequest]) -> LoadRun:
         # connections are split over small pools; one pool would make the client the bottleneck.
         pools = [
             await stack.enter_async_context(httpx.AsyncClient(
-                base_url=served.base, timeout=120,
+                # No per-request limit: the last of 500 queued requests rightly waits for all the others,
+                # which on a loaded machine takes minutes. The run as a whole has DRAIN_TIMEOUT_S.
+                base_url=served.base, timeout=httpx.Timeout(None, connect=30),
                 limits=httpx.Limits(max_connections=POOL_SIZE, max_keepalive_connections=POOL_SIZE),
             ))
             for _ in range(len(planned) // POOL_SIZE + 1)
@@ -137,7 +141,11 @@ async def run_load(served: Served, planned: list[PlannedRequest]) -> LoadRun:
                 await _until_queued(served.data_dir, len(sent), deadline)
             queued_at = time.monotonic()
         # Leaving the stream disconnects the blocker and hands the GPU to the queue.
-        answers = await asyncio.gather(*sent)
+        done, pending = await asyncio.wait(sent, timeout=DRAIN_TIMEOUT_S)
+        if pending:
+            raise AssertionError(f"{len(pending)} of {len(sent)} requests were not answered within {DRAIN_TIMEOUT_S}s "
+                                 "of the GPU being freed")
+        answers = [task.result() for task in sent]
         done_at = time.monotonic()
     return LoadRun(dict(answers), queueing_s=queued_at - began, draining_s=done_at - queued_at)
 

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from scheduling.models import QueuedRequest
-from scheduling.recorder import Recorder
+from scheduling.rows.recorder import Recorder
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from proxy.processes import process_group_alive
+from proxy.model_processes.process_groups import process_group_alive
 from tests.e2e.conftest import db_rows
 from tests.reliability.support import all_rows_terminal, chat, group_members, integrity_check, model_pgid, serial_config
 from tests.served import Served, fake_cmd, read_events, wait_until

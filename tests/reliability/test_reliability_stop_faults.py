@@ -14,7 +14,7 @@ import sys
 import httpx
 import pytest
 
-from proxy.processes import process_group_alive
+from proxy.model_processes.process_groups import process_group_alive
 from tests.reliability.support import all_rows_terminal, chat, group_members, model_pgid, serial_config
 from tests.served import Served, fake_cmd
 
@@ -25,7 +25,7 @@ UNLOAD_TIMEOUT_S = 1
 
 def shell_wrapper(*fakemodel_args: str) -> str:
     """`cmd:` of a launcher script: sh forks the model server as a grandchild of llamaswap and waits."""
-    server = [sys.executable, "-m", "proxy.fakemodel", "--model", "stubborn", *fakemodel_args]
+    server = [sys.executable, "-m", "proxy.testing.fakemodel", "--model", "stubborn", *fakemodel_args]
     return shlex.join(["/bin/sh", "-c", '"$@" --port ${PORT} & wait', "sh", *server])
 
 

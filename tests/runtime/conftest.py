@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, SwapGroup, SwapPolicy
-from scheduling.runtime import Lease, Outcome, SchedulerRuntime, TicketRequest
+from scheduling.runtime import SchedulerRuntime
+from scheduling.tickets import Lease, Outcome, TicketRequest
 
 from .fakes import DEADLINE, FakeFleet, FakeRecorder
 
@@ -69,7 +70,8 @@ class Gpu:
 async def gpu_for():
     """`gpu_for(*models, groups=(), slots=None, recorder=None)`: a runtime serving `models`, which share
     one swap group unless `groups` (SwapGroups) say otherwise; a second runtime given the first's
-    `recorder` shares its rows, as a worker that takes over shares the database."""
+    `recorder` shares its rows and numbers its requests after them, as a worker that takes over shares the
+    database."""
     made: list[Gpu] = []
 
     def make(
@@ -82,7 +84,8 @@ async def gpu_for():
             SerialSettings(slots=slots or {}),
         )
         fleet, recorder = FakeFleet(), recorder or FakeRecorder()
-        gpu = Gpu(SchedulerRuntime(scheduler, fleet, recorder), fleet, recorder)
+        first_ticket_id = max(recorder.rows, default=0) + 1
+        gpu = Gpu(SchedulerRuntime(scheduler, fleet, recorder, first_ticket_id=first_ticket_id), fleet, recorder)
         made.append(gpu)
         return gpu
 

@@ -106,6 +106,10 @@ class FakeRecorder:
         self.rows: dict[int, dict[str, Any]] = {}
         self.states: dict[int, list[str]] = {}
         self.problems: list[str] = []
+        self.backlog_full = False
+
+    def backlogged(self) -> bool:
+        return self.backlog_full
 
     def create(self, ticket_id: int, **fields: Any) -> None:
         if ticket_id in self.rows:

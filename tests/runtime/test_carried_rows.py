@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from scheduling.models import QueuedRequest
-from scheduling.recovery import carried_requests
+from scheduling.rows.recovery import carried_requests
 
 pytestmark = pytest.mark.django_db
 

@@ -4,17 +4,21 @@ leases given and taken back across the wire, and nothing leaked when a grant and
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlsplit
 
 import pytest
 
 from scheduling.core import Band
 from scheduling.events import Finished, Refused
-from scheduling.in_process import InProcessFrontDoor
-from scheduling.remote import ChannelLayerFrontDoor
-from scheduling.runtime import Outcome, Rejected, TicketRequest
+from scheduling.door.in_process import InProcessFrontDoor
+from scheduling.door.questions import BusyModels, CancelWaiting, LogText, Reprioritize, Snapshot, Unload, Waiting
+from scheduling.door.remote import ChannelLayerFrontDoor
+from scheduling.tickets import Outcome, Rejected, TicketRequest
 from llamaswap_site.environment import redis_host
-from scheduling.wire import FRONT_END_TIMEOUT_S, HEARTBEAT_S, Granted
-from scheduling.worker import SchedulerWorker
+from scheduling.door.wire import FRONT_END_TIMEOUT_S, HEARTBEAT_S, Granted
+from scheduling.door.worker import SchedulerWorker
+
+from tests.conftest import REDIS_URL
 
 from .fakes import DEADLINE, until
 
@@ -129,7 +133,7 @@ async def test_an_unload_cuts_the_lease_at_the_front_end(wired):
     holder = asyncio.get_running_loop().create_task(asyncio.sleep(DEADLINE * 10))
     lease.held_by(holder)
 
-    unloading = asyncio.get_running_loop().create_task(first.unload(["a"]))  # an operator, on a front end
+    unloading = asyncio.get_running_loop().create_task(first.ask(Unload(("a",))))  # an operator, on a front end
     (await gpu.fleet.next_call("stop", "a")).succeed()
     await asyncio.wait_for(unloading, DEADLINE)
     with pytest.raises(asyncio.CancelledError):
@@ -159,11 +163,11 @@ async def test_operators_on_a_front_end_see_and_change_the_workers_queue(wired):
 
     def operate():
         """What the admin does, from a worker thread of the front end."""
-        before = [(entry.ticket_id, entry.priority) for entry in first.waiting()]
-        assert [busy.model for busy in first.running()] == ["a"]
-        moved = first.reprioritize_waiting([3], 100)
-        cancelled = first.cancel_waiting([2, 99])
-        return before, moved, cancelled, first.snapshot()
+        before = [(entry.ticket_id, entry.priority) for entry in first.ask_now(Waiting())]
+        assert [busy.model for busy in first.ask_now(BusyModels())] == ["a"]
+        moved = first.ask_now(Reprioritize((3,), 100))
+        cancelled = first.ask_now(CancelWaiting((2, 99)))
+        return before, moved, cancelled, first.ask_now(Snapshot())
 
     before, moved, cancelled, snapshot = await asyncio.to_thread(operate)
     assert before == [(2, 0), (3, -100)]
@@ -181,8 +185,8 @@ async def test_operators_on_a_front_end_see_and_change_the_workers_queue(wired):
 
 async def test_a_question_the_worker_does_not_know_is_answered_with_an_error(wired):
     _, worker, first, _ = wired("a")
-    with pytest.raises(RuntimeError, match="does not answer 'shutdown'"):
-        await first.ask(worker.channel, "shutdown")
+    with pytest.raises(RuntimeError, match="could not answer 'LogText'.*nothing answers 'LogText'"):
+        await first._ask_worker(worker.channel, LogText("a", "", ""))
 
 
 async def test_the_leases_of_a_front_end_that_went_silent_are_given_back(wired):
@@ -264,9 +268,156 @@ async def test_a_client_that_leaves_in_the_instant_its_grant_lands_gives_the_slo
 
 
 async def test_a_front_end_that_cannot_reach_redis_answers_503_and_tries_again_next_time(redis_layer_factory):
+    """A front end holds a new request while Redis is away, up to its wait, then refuses it."""
     backend = type(redis_layer_factory())
-    door = ChannelLayerFrontDoor(None, backend(hosts=[redis_host("redis://127.0.0.1:1/0")]))
+    door = ChannelLayerFrontDoor(None, backend(hosts=[redis_host("redis://127.0.0.1:1/0")]), redis_wait_s=0.5)
     for _ in range(2):
+        began = asyncio.get_running_loop().time()
         with pytest.raises(Rejected) as raised:
             await asyncio.wait_for(submit(door, "a"), DEADLINE)
         assert (raised.value.status, raised.value.code, raised.value.retry_after) == (503, "scheduler_unreachable", 1)
+        assert asyncio.get_running_loop().time() - began >= 0.5, "refused only once its wait for Redis was over"
+
+
+def redis_relay(name: str):
+    """A relay between one process's layer and the test's Redis server, for the test to cut."""
+    from tests.faults.relay import Relay
+
+    target = urlsplit(REDIS_URL)
+    return Relay(target.hostname, target.port or 6379, name=name).start()
+
+
+def through(relay, redis_layer_factory):
+    """A layer among the test's (same key prefix) that reaches Redis through `relay`."""
+    probe = redis_layer_factory()
+    return type(probe)(hosts=[redis_host(f"redis://{relay.url_host}")], prefix=probe.prefix)
+
+
+def serve(gpu, layer) -> tuple[SchedulerWorker, asyncio.Task]:
+    """A worker for model "a" of `gpu` on `layer`, running."""
+    worker = SchedulerWorker(InProcessFrontDoor(gpu.runtime, gpu.fleet, None), layer, ("a",), gather_s=0)
+    return worker, asyncio.get_running_loop().create_task(worker.run())
+
+
+async def tear_down(doors, worker: SchedulerWorker, serving: asyncio.Task, relay) -> None:
+    """The front ends closed, then the worker (its relay restored, so it reads its stop), then the relay."""
+    for door in doors:
+        await door.close()
+    relay.restore()
+    await worker.stop()
+    await asyncio.wait_for(serving, DEADLINE)
+    relay.close()
+
+
+async def test_a_worker_cut_from_redis_longer_than_the_silence_limit_keeps_every_front_ends_requests(
+    gpu_for, redis_layer_factory
+):
+    """The worker's own outage (here 7 s, over the 5 s default silence limit) is no front end's death:
+    the running lease and the queued request both stay theirs once Redis is back."""
+    relay = redis_relay("worker-redis")
+    gpu = gpu_for("a")
+    worker, serving = serve(gpu, through(relay, redis_layer_factory))
+    first, second = ChannelLayerFrontDoor(None, redis_layer_factory()), ChannelLayerFrontDoor(None, redis_layer_factory())
+    try:
+        holding = submit(first, "a")
+        await gpu.fleet.start("a")
+        lease = await asyncio.wait_for(holding, DEADLINE)
+        waiting = submit(second, "a")
+        await until(lambda: len(gpu.recorder.rows) == 2, "the second front end's request queued")
+
+        relay.cut()
+        await asyncio.sleep(FRONT_END_TIMEOUT_S + 2)  # the fault itself: longer than the silence limit
+        relay.restore()
+        await asyncio.sleep(FRONT_END_TIMEOUT_S / 2)  # Redis back: heartbeats flow again
+        assert [row["state"] for row in gpu.recorder.rows.values()] == ["dispatched", "queued"]
+        first.release(lease.ticket_id, DONE)
+        second_lease = await asyncio.wait_for(waiting, 5 * DEADLINE)  # the layers reconnect first
+        second.release(second_lease.ticket_id, DONE)
+        await until(lambda: [row["state"] for row in gpu.recorder.rows.values()] == ["completed", "completed"],
+                    "both requests completed, one row each")
+    finally:
+        await tear_down([first, second], worker, serving, relay)
+
+
+async def test_a_grant_made_while_the_worker_cannot_reach_redis_reaches_its_front_end_once_it_can(
+    gpu_for, redis_layer_factory
+):
+    """The model becomes ready while the worker is cut from Redis: the grant is sent once Redis is back
+    (lost, the request's row said cancelled while its client waited for ever)."""
+    relay = redis_relay("worker-redis")
+    gpu = gpu_for("a")
+    worker, serving = serve(gpu, through(relay, redis_layer_factory))
+    door = ChannelLayerFrontDoor(None, redis_layer_factory())
+    try:
+        waiting = submit(door, "a")
+        await until(lambda: len(gpu.recorder.rows) == 1, "the request queued, its model starting")
+        relay.cut()
+        await gpu.fleet.start("a")  # the model is ready: the worker grants while it cannot reach Redis
+        await asyncio.sleep(1.0)  # the fault itself
+        relay.restore()
+        lease = await asyncio.wait_for(waiting, 5 * DEADLINE)
+        assert [row["state"] for row in gpu.recorder.rows.values()] == ["dispatched"]
+        door.release(lease.ticket_id, DONE)
+        await until(lambda: [row["state"] for row in gpu.recorder.rows.values()] == ["completed"], "one row, completed")
+    finally:
+        await tear_down([door], worker, serving, relay)
+
+
+async def test_a_request_after_redis_silently_lost_the_pooled_connections_reaches_the_worker(
+    gpu_for, redis_layer_factory
+):
+    """Redis forgot the front end's connections without a word (its machine rebooted, say): the next
+    send fails on its pooled connection, which is dropped, and the submit is tried again at once on a
+    fresh one instead of being refused with 503."""
+    relay = redis_relay("front-end-redis")
+    gpu = gpu_for("a")
+    worker, serving = serve(gpu, redis_layer_factory())
+    door = ChannelLayerFrontDoor(None, through(relay, redis_layer_factory), redis_wait_s=0)
+    try:
+        first = submit(door, "a")
+        await gpu.fleet.start("a")
+        door.release((await asyncio.wait_for(first, DEADLINE)).ticket_id, DONE)
+        await until(lambda: [row["state"] for row in gpu.recorder.rows.values()] == ["completed"], "the first served")
+        relay.forget()
+        second = submit(door, "a")  # no wait for Redis: only the retry at once can save it
+        await until(lambda: len(gpu.recorder.rows) == 2 or second.done(), "the second request reached the worker")
+        assert not second.done(), second.exception()
+        second.cancel()
+        await until(lambda: list(gpu.recorder.rows.values())[1]["state"] == "cancelled", "its client left")
+    finally:
+        await tear_down([door], worker, serving, relay)
+
+
+async def test_pubsub_deployments_on_one_redis_told_apart_by_database_index_never_hear_each_other(gpu_for):
+    """Redis's pub/sub ignores the database index: two deployments of the same models on redis://…/1 and
+    redis://…/2 each keep their own requests (the layer's prefix, taken from the index, tells them apart)."""
+    from django.utils.module_loading import import_string
+
+    from llamaswap_site.environment import channel_layers_from_url
+
+    base = REDIS_URL.rsplit("/", 1)[0]
+
+    def layer(index: int):
+        settings = channel_layers_from_url(f"{base}/{index}", {"ENGINE": "django.db.backends.postgresql"}, "pubsub")
+        return import_string(settings["default"]["BACKEND"])(**settings["default"]["CONFIG"])
+
+    gpus = [gpu_for("a"), gpu_for("a")]
+    workers = [SchedulerWorker(InProcessFrontDoor(gpu.runtime, gpu.fleet, None), layer(index), ("a",), gather_s=0)
+               for gpu, index in zip(gpus, (1, 2))]
+    serving = [asyncio.get_running_loop().create_task(worker.run()) for worker in workers]
+    doors = [ChannelLayerFrontDoor(None, layer(index)) for index in (1, 2)]
+    try:
+        for gpu, door in zip(gpus, doors):
+            for turn in range(3):
+                waiting = submit(door, "a")
+                if turn == 0:
+                    await gpu.fleet.start("a")
+                door.release((await asyncio.wait_for(waiting, DEADLINE)).ticket_id, DONE)
+        await until(lambda: all(len(gpu.recorder.rows) == 3 and not gpu.recorder.unfinished() for gpu in gpus),
+                    "each deployment's three requests served by its own worker")
+    finally:
+        for door in doors:
+            await door.close()
+        for worker in workers:
+            await worker.stop()
+        await asyncio.wait_for(asyncio.gather(*serving), DEADLINE)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from scheduling.directory import WorkerDirectory
-from scheduling.wire import Announce
+from scheduling.door.directory import WorkerDirectory
+from scheduling.door.wire import Announce
 
 
 async def test_routes_follow_announcements_and_outlive_a_silent_worker():

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from scheduling.runtime import Outcome
+from scheduling.tickets import Outcome
 
 from .fakes import DEADLINE
 

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from scheduling.core.durations import JobKind
-from scheduling.runtime import MAX_WAIT_RETRY_AFTER_S, Rejected
+from scheduling.runtime import MAX_WAIT_RETRY_AFTER_S
+from scheduling.tickets import Rejected
 
 from .fakes import DEADLINE
 
@@ -75,7 +76,7 @@ async def test_the_first_running_job_to_end_says_when_a_model_frees_a_place(gpu_
 async def test_many_waits_running_out_at_once_share_one_forecast(gpu_for, monkeypatch):
     """Each refusal changes the queue; were each to forecast the rest of it again, a few hundred limits
     running out together would hold the event loop for seconds."""
-    import scheduling.runtime as runtime_module
+    import scheduling.runtime.forecasting as runtime_module
 
     runs = []
     real_forecast = runtime_module.forecast

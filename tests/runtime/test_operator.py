@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from scheduling.core import SwapGroup
-from scheduling.runtime import Rejected, TicketRequest
+from scheduling.tickets import Rejected, TicketRequest
 
 from .fakes import DEADLINE
 

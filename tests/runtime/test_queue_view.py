@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from scheduling.core.durations import JobKind
-from scheduling.queue_view import queue_entries
-from scheduling.runtime import Rejected
+from scheduling.door.queue_view import queue_entries
+from scheduling.tickets import Rejected
 
 CHAT = "/v1/chat/completions"
 
@@ -74,7 +74,7 @@ async def test_an_operator_cut_ends_a_running_request_and_tells_its_client(gpu_f
 
 
 async def test_a_failing_forecast_costs_the_prediction_and_nothing_else(gpu_for, monkeypatch, caplog):
-    import scheduling.runtime as runtime_module
+    import scheduling.runtime.forecasting as runtime_module
 
     def broken(*args, **kwargs):
         raise AssertionError("a bug in the copy")

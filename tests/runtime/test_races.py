@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from scheduling.runtime import Outcome, Rejected
+from scheduling.tickets import Outcome, Rejected
 
 from .fakes import DEADLINE
 

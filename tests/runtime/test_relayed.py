@@ -7,7 +7,8 @@ from datetime import datetime, timedelta, timezone
 
 from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, SwapPolicy
 from scheduling.events import Finished
-from scheduling.runtime import Outcome, SchedulerRuntime, TicketRequest
+from scheduling.runtime import SchedulerRuntime
+from scheduling.tickets import Outcome, TicketRequest
 
 from .fakes import FakeFleet, FakeRecorder
 

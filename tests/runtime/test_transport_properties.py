@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from llamaswap_site.environment import CHANNEL_LAYER_BACKENDS, redis_host
 
 from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, SwapGroup, SwapPolicy
-from scheduling.in_process import InProcessFrontDoor
-from scheduling.remote import ChannelLayerFrontDoor
-from scheduling.runtime import Outcome, Rejected, SchedulerRuntime, TicketRequest
-from scheduling.worker import SchedulerWorker
+from scheduling.door.in_process import InProcessFrontDoor
+from scheduling.door.remote import ChannelLayerFrontDoor
+from scheduling.runtime import SchedulerRuntime
+from scheduling.tickets import Outcome, Rejected, TicketRequest
+from scheduling.door.worker import SchedulerWorker
 
 from tests.conftest import REDIS_URL
 

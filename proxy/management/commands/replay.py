@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from scheduling.core import SerialSettings, serial_settings_problems
 from scheduling.core.replay import ReplayResult, compare, waits_by_band
-from scheduling.replay_report import (
+from scheduling.operating.replay_report import (
     change_text, comparison_rows, fidelity_text, handling_lines, number, shown, waits_text,
 )
 
@@ -80,7 +80,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         from proxy.management.config_file import read_config
-        from scheduling.replay_history import replays, settings_in_force
+        from scheduling.operating.replay_history import replays, settings_in_force
 
         path = options["config"] or settings.LLAMASWAP_CONFIG
         if not path:
@@ -165,7 +165,7 @@ class Command(BaseCommand):
         lines = self._header(window, measured) + [""]
         lines.append(f"{'':<{width}}  {'in force':<{middle}}  proposed")
         lines += [f"{name:<{width}}  {a:<{middle}}  {b}" for name, a, b in rows]
-        lines += ["", *handling_lines(before, after)]
+        lines += ["", *handling_lines(before, after, window.peer_requests)]
         if comparison.changed_most:
             lines += ["", "Requests whose wait changed most:"]
             lines += [f"  {change_text(c)}" for c in comparison.changed_most]
@@ -190,10 +190,10 @@ class Command(BaseCommand):
                           f"{result.busy_share:.1%}", f"{result.reorders_aging} / {result.reorders_affinity}"])
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
-        lines += ["", *handling_lines(before, None)]
+        lines += ["", *handling_lines(before, None, window.peer_requests)]
         self.stdout.write("\n".join(lines))
 
     @staticmethod
     def _window_json(window) -> dict:
         return {"since": window.since.isoformat(), "until": window.until.isoformat(), "requests": len(window.records),
-                "warm": window.warm, "settings_changes": window.settings_changes}
+                "warm": window.warm, "settings_changes": window.settings_changes, "peer_requests": window.peer_requests}

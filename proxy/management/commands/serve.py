@@ -61,11 +61,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        from proxy.log_level import apply_log_level
-        from proxy.log_output import apply_log_output
+        from proxy.compat.log_level import apply_log_level
+        from proxy.compat.log_output import apply_log_output
         from proxy.management.config_file import read_config, serve_config_from
 
-        from proxy.tls import TLSFilesError, tls_files
+        from proxy.http.tls import TLSFilesError, tls_files
 
         if not options["config"] and not options["config_dir"]:
             raise CommandError("no config: pass --config FILE, --config-dir DIR, or both", returncode=2)
@@ -81,8 +81,11 @@ class Command(BaseCommand):
         host, port = parse_listen(options["listen"])
         if options["client_timeout"] <= 0:
             raise CommandError(f"--client-timeout {options['client_timeout']:g}: it must be above 0 seconds")
-        # Loading the application runs django.setup() again, which re-applies LOGGING: logLevel goes after it.
-        from llamaswap_site.asgi import application
+        # Loading the application (settings.ASGI_APPLICATION) runs django.setup() again, which re-applies
+        # LOGGING: logLevel goes after it.
+        from channels.routing import get_default_application
+
+        application = get_default_application()
 
         apply_log_level(config.log_level)
         apply_log_output(config.log_output)
@@ -123,7 +126,7 @@ class Command(BaseCommand):
 
     def _hold_instance_lock(self) -> None:
         """Before migrating or recovering: a second service on this data dir or database would undo this one's work."""
-        from proxy.instance_lock import InstanceLockError, hold_instance_lock
+        from proxy.model_processes.instance_lock import InstanceLockError, hold_instance_lock
 
         try:
             hold_instance_lock()
@@ -132,7 +135,7 @@ class Command(BaseCommand):
 
     def _accept_host_names(self, host: str, has_api_keys: bool) -> None:
         """Answer to the names this listener is reached by, and say which they are."""
-        from proxy.hosts import ANY_HOST, ENV, is_loopback, served_hosts
+        from proxy.http.hosts import ANY_HOST, ENV, is_loopback, served_hosts
 
         settings.ALLOWED_HOSTS = served_hosts(host, settings.ALLOWED_HOSTS)
         if ANY_HOST in settings.ALLOWED_HOSTS:
@@ -165,10 +168,10 @@ class Command(BaseCommand):
     ) -> None:
         from twisted.internet import reactor
 
-        from proxy.http_server import LlamaswapServer
+        from proxy.http.http_server import LlamaswapServer
         from proxy.reload import reload_config, watch_config
         from proxy.service import get_service
-        from proxy.tls import listen_endpoint
+        from proxy.http.tls import listen_endpoint
 
         server = LlamaswapServer(
             application,

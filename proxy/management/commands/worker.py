@@ -39,8 +39,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        from proxy.log_level import apply_log_level
-        from proxy.log_output import apply_log_output
+        from proxy.compat.log_level import apply_log_level
+        from proxy.compat.log_output import apply_log_output
         from proxy.management.config_file import read_config, serve_config_from
 
         if not settings.CHANNEL_LAYERS:
@@ -54,7 +54,7 @@ class Command(BaseCommand):
         serve_config_from(options["config"], options["config_dir"])
         apply_log_level(config.log_level)
         apply_log_output(config.log_output)
-        from proxy.instance_lock import InstanceLockError, hold_instance_lock
+        from proxy.model_processes.instance_lock import InstanceLockError, hold_instance_lock
 
         try:
             # One worker per set of models: the set's standby waits here; other GPU boxes' workers do not.
@@ -67,14 +67,17 @@ class Command(BaseCommand):
         if not options["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         from proxy.service import prepare
-        from scheduling.recovery import carried_requests
-        from scheduling.ticket_ids import shared_ticket_ids
+        from scheduling.rows.recovery import carried_requests, interrupted_requests, let_go_requests
+        from scheduling.door.ticket_ids import shared_ticket_ids
+        from scheduling.door.worker import ANSWERED_KEYS
 
         prepared = prepare(config, worker=True)
         carried = carried_requests(list(config.models))
+        interrupted = interrupted_requests(list(config.models))
+        let_go = let_go_requests(list(config.models), ANSWERED_KEYS)
         ticket_ids = shared_ticket_ids(prepared.first_ticket_id)
         asyncio.run(self._work(
-            prepared, carried, ticket_ids, options["advertise"], options["drain_seconds"]
+            prepared, carried, interrupted, let_go, ticket_ids, options["advertise"], options["drain_seconds"]
         ))
 
     _stood_by = False
@@ -85,14 +88,15 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     async def _work(
-        self, prepared, carried: list, ticket_ids, advertise: str | None, drain_seconds: float
+        self, prepared, carried: list, interrupted: list, let_go: tuple, ticket_ids, advertise: str | None,
+        drain_seconds: float,
     ) -> None:
         from channels.layers import get_channel_layer
 
         from proxy.reload import reload_config
         from proxy.service import ProxyService, serve_here
-        from scheduling.in_process import InProcessFrontDoor
-        from scheduling.worker import SchedulerWorker
+        from scheduling.door.in_process import InProcessFrontDoor
+        from scheduling.door.worker import SchedulerWorker
 
         loop = asyncio.get_running_loop()
         service = ProxyService(
@@ -109,6 +113,8 @@ class Command(BaseCommand):
         )))
         service.start()
         worker.rebuild(carried)  # before the first message, so a front end's second submit finds its request here
+        worker.expect_ends(interrupted)  # and a front end's report of a stream's end finds its row
+        worker.take_back(*let_go)  # and a front end taken for dead that comes back keeps its requests
         serving = loop.create_task(worker.run())
         self.stdout.write(
             f"llamaswap worker serving the front ends (scheduler: {service.config.scheduler.use}; "
@@ -127,7 +133,7 @@ class Command(BaseCommand):
 
     def _serve_metrics(self, listen: str, fatal: bool) -> None:
         """The worker has no HTTP server, so its Prometheus series get a port of their own."""
-        from proxy import worker_metrics
+        from proxy.api import worker_metrics
         from proxy.management.commands.serve import parse_listen
 
         if listen.lower() in ("off", ""):

@@ -1,0 +1,1 @@
+"""The service's own endpoints: plain Django views, /api/queue, /api/events and /metrics."""

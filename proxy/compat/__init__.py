@@ -1,0 +1,1 @@
+"""llama-swap compatibility: its API pages, profiles and selectors, ComfyUI, its log options."""

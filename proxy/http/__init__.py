@@ -1,0 +1,1 @@
+"""Receiving requests: the consumers of the model routes, and what guards and reads each request."""

@@ -1,0 +1,52 @@
+"""API keys: `Authorization: Bearer`, `x-api-key` or Basic (the password part), compared in constant time."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+from collections.abc import Iterable, Mapping
+
+# Headers that carry the proxy's own key: never forwarded upstream when apiKeys is set, never stored.
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
+# Every header that may carry a caller's secret: its key for this server, a hosted API's key as Azure
+# names it (`api-key`), cookies. A peer (another party) is sent none of them; captures store each as
+# [REDACTED]. One set, so what a peer never sees and what a capture never keeps cannot drift apart.
+SECRET_HEADERS = CREDENTIAL_HEADERS | {"api-key", "cookie", "set-cookie"}
+
+
+def presented_keys(headers: Mapping[str, str], *, basic: bool = True) -> list[str]:
+    """Every key the client offered, from any of the three accepted places (Basic left out when
+    `basic` is false: the browser may have sent it on its own)."""
+    keys: list[str] = []
+    api_key = headers.get("x-api-key")
+    if api_key:
+        keys.append(api_key.strip())
+    auth = headers.get("authorization", "").strip()
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        keys.append(value.strip())
+    elif scheme.lower() == "basic" and basic and value.strip():
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            decoded = ""
+        _, sep, password = decoded.partition(":")
+        if sep and password:
+            keys.append(password)
+    return keys
+
+
+def is_authorized(headers: Mapping[str, str], api_keys: Iterable[str], *, basic: bool = True) -> bool:
+    """True when no keys are configured, or when any presented key matches any configured key
+    (a Basic password counts only when `basic`)."""
+    configured = [k.encode() for k in api_keys]
+    if not configured:
+        return True
+    ok = False
+    for presented in presented_keys(headers, basic=basic):
+        candidate = presented.encode("utf-8", "surrogateescape")
+        for key in configured:
+            # Check every pair so timing does not reveal which key (or how much of it) matched.
+            ok |= hmac.compare_digest(candidate, key)
+    return ok

@@ -1,0 +1,84 @@
+"""One way a request is held, whichever way it is served (a model's HTTP route, a WebSocket, a peer).
+
+A request is built from its scope once (`ticket_request`), and from its grant, or its relayed row's
+start, to its row's end it is held by `holding()`, which turns each way a request can end into one
+`Outcome`, recorded once: the relay's end, a `ProxyError`, an operator's cut (a shutdown, an unload)
+or the client leaving. The caller tells its client about a cut after the block, in its own protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from proxy.http.errors import ProxyError
+from proxy.http.inbound import max_wait_seconds, route_label
+from scheduling.core import PRIORITY_HEADER, parse_priority
+from scheduling.tickets import Outcome, Rejected, TicketRequest
+
+CLIENT_LEFT = Outcome(state="cancelled", error="client disconnected mid-response")
+
+
+def ticket_request(scope: dict, headers: dict[str, str], *, model: str, requested: str, method: str,
+                   stream: bool = False, selector: str = "") -> TicketRequest:
+    """What the scheduler is told of a request: its headers (lower-cased, first value wins) give its
+    priority and maximum wait, refused with 400 when malformed."""
+    client = scope.get("client") or ("", 0)
+    return TicketRequest(
+        model=model,
+        path=scope["path"],
+        priority=parse_priority(headers.get(PRIORITY_HEADER.lower())),
+        requested_model=requested,
+        method=method,
+        stream=stream,
+        client=str(client[0] or ""),
+        route=route_label(scope["path"]),
+        max_wait_s=max_wait_seconds(headers),
+        selector=selector,
+    )
+
+
+class Held:
+    """A request being served: `end(outcome)` records how it ended, and only the first call counts (the
+    relay ends it as soon as the model has answered, before the last write to the client). `cut` is the
+    operator's reason when one took it back."""
+
+    def __init__(self, record: Callable[[Outcome], None]) -> None:
+        self._record = record
+        self.open = True
+        self.cut: Rejected | None = None
+
+    def end(self, outcome: Outcome) -> None:
+        if self.open:
+            self.open = False
+            self._record(outcome)
+
+
+@contextlib.asynccontextmanager
+async def holding(record: Callable[[Outcome], None], cut_by: Callable[[], Rejected | None], *,
+                  failures: tuple[type[BaseException], ...] = (),
+                  left: Callable[[], Outcome] = lambda: CLIENT_LEFT) -> AsyncIterator[Held]:
+    """Hold one request while the block serves it; `record` is called once with how it ended.
+
+    A `ProxyError` ends it failed with its status, one of `failures` failed with 502; a cancellation is
+    an operator's cut when `cut_by()` names one (then swallowed: `held.cut` says why, for the caller to
+    tell its client), else the client leaving (`left()`, re-raised)."""
+    held = Held(record)
+    try:
+        yield held
+    except ProxyError as exc:
+        held.end(Outcome(state="failed", status_code=exc.status, error=exc.message))
+        raise
+    except failures as exc:
+        held.end(Outcome(state="failed", status_code=502, error=str(exc)))
+        raise
+    except asyncio.CancelledError:
+        cut = cut_by()
+        if cut is None or asyncio.current_task().uncancel():
+            raise  # the client left: ended below
+        held.cut = cut
+        held.end(Outcome(state="cancelled", status_code=cut.status, error=cut.message))
+    finally:
+        if held.open:  # nothing above ended it: its client left, or an error none of them names
+            held.end(left())

@@ -1,0 +1,164 @@
+"""daphne as `llamaswap serve` runs it: slow clients are timed out, bodies are left to the application, and
+a failure to listen is kept so the command can exit non-zero.
+
+Twisted's idle timeout restarts with every byte received, so a client that sends a header byte every few
+seconds (slowloris), forever, would hold its connection forever. Here a request's head must be complete
+within `client_timeout` seconds of the connection starting to wait for it; the idle timeout (the same
+number of seconds) still guards request bodies and keep-alive gaps. Neither runs while a request is being
+answered, so a client queued for hours and a stream that lasts hours are never cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable
+from http import HTTPStatus
+
+from daphne.http_protocol import HTTPFactory, WebRequest
+from daphne.server import Server
+from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
+from twisted.web import http
+
+from proxy.websockets.websocket_frames import MESSAGE_TOO_BIG
+
+log = logging.getLogger("llamaswap.http")
+
+
+class DeadlineChannel(http.HTTPChannel):
+    """One client connection, whose request heads must arrive within `head_timeout` seconds."""
+
+    head_timeout: float = 60.0
+    _head_deadline = None
+
+    def connectionMade(self):
+        super().connectionMade()
+        self._await_head()
+
+    def allHeadersReceived(self):
+        self._cancel_head_deadline()
+        super().allHeadersReceived()
+
+    def requestDone(self, request):
+        # Before the base class: it may go straight on to parse a next request the client already sent.
+        self._await_head()
+        super().requestDone(request)
+
+    def connectionLost(self, reason):
+        self._cancel_head_deadline()
+        super().connectionLost(reason)
+
+    def _await_head(self) -> None:
+        self._cancel_head_deadline()
+        self._head_deadline = self.callLater(self.head_timeout, self._head_too_slow)
+
+    def _cancel_head_deadline(self) -> None:
+        if self._head_deadline is not None and self._head_deadline.active():
+            self._head_deadline.cancel()
+        self._head_deadline = None
+
+    def _head_too_slow(self) -> None:
+        self._head_deadline = None
+        log.debug("closing the connection from %s: no complete request within %gs", self.transport.getPeer(), self.head_timeout)
+        self.timeoutConnection()
+
+
+class PhrasedRequest(WebRequest):
+    """daphne's request, whose status line has the standard reason phrase also for the codes Twisted
+    does not name (429 Too Many Requests, 422, 451…) instead of "Unknown Status"."""
+
+    def setResponseCode(self, code, message=None):
+        if message is None and code not in http.RESPONSES:
+            with contextlib.suppress(ValueError):  # a code no standard names keeps Twisted's fallback
+                message = HTTPStatus(code).phrase.encode("ascii")
+        super().setResponseCode(code, message)
+
+
+class DeadlineHTTPFactory(HTTPFactory):
+    """daphne's factory, building DeadlineChannels that leave form bodies alone."""
+
+    protocol = DeadlineChannel
+
+    def __init__(self, server: Server, client_timeout: float):
+        super().__init__(server)
+        self.timeOut = client_timeout
+
+    def buildProtocol(self, addr):
+        channel = super().buildProtocol(addr)
+        channel.head_timeout = self.timeOut
+        # The application reads bodies itself; Twisted's own form parsing would run the email parser over
+        # every multipart upload on the event loop (seconds for 30 MB), for a result nobody reads.
+        channel.requestFactory = functools.partial(PhrasedRequest, parsePOSTFormSubmission=False)
+        return channel
+
+
+WEBSOCKET_HANDSHAKE_WAIT_S = 24 * 3600
+
+
+class LimitedWebSocketProtocol(WebSocketProtocol):
+    """daphne's socket, which tells the application (websocket.disconnect) that it was closed over a message too
+    big: the code it would pass on is the one the client echoed, or 1006 when the client did not."""
+
+    def onClose(self, wasClean, code, reason):
+        if self.wasMaxMessagePayloadSizeExceeded or self.wasMaxFramePayloadSizeExceeded:
+            code = MESSAGE_TOO_BIG
+        super().onClose(wasClean, code, reason)
+
+
+class LimitedWebSocketFactory(WebSocketFactory):
+    """daphne's WebSocket factory, whose sockets take messages up to `message_limit()` bytes (read as each
+    socket opens, so a reload's maxRequestBodyBytes applies to the sockets opened after it) and close a
+    larger one with 1009 "message too big" instead of dropping the connection."""
+
+    protocol = LimitedWebSocketProtocol
+
+    def __init__(self, server_class, *args, message_limit: Callable[[], int], **kwargs):
+        super().__init__(server_class, *args, **kwargs)
+        self.message_limit = message_limit
+        # Any protocol failure (a message too big among them) ends with a close frame that says why.
+        self.setProtocolOptions(failByDrop=False)
+
+    def buildProtocol(self, addr):
+        limit = self.message_limit()
+        # Each socket copies the factory's options when it opens (in makeConnection, after this).
+        self.setProtocolOptions(maxMessagePayloadSize=limit, maxFramePayloadSize=limit)
+        return super().buildProtocol(addr)
+
+
+class LlamaswapServer(Server):
+    """daphne's Server with DeadlineHTTPFactory and LimitedWebSocketFactory, remembering why it could not listen."""
+
+    def __init__(self, application, *, client_timeout: float, message_limit: Callable[[], int], **kwargs):
+        self.client_timeout = client_timeout
+        self.message_limit = message_limit
+        self.listen_failure: str | None = None
+        # A WebSocket's handshake completes once its model is loaded: it may queue and wait for a load as
+        # long as a request does, where daphne would drop it after 5 s (the opening handshake) or refuse
+        # it after 20 s (the connect timeout).
+        kwargs.setdefault("websocket_connect_timeout", WEBSOCKET_HANDSHAKE_WAIT_S)
+        kwargs.setdefault("websocket_handshake_timeout", WEBSOCKET_HANDSHAKE_WAIT_S)
+        super().__init__(application, **kwargs)
+
+    @property
+    def ws_factory(self) -> WebSocketFactory:
+        return self._ws_factory
+
+    @ws_factory.setter
+    def ws_factory(self, stock: WebSocketFactory) -> None:
+        # Server.run() builds its stock factory here, then sets its options (the limits are set per socket).
+        self._ws_factory = LimitedWebSocketFactory(self, server=self.server_name, message_limit=self.message_limit)
+
+    @property
+    def http_factory(self) -> HTTPFactory:
+        return self._http_factory
+
+    @http_factory.setter
+    def http_factory(self, stock: HTTPFactory) -> None:
+        # Server.run() builds its stock factory here; connections get ours, which is the same plus the deadlines.
+        self._http_factory = DeadlineHTTPFactory(self, self.client_timeout)
+
+    def listen_error(self, failure) -> None:
+        error = getattr(failure.value, "socketError", failure.value)
+        self.listen_failure = getattr(error, "strerror", None) or str(error)
+        self.stop()

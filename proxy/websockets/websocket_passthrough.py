@@ -1,0 +1,203 @@
+"""WebSockets on `/upstream/<model>/<path>` and `/comfyui/<path>`: frames both ways, closes both ways.
+
+Without `compat.ignoreWebsockets` a socket is scheduled like a request: it may start the model, and
+it holds its place for as long as it is open, so it counts toward concurrencyLimit and keeps the model
+from idling out or being swapped. With it, the socket bypasses the scheduler: it reaches the model
+only while the model is ready, and never keeps it loaded (a swap may stop the model under it).
+
+daphne cannot answer a WebSocket handshake with a chosen HTTP status (any refusal before the accept
+becomes 403) and drops close reasons, so a refusal accepts the socket and closes it at once with
+code 4000 + the HTTP status the same request would get: 4401 wrong API key, 4404 unknown model,
+4409 not loaded, 4429 over concurrencyLimit, 4502 the model server refused or failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from channels.consumer import AsyncConsumer, get_handler_name
+from channels.exceptions import StopConsumer
+
+from proxy.http.auth import CREDENTIAL_HEADERS, is_authorized
+from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
+from proxy.compat.comfyui import COMFYUI_PREFIX, comfyui_model, comfyui_rest, is_ready, not_loaded
+from proxy.http.consumers import climbs_out
+from proxy.http.errors import ProxyError
+from proxy.http.hosts import host_refusal
+from proxy.http.holding import holding, ticket_request
+from proxy.service import get_service
+from proxy.websockets.websocket_frames import MESSAGE_TOO_BIG, NO_STATUS, NORMAL_CLOSURE
+from proxy.websockets.websocket_upstream import Closed, Message, ProtocolViolation, UpstreamRefused, connect
+from scheduling.tickets import Outcome, Rejected, stamped
+
+log = logging.getLogger("llamaswap.proxy")
+REFUSAL_CODE_BASE = 4000
+UPSTREAM_PREFIX = "/upstream/"
+
+
+def refusal_code(status: int) -> int:
+    return REFUSAL_CODE_BASE + status
+
+
+def client_close_code(upstream: Closed) -> int:
+    """The code to close the client with: daphne sends only 1000 and 3000-4999."""
+    if not upstream.clean:
+        return refusal_code(502)
+    if upstream.code == NORMAL_CLOSURE or 3000 <= upstream.code <= 4999:
+        return upstream.code
+    return NORMAL_CLOSURE
+
+
+class WebSocketPassthrough(AsyncConsumer):
+    channel_layer_alias = None  # nothing reaches it but its own socket
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._job: asyncio.Task | None = None
+        self._upstream = None
+        self._accepted = False
+        self._client_close_code: int | None = None
+
+    async def dispatch(self, message):
+        """Straight to the handler: this consumer never touches the database (see StreamingHttpConsumer)."""
+        await getattr(self, get_handler_name(message))(message)
+
+    async def websocket_connect(self, message):
+        self._job = asyncio.get_running_loop().create_task(self._run())
+
+    async def websocket_receive(self, message):
+        if self._upstream is None:
+            return
+        text = message.get("text")
+        try:
+            await self._upstream.send(Message(text=text) if text is not None else Message(data=message.get("bytes") or b""))
+        except (ConnectionError, RuntimeError):
+            pass  # the model server is gone: its side ends the connection
+
+    async def websocket_disconnect(self, message):
+        self._client_close_code = message.get("code")
+        if self._upstream is not None:
+            code = message.get("code") or NO_STATUS
+            await self._upstream.close(code if code in (NORMAL_CLOSURE, NO_STATUS) or 3000 <= code <= 4999 else NORMAL_CLOSURE)
+        if self._job is not None and not self._job.done():
+            self._job.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._job
+        raise StopConsumer()
+
+    async def _run(self) -> None:
+        try:
+            await self._serve()
+        except ProxyError as exc:
+            await self._refuse(exc.status, exc.message)
+        except Rejected as exc:
+            await self._refuse(exc.status, exc.message)
+        except UpstreamRefused as exc:
+            await self._refuse(502, f"{exc}: {exc.body[:200].decode('utf-8', 'replace')}")
+        except (OSError, TimeoutError) as exc:
+            await self._refuse(502, f"the model server could not be reached: {exc}")
+        except ProtocolViolation as exc:
+            await self._refuse(502, f"the model server broke the WebSocket protocol: {exc}")
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unexpected failure in the WebSocket on %s", self.scope.get("path"))
+            await self._refuse(500, "llamaswap hit an unexpected error; see its log")
+        finally:
+            if self._upstream is not None:
+                await self._upstream.close(NORMAL_CLOSURE)
+
+    async def _serve(self) -> None:
+        service = get_service()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in reversed(self.scope.get("headers", []))}
+        if "host" in headers and (refusal := host_refusal(headers["host"])):
+            raise ProxyError(400, refusal, "host_not_allowed")
+        if not is_authorized(headers, service.config.api_keys):
+            raise ProxyError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
+        if refusal := cross_site_refusal(headers, service.config.api_keys):  # a socket reads back too
+            raise ProxyError(403, refusal, CROSS_SITE_CODE)
+        model_cfg, path = self._target(service)
+        query = self.scope.get("query_string", b"").decode("latin-1")
+        path += f"?{query}" if query else ""
+        if model_cfg.ignore_websockets:
+            if not await is_ready(service, model_cfg.id):
+                raise not_loaded(model_cfg.id, "its WebSockets (compat.ignoreWebsockets) never start it")
+            await self._relay(service, model_cfg, model_cfg.proxy, path)
+            return
+        await self._relay_scheduled(service, model_cfg, path, headers)
+
+    def _target(self, service):
+        """(model config, path to open on its server) from the socket's path."""
+        raw = (self.scope.get("raw_path") or self.scope["path"].encode()).decode("latin-1").split("?", 1)[0]
+        if raw.startswith(COMFYUI_PREFIX):
+            return comfyui_model(service), comfyui_rest(self.scope) or "/"
+        if not raw.startswith(UPSTREAM_PREFIX):
+            raise ProxyError(
+                404, f"no WebSocket at {raw}: they pass through on /upstream/<model>/<path> and /comfyui/<path>",
+                "route_not_found",
+            )
+        model_cfg, remainder = service.resolve_upstream_path(raw[len(UPSTREAM_PREFIX):])
+        if remainder is not None and climbs_out(remainder):
+            raise ProxyError(400, f"{raw}: '..' path segments are not forwarded", "invalid_path")
+        return model_cfg, "/" + (remainder or "")
+
+    async def _relay_scheduled(self, service, model_cfg, path: str, headers: dict[str, str]) -> None:
+        """Hold a lease for the socket's whole life, as llama-swap counts an open socket as in flight."""
+        door = service.door
+        loop = asyncio.get_running_loop()
+        lease = await door.submit(ticket_request(self.scope, headers, model=model_cfg.id, requested=model_cfg.id,
+                                                 method="GET"))
+
+        def left() -> Outcome:
+            """The client closed its end: a socket's normal end, unless daphne closed it over its size limit."""
+            if self._client_close_code == MESSAGE_TOO_BIG:
+                return Outcome(
+                    state="failed", status_code=413,
+                    error=f"the client sent a message over the {service.config.max_request_body_bytes}-byte limit "
+                          "(maxRequestBodyBytes); the socket was closed with 1009",
+                )
+            return Outcome(state="completed", status_code=101)
+
+        async with holding(lambda outcome: door.release(lease.ticket_id, stamped(outcome, loop.time())),
+                           lambda: lease.cut, failures=(UpstreamRefused, OSError, TimeoutError, ProtocolViolation),
+                           left=left) as held:
+            lease.held_by(asyncio.current_task())
+            ended = await self._relay(service, model_cfg, lease.upstream, path)
+            # A model that dropped the socket: the client was told 4502; the row says why, as for a request cut mid-stream.
+            held.end(Outcome(state="completed", status_code=101) if ended.clean else Outcome(
+                state="failed", status_code=502,
+                error=f"model '{model_cfg.id}' dropped the WebSocket without closing it: {ended.reason}",
+            ))
+        if held.cut is not None:
+            await self._refuse(held.cut.status, held.cut.message)
+
+    async def _relay(self, service, model_cfg, base_url: str, path: str) -> Closed:
+        """Pass frames both ways until the model server's side ends; that end is returned."""
+        drop = CREDENTIAL_HEADERS if service.config.api_keys else frozenset()
+        forwarded = [
+            (k.decode("latin-1"), v.decode("latin-1")) for k, v in self.scope.get("headers", [])
+            if k.decode("latin-1").lower() not in drop
+        ]
+        self._upstream = await connect(
+            base_url, path, forwarded, list(self.scope.get("subprotocols") or []), model_cfg.timeouts.connect,
+        )
+        self._accepted = True
+        await self.send({"type": "websocket.accept", "subprotocol": self._upstream.subprotocol})
+        while True:
+            message = await self._upstream.receive()
+            if isinstance(message, Closed):
+                await self.send({"type": "websocket.close", "code": client_close_code(message), "reason": message.reason})
+                return message
+            if message.text is not None:
+                await self.send({"type": "websocket.send", "text": message.text})
+            else:
+                await self.send({"type": "websocket.send", "bytes": message.data})
+
+    async def _refuse(self, status: int, message: str) -> None:
+        log.info("WebSocket %s refused (%d): %s", self.scope.get("path"), status, message)
+        if not self._accepted:
+            self._accepted = True
+            await self.send({"type": "websocket.accept"})
+        await self.send({"type": "websocket.close", "code": refusal_code(status), "reason": message})

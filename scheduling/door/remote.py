@@ -1,0 +1,455 @@
+"""A front end's way to the scheduler workers in other processes: the request path over the channel layer.
+
+Each front end listens on a channel of its own for the workers' answers and announcements, and sends
+each request to the worker that announced its model (`scheduling.door.directory`). A request is submitted
+under a key of this front end's making, and its consumer waits for the grant as it would for the
+in-process runtime. A grant that arrives for a request whose client already left is given back
+at once, so a slot never leaks when a grant and a cancel cross on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from scheduling import events
+from scheduling.core import band_of
+from scheduling.door.outage_log import OutageLog
+from scheduling.door.questions import BeginRelayed, EndRelayed, Question
+from scheduling.rows.recorder import Recorder
+from scheduling.rows.row_columns import request_columns
+from scheduling.tickets import Lease, Outcome, Rejected, TicketRequest
+from scheduling.door.ticket_ids import TicketBlocks, take_block
+from scheduling.door.directory import WorkerDirectory
+from scheduling.door.wire import (
+    ANNOUNCE_S,
+    FRONT_ENDS_GROUP,
+    HEARTBEAT_S,
+    REDIS_FAILURES,
+    SEND_RETRY_S,
+    WORKERS_GROUP,
+    Announce,
+    Discover,
+    Heartbeat,
+    Hello,
+    receive_or_retry,
+    Answer,
+    Ask,
+    Cancel,
+    Cut,
+    Granted,
+    Message,
+    Refused,
+    Release,
+    Stop,
+    Submit,
+    drop_connections,
+    end_if_cancelled,
+    from_message,
+    send_soon,
+    to_message,
+)
+
+# How long a question to the worker may take before the caller is told it did not answer.
+ANSWER_TIMEOUT_S = 5.0
+# How long a new request waits for Redis to come back before it is refused (a blip only delays it).
+REDIS_WAIT_S = 5.0
+# How long a request refused for want of Redis waits for a request id for its row.
+ROW_WAIT_S = 2.0
+# How long a request for a model no worker has announced waits for one (a front end that just started
+# hears every live worker within one announcement round).
+ROUTE_WAIT_S = 2 * ANNOUNCE_S
+CLOSE_TIMEOUT_S = 5.0  # for the listener to take its stop message
+
+log = logging.getLogger("llamaswap.frontend")
+
+LEFT_BEFORE_GRANT = Outcome(state="cancelled", error="client disconnected while queued")
+
+
+@dataclass
+class _Held:
+    """A lease this front end holds, with what its metrics need when it ends."""
+
+    key: str
+    lease: Lease
+    route: str
+    granted_at: float  # on this front end's event loop clock, as the relay's first byte
+    worker: str  # the channel of the worker that granted it
+
+    def finished(self, outcome: Outcome, now: float) -> events.Finished:
+        first_byte = outcome.first_byte_monotonic
+        return events.Finished(
+            model=self.lease.model, route=self.route, band=self.lease.decision.band, state=outcome.state,
+            status=outcome.status_code, seconds=now - self.granted_at,
+            ttfb_s=None if first_byte is None else first_byte - self.granted_at, usage=outcome.usage or {},
+        )
+
+
+class ChannelLayerFrontDoor:
+    runs_scheduler = False
+
+    def __init__(
+        self, config, layer, *, heartbeat_s: float = HEARTBEAT_S, redis_wait_s: float = REDIS_WAIT_S,
+        observer: Callable[[events.RuntimeEvent], None] | None = None,
+    ) -> None:
+        self.config = config
+        # The requests this front end served are counted here, not at the worker (see scheduling.metrics).
+        self._observer = observer or (lambda event: None)
+        self.layer = layer
+        self.workers = WorkerDirectory()
+        self.heartbeat_s = heartbeat_s
+        self.redis_wait_s = redis_wait_s
+        self._beats = OutageLog(log, "sending heartbeats over Redis")
+        self._reply: str | None = None
+        self._opening: asyncio.Task | None = None
+        self._listener: asyncio.Task | None = None
+        self._heartbeat: asyncio.Task | None = None
+        self._keys = itertools.count(1)
+        self._waiting: dict[str, asyncio.Future] = {}
+        # By key: the request, when it came (Unix time) and the channel of the worker it went to.
+        self._submitted: dict[str, tuple[TicketRequest, float, str]] = {}
+        self._leases: dict[int, _Held] = {}  # by ticket id
+        self._relayed: dict[int, str] = {}  # requests relayed to a peer: ticket id -> the worker writing its row
+        self._sends: set[asyncio.Task] = set()
+        self._answers: dict[str, asyncio.Future] = {}
+        self._loop = asyncio.get_running_loop()
+        self.refusals = RefusalRows(self._loop)
+
+    async def submit(self, request: TicketRequest, queued=None) -> Lease:
+        arrived_at = time.time()
+        deadline = self._loop.time() + self.redis_wait_s
+        try:
+            reply = await self._through_redis(self._reply_channel, deadline)
+        except Rejected as exc:
+            await self._refused_here(request, "", arrived_at, exc)
+            self._observer(events.Refused(request.model, request.route, 503))
+            raise
+        key = f"{reply}#{next(self._keys)}"
+        worker = self.workers.channel_for(request.model) or await self.workers.wait_for(request.model, ROUTE_WAIT_S)
+        if worker is None:
+            self._observer(events.Refused(request.model, request.route, 503))
+            raise Rejected(
+                503, "no_worker", f"no scheduler worker serves model {request.model!r}: start `llamaswap worker` with a "
+                "config that has it, on the machine that runs it", 5,
+            )
+        granted = asyncio.get_running_loop().create_future()
+        self._waiting[key] = granted
+        self._submitted[key] = (request, arrived_at, worker)
+        try:
+            try:
+                await self._through_redis(lambda: self.layer.send(worker, to_message(Submit(key, reply, request))), deadline)
+            except Rejected as exc:
+                self._waiting.pop(key, None)
+                self._send_later(Cancel(key), worker)  # in case the submit reached the worker after all
+                await self._refused_here(request, key, arrived_at, exc)
+                raise
+            if queued is not None:
+                queued(key)
+            answer: Granted = await granted
+        except Rejected as exc:
+            self._observer(events.Refused(request.model, request.route, exc.status))
+            raise
+        except asyncio.CancelledError:
+            if self._waiting.pop(key, None) is not None:
+                self._send_later(Cancel(key), worker)
+            elif granted.done() and not granted.cancelled() and granted.exception() is None:  # granted as the client left
+                self._send_later(Release(key, LEFT_BEFORE_GRANT), granted.result().worker)
+            self._observer(events.Refused(request.model, request.route, 499, cancelled=True))
+            raise
+        finally:
+            del self._submitted[key]
+        lease = Lease(answer.ticket_id, request.model, answer.upstream, answer.decision)
+        self._leases[answer.ticket_id] = _Held(key, lease, request.route, self._loop.time(), answer.worker)
+        return lease
+
+    async def _refused_here(self, request: TicketRequest, key: str, arrived_at: float, refusal: Rejected) -> None:
+        """No worker heard of a request refused for want of Redis: its row is this front end's to write."""
+        refusal.ticket_id = await self.refusals.record(dataclasses.replace(request, origin=key), arrived_at, refusal)
+
+    async def _through_redis(self, attempt: Callable[[], Awaitable[Any]], deadline: float) -> Any:
+        """What `attempt()` (a call over Redis) returns once it goes through. A failure is tried again at
+        once on fresh connections (`drop_connections`: a blip can break every pooled one), then every
+        `SEND_RETRY_S` while Redis stays away, until `deadline` (on the loop's clock): a brief outage only
+        delays a request. Past it, `unreachable`."""
+        tries = 0
+        while True:
+            try:
+                return await asyncio.wait_for(attempt(), max(deadline - self._loop.time(), SEND_RETRY_S))
+            except (*REDIS_FAILURES, TimeoutError) as exc:
+                tries += 1
+                if tries == 1:
+                    await drop_connections(self.layer)
+                    continue
+                left = deadline - self._loop.time()
+                if left <= 0:
+                    raise unreachable(exc) from exc
+                await asyncio.sleep(min(left, SEND_RETRY_S))
+            except Exception as exc:  # not Redis being away (a full channel, say): no reason to wait
+                raise unreachable(exc) from exc
+
+    def release(self, ticket_id: int, outcome: Outcome) -> None:
+        held = self._leases.pop(ticket_id, None)
+        if held is not None:
+            self._send_later(Release(held.key, outcome), held.worker)
+            self._observer(held.finished(outcome, self._loop.time()))
+
+    async def begin_relayed(self, request: TicketRequest, peer: str, explanation: str) -> int | None:
+        """The row of a request relayed to a peer is written by a live worker (any: it only records it)."""
+        started_at = time.time()
+        try:
+            workers = await self._workers_for(None)
+            if not workers and self.config.models:  # just started: the workers announce themselves to it now
+                await self.workers.wait_for(next(iter(self.config.models)), ROUTE_WAIT_S)
+                workers = self.workers.live(self._loop.time())
+            if not workers:
+                raise RuntimeError("no scheduler worker is up")
+            ticket_id = await self._ask_worker(workers[0], BeginRelayed(request, peer, started_at, explanation))
+        except Exception as exc:  # the peer still answers; only the row is missing
+            log.warning("request to peer %s is not recorded: %s", peer, exc)
+            return None
+        self._relayed[ticket_id] = workers[0]
+        return ticket_id
+
+    def end_relayed(self, ticket_id: int | None, request: TicketRequest, outcome: Outcome, seconds: float,
+                    first_byte_s: float | None) -> None:
+        worker = self._relayed.pop(ticket_id, None) if ticket_id is not None else None
+        if worker is not None:  # answered on the reply channel, where nobody waits for it
+            question = EndRelayed(ticket_id, outcome, seconds, first_byte_s)
+            self._send_later(Ask(f"{self._reply}?{next(self._keys)}", self._reply, question), worker)
+        self._observer(events.Finished(
+            model=request.model, route=request.route, band=band_of(request.priority), state=outcome.state,
+            status=outcome.status_code, seconds=seconds, ttfb_s=first_byte_s, usage=outcome.usage or {},
+        ))
+
+    async def ask(self, question: Question) -> Any:
+        """Ask the live workers the question names (`Question.workers`), in parallel, and merge their answers."""
+        await self._reply_channel()
+        reach = _Reach(self.workers, self._loop.time(), self._submitted)
+        channels = question.workers(reach)
+        answers = await asyncio.gather(*(self._ask_worker(channel, question.put_to(channel)) for channel in channels))
+        return question.merge(dict(zip(channels, answers)))
+
+    def ask_now(self, question: Question) -> Any:
+        return asyncio.run_coroutine_threadsafe(self.ask(question), self._loop).result()
+
+    async def close(self) -> None:
+        """Stop listening; requests still waiting are refused as the service shuts down."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self._listener is not None:
+            await self.layer.send(self._reply, to_message(Stop()))
+            done, _ = await asyncio.wait([self._listener], timeout=CLOSE_TIMEOUT_S)
+            if not done:
+                self._listener.cancel()
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1))
+        await asyncio.gather(*self._sends, return_exceptions=True)
+        await self.refusals.close()
+
+    async def _workers_for(self, among: list[str] | None) -> list[str]:
+        """The live workers that serve any of the models `among` (None: every one), this front end listening."""
+        await self._reply_channel()
+        now = self._loop.time()
+        return self.workers.live(now) if among is None else self.workers.serving(among, now)
+
+    async def _ask_worker(self, worker: str, question: Question) -> Any:
+        """Ask the worker on channel `worker`; raises TimeoutError when it does not answer in time,
+        RuntimeError when it could not answer."""
+        reply = await self._reply_channel()
+        key = f"{reply}?{next(self._keys)}"
+        answer = self._loop.create_future()
+        self._answers[key] = answer
+        name = type(question).__name__
+        try:
+            await self.layer.send(worker, to_message(Ask(key, reply, question)))
+            result: Answer = await asyncio.wait_for(answer, ANSWER_TIMEOUT_S)
+        except TimeoutError:
+            raise TimeoutError(f"the scheduler worker did not answer {name!r} within {ANSWER_TIMEOUT_S:g} s") from None
+        finally:
+            self._answers.pop(key, None)
+        if result.error:
+            raise RuntimeError(f"the scheduler worker could not answer {name!r}: {result.error}")
+        return result.value
+
+    async def _reply_channel(self) -> str:
+        if self._opening is None or (self._opening.done() and self._reply is None):  # Redis failed it: again
+            self._opening = self._loop.create_task(self._open())
+        return await asyncio.shield(self._opening)
+
+    async def _open(self) -> str:
+        """This front end's channel, made on first use: it then joins the front ends' group (workers
+        announce themselves there) and asks every worker already up to announce itself now."""
+        self.refusals.prepare()  # its ids are taken now, while the database answers: an outage may take both
+        reply = await self.layer.new_channel("llamaswap.frontend.")  # answers wait there until the listener reads
+        await self.layer.group_add(FRONT_ENDS_GROUP, reply)
+        await self.layer.group_send(WORKERS_GROUP, to_message(Discover(reply)))
+        self._reply = reply  # only now: when Redis failed above, the next request starts over
+        self._listener = self._loop.create_task(self._listen(reply))
+        self._heartbeat = self._loop.create_task(self._beat(reply))
+        return reply
+
+    async def _beat(self, reply: str) -> None:
+        """Tell every live worker this front end lives, so none waits on the leases of a dead one (and
+        stay in the front ends' group, whose members expire)."""
+        while True:
+            await self._beat_once(FRONT_ENDS_GROUP, self.layer.group_add(FRONT_ENDS_GROUP, reply))
+            # Live workers only: a dead one's channel would just fill up; the one that takes over announces itself.
+            for worker in self.workers.live(self._loop.time()):
+                await self._beat_once(worker, self.layer.send(worker, to_message(Heartbeat(reply))))
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _beat_once(self, target: str, sending) -> None:
+        try:
+            await sending
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the next beat tries again
+            self._beats.failed(exc)
+            if isinstance(exc, REDIS_FAILURES):  # the listener's connection may be broken too
+                await drop_connections(self.layer)
+        else:
+            self._beats.worked()
+        end_if_cancelled()
+
+    async def _listen(self, reply: str) -> None:
+        while True:
+            body = await receive_or_retry(self.layer, reply)
+            try:
+                message = from_message(body)
+                if isinstance(message, Stop):
+                    return
+                if isinstance(message, Hello):
+                    await self._submit_again(reply, message)
+                elif isinstance(message, Announce):
+                    if self.workers.heard(message, self._loop.time()):
+                        await self.layer.send(message.channel, to_message(Heartbeat(reply)))
+                else:
+                    self._answer(message)
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("ignoring a message the front end cannot read (%s): %r", exc, body)
+
+    async def _submit_again(self, reply: str, hello: Hello) -> None:
+        """A worker heard from this front end for the first time (one took over, or was restarted):
+        submit to it again, in order and before any later answer is read, what still waits for its grant."""
+        again = [key for key, waiting in self._waiting.items()
+                 if not waiting.done() and self._submitted[key][2] == hello.channel]
+        if again:
+            log.warning("scheduler worker %s is serving: submitting the %d waiting requests again", hello.worker, len(again))
+        for key in again:
+            request, arrived_at, worker = self._submitted[key]
+            try:
+                await self.layer.send(worker, to_message(Submit(key, reply, request, arrived_at)))
+            except Exception as exc:  # the request stays waiting, until its client gives up
+                log.warning("could not submit request %s again: %s", key, exc)
+
+    def _answer(self, message: Message) -> None:
+        if isinstance(message, Granted):
+            waiting = self._waiting.pop(message.key, None)
+            if waiting is None or waiting.done():
+                self._send_later(Release(message.key, LEFT_BEFORE_GRANT), message.worker)  # the client left as it was granted
+            else:
+                waiting.set_result(message)
+        elif isinstance(message, Refused):
+            waiting = self._waiting.pop(message.key, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_exception(
+                    Rejected(message.status, message.code, message.message, message.retry_after, message.ticket_id)
+                )
+        elif isinstance(message, Answer):
+            answer = self._answers.get(message.key)
+            if answer is not None and not answer.done():
+                answer.set_result(message)
+        elif isinstance(message, Cut):
+            for ticket_id, held in list(self._leases.items()):
+                if held.key == message.key:
+                    # Ended as the worker ended it (as the in-process runtime does), not as the client then sees it.
+                    self.release(ticket_id, Outcome(state="cancelled", status_code=message.status, error=message.message))
+                    held.lease.revoke(Rejected(message.status, message.code, message.message))
+        else:
+            log.warning("a front end does not take %s messages", type(message).__name__)
+
+    def _send_later(self, message: Message, worker: str) -> None:
+        send_soon(self.layer, worker, message, self._sends)
+
+
+@dataclass(frozen=True)
+class _Reach:
+    """The workers a front end can ask now (see `scheduling.door.questions.Reach`)."""
+
+    directory: WorkerDirectory
+    now: float
+    submitted: dict[str, tuple[TicketRequest, float, str]]
+
+    def live(self) -> list[str]:
+        return self.directory.live(self.now)
+
+    def serving(self, models: list[str]) -> list[str]:
+        return self.directory.serving(models, self.now)
+
+    def holding(self, handle: str) -> list[str]:
+        submitted = self.submitted.get(handle)
+        return [] if submitted is None else [submitted[2]]
+
+
+class RefusalRows:
+    """The rows of the requests a front end refuses itself, having failed to reach the worker over Redis
+    for `REDIS_WAIT_S`: no worker heard of them, so the front end writes them to the shared database,
+    in the shape the runtime gives a request it refuses, with ids from the sequence the workers take
+    theirs from, through a recorder of its own, which holds them while PostgreSQL is away too. The
+    ids are taken when the front end first reaches Redis, so an outage of both finds them in hand; a
+    request refused while none can be had (the database away since then) is refused without a row."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._opened: asyncio.Future | None = None  # (recorder, ticket ids), or None without a shared database
+
+    def prepare(self) -> None:
+        if self._opened is None or (self._opened.done() and self._opened.exception() is not None):
+            self._opened = self._loop.run_in_executor(None, self._open)
+            self._opened.add_done_callback(lambda opened: opened.exception())  # logged when a request needs it
+
+    @staticmethod
+    def _open() -> tuple[Recorder, TicketBlocks] | None:
+        from django.db import connection
+
+        if connection.vendor != "postgresql":  # a front end shares PostgreSQL with its workers; a test may have none
+            return None
+        ids = TicketBlocks(take_block)
+        recorder = Recorder()
+        recorder.start()
+        return recorder, ids
+
+    async def record(self, request: TicketRequest, arrived_at: float, refusal: Rejected) -> int | None:
+        """Write the refused request's row; returns its ticket id, or None when none could be had."""
+        self.prepare()
+        try:
+            opened = await asyncio.wait_for(asyncio.shield(self._opened), ROW_WAIT_S)
+            if opened is None:
+                return None
+            recorder, ids = opened
+            ticket_id = ids()
+        except (Exception, TimeoutError) as exc:
+            log.warning("a request refused for want of Redis has no row: no request id could be had (%s)", exc)
+            return None
+        recorder.create(
+            ticket_id, **request_columns(request), max_wait_s=request.max_wait_s, state="rejected",
+            status_code=refusal.status, error=refusal.message,
+            arrived_at=datetime.fromtimestamp(arrived_at, timezone.utc), finished_at=datetime.now(timezone.utc),
+        )
+        return ticket_id
+
+    async def close(self) -> None:
+        if self._opened is not None and self._opened.done() and self._opened.exception() is None and self._opened.result():
+            await self._loop.run_in_executor(None, self._opened.result()[0].close)
+
+
+def unreachable(exc: Exception) -> Rejected:
+    return Rejected(503, "scheduler_unreachable", f"cannot reach the scheduler workers over Redis ({exc!r}); retry later", 1)

@@ -1,0 +1,18 @@
+"""The engine: the single consumer that owns the GPU.
+
+Consumers call `submit()` and await a lease; the pure scheduling core decides who goes next and the
+engine carries out what it asks for (grant, start or stop a model, reject). Every core call happens
+on the event loop, one at a time, so the core needs no locks. The engine knows nothing of HTTP: model
+processes are reached through a `fleet` object and rows through a recorder.
+
+`SchedulerRuntime` is one class made of one module per job: the request path (`engine`), the model
+processes (`processes`), the operators' side and reads (`operators`), taking over from another
+worker (`takeover`), rows of relayed requests (`relayed`) and the queue's forecast (`forecasting`).
+Only the composition root (`proxy/service.py`) and the worker side build or name it.
+"""
+
+from .engine import MAX_WAIT_RETRY_AFTER_S, SchedulerRuntime
+from .processes import Fleet
+from .takeover import FRONT_END_SILENT, HandedOver
+
+__all__ = ["FRONT_END_SILENT", "MAX_WAIT_RETRY_AFTER_S", "Fleet", "HandedOver", "SchedulerRuntime"]

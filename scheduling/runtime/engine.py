@@ -1,0 +1,335 @@
+"""The engine's request path: a request queued, granted or refused, released, and the core's effects
+carried out in order on the event loop (see the package's docstring for the parts it is made of)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from scheduling.core import (
+    Decision, Dequeued, Grant, Reject, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
+)
+from scheduling.core.durations import DurationHistory
+from scheduling.core.forecast import Outlook, RecentArrivals
+from scheduling.events import Dispatched, Finished, Queued, Refused, RuntimeEvent
+from scheduling.rows.row_columns import decision_fields, outcome_columns, request_columns
+from scheduling.tickets import Lease, Outcome, Rejected, TicketRequest
+
+from .forecasting import Forecasting, job_kind
+from .operators import OperatorActions
+from .processes import Fleet, ModelProcesses
+from .relayed import RelayedRows
+from .takeover import Takeover
+
+log = logging.getLogger("llamaswap.scheduler")
+
+# Retry-After for a request whose maximum wait ran out when its dispatch cannot be predicted.
+MAX_WAIT_RETRY_AFTER_S = 5
+
+
+@dataclass
+class _Waiter:
+    future: asyncio.Future
+    ticket: Ticket
+    request: TicketRequest
+
+
+class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, Forecasting):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        fleet: Fleet,
+        recorder,
+        *,
+        first_ticket_id: int = 1,
+        ticket_ids: Callable[[], int] | None = None,
+        observer: Callable[[RuntimeEvent], None] | None = None,
+        durations: DurationHistory | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        # Typical job and load times, for the forecast: seeded from the rows, then from what ends here.
+        self.durations = durations or DurationHistory()
+        self.fleet = fleet
+        self.recorder = recorder
+        self._observer = observer or (lambda event: None)
+        self._loop = asyncio.get_running_loop()
+        # Workers sharing a database take ids from it (scheduling.door.ticket_ids); one alone counts up.
+        self._ticket_id = ticket_ids or itertools.count(first_ticket_id).__next__
+        self._waiting: dict[int, _Waiter] = {}
+        self._granted: dict[int, tuple[TicketRequest, Decision, float]] = {}
+        self._leases: dict[int, Lease] = {}
+        self._relayed: dict[int, tuple[TicketRequest, datetime]] = {}  # served without the scheduler, until they end
+        self._effects: deque = deque()
+        self._applying = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._starts: dict[str, asyncio.Task] = {}
+        self._stops: dict[str, asyncio.Task] = {}
+        self._starting_since: dict[str, float] = {}
+        self._closing = False
+        self._arrived = RecentArrivals()  # recent new requests, for their pace
+        self._version = 0  # counts the scheduler's steps, so a forecast knows when it went stale
+        self._forecast: tuple[int, float, dict[int, Outlook]] | None = None
+        self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
+
+    # -- clocks -------------------------------------------------------------------------------
+    def now(self) -> float:
+        return self._loop.time()
+
+    def _wall(self, monotonic: float) -> datetime:
+        return datetime.now(timezone.utc) - timedelta(seconds=max(0.0, self.now() - monotonic))
+
+    # -- front-end API ------------------------------------------------------------------------
+    def _refuse_if_unrecordable(self) -> None:
+        """At the recorder's bound a request served now could not be recorded: refuse it instead."""
+        if self.recorder.backlogged():
+            raise Rejected(503, "request_history_unreachable",
+                           "the request history database is unreachable; retry later", 5)
+
+    async def submit(self, request: TicketRequest, queued: Callable[[int], None] | None = None) -> Lease:
+        """Queue a request and wait for the GPU; raises Rejected, or CancelledError if the caller leaves.
+        `queued` is told the request's ticket id as soon as it has one, to follow its progress."""
+        if self._closing:
+            raise Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1)
+        self._refuse_if_unrecordable()
+        now = self.now()
+        waiter = self._queue(request, now, now, None)
+        if queued is not None:
+            queued(waiter.ticket.id)
+        self._run(lambda: self.scheduler.submit(waiter.ticket, now))
+        return await self._wait(waiter)
+
+    def _queue(self, request: TicketRequest, now: float, arrival: float, ticket_id: int | None) -> _Waiter:
+        """Hold a place for `request`; a new request (no `ticket_id`) gets its row here."""
+        record = ticket_id is None
+        if record:
+            ticket_id = self._ticket_id()
+        ticket = Ticket(id=ticket_id, model=request.model, priority=request.priority, arrival=arrival)
+        waiter = _Waiter(self._loop.create_future(), ticket, request)
+        self._waiting[ticket.id] = waiter
+        if request.max_wait_s is not None:  # counted from arrival: a carried request's wait so far counts
+            expiry = self._loop.call_at(arrival + request.max_wait_s, self._waited_too_long, ticket.id)
+            waiter.future.add_done_callback(lambda _: expiry.cancel())
+        band = band_of(request.priority)
+        if record and request.method != "LOAD":
+            self._arrived.add(arrival, job_kind(request, request.priority), request.priority)
+        if record:
+            self.recorder.create(
+                ticket.id,
+                **request_columns(request),
+                max_wait_s=request.max_wait_s,
+                state="queued",
+                scheduler=self.scheduler.name,
+                arrived_at=self._wall(arrival),
+            )
+        self._observer(Queued(request.model, band))
+        return waiter
+
+    async def _wait(self, waiter: _Waiter) -> Lease:
+        try:
+            return await waiter.future
+        except Rejected as exc:
+            exc.ticket_id = waiter.ticket.id
+            raise
+        except asyncio.CancelledError:
+            self.cancel(waiter.ticket.id, f"client disconnected {self._where(waiter.ticket.id)}")
+            raise
+
+    def cancel(self, ticket_id: int, reason: str) -> None:
+        """The caller is gone (or an operator cancelled it). Idempotent."""
+        if ticket_id in self._granted:
+            self.release(ticket_id, Outcome(state="cancelled", error=reason))
+            return
+        self._end_waiting(ticket_id, reason)
+        now = self.now()
+        self._run(lambda: self.scheduler.cancel(ticket_id, now))
+
+    def _end_waiting(self, ticket_id: int, reason: str) -> None:
+        """A request not yet granted is cancelled: its caller is refused, its row ends."""
+        waiter = self._waiting.pop(ticket_id, None)
+        if waiter is None:
+            return
+        if not waiter.future.done():
+            waiter.future.set_exception(Rejected(499, "cancelled", reason))
+            waiter.future.exception()  # mark retrieved: the caller may already be gone
+        self.recorder.update(ticket_id, state="cancelled", error=reason, finished_at=self._wall(self.now()))
+        self._observer(Refused(waiter.ticket.model, waiter.request.route, 499, cancelled=True))
+
+    def _where(self, ticket_id: int) -> str:
+        """Where a request not yet granted waits, in words: queued, or its model starting for it."""
+        return "while queued" if self.scheduler.is_queued(ticket_id) else "while its model was starting for it"
+
+    def _waited_too_long(self, ticket_id: int) -> None:
+        """A request's `max_wait_s` ran out before its grant: refuse it, saying when to retry from the
+        forecast of its dispatch."""
+        waiter = self._waiting.get(ticket_id)
+        if waiter is None or waiter.future.done():
+            return  # granted or gone in the same instant
+        outlook = self.forecast(stale_ok=True).get(ticket_id)
+        eta = None if outlook is None else outlook.eta_s
+        expected = "" if eta is None else f"; it was expected to be sent in ~{math.ceil(eta)} s more"
+        message = (
+            f"not sent to model '{waiter.request.model}' within its maximum wait of "
+            f"{waiter.request.max_wait_s:g} s{expected}; retry later, or allow a longer wait"
+        )
+        retry_after = MAX_WAIT_RETRY_AFTER_S if eta is None else max(1, math.ceil(eta))
+        self._refuse_waiting(ticket_id, Rejected(503, "max_wait_exceeded", message, retry_after), "rejected")
+
+    def _refuse_waiting(self, ticket_id: int, reason: Rejected, state: str) -> None:
+        """End a waiting request with `reason` (its caller's error) and free its place."""
+        waiter = self._waiting.pop(ticket_id)
+        if not waiter.future.done():  # its client may have left a moment ago
+            waiter.future.set_exception(reason)
+            waiter.future.exception()  # mark retrieved: nobody may be left to read it
+        self.recorder.update(
+            ticket_id, state=state, status_code=reason.status, error=reason.message,
+            finished_at=self._wall(self.now()),
+        )
+        self._observer(Refused(waiter.ticket.model, waiter.request.route, reason.status, cancelled=state == "cancelled"))
+        now = self.now()
+        self._run(lambda: self.scheduler.cancel(ticket_id, now))
+
+    def release(self, ticket_id: int, outcome: Outcome) -> None:
+        """The granted request ended. Synchronous and idempotent, so it is safe in `finally`."""
+        if self._record_end(ticket_id, outcome):
+            now = self.now()
+            self._run(lambda: self.scheduler.finished(ticket_id, now))
+
+    def _record_end(self, ticket_id: int, outcome: Outcome) -> bool:
+        """A granted request ended: its row and metrics say how (the scheduler is told by the caller).
+        Returns whether it was running."""
+        granted = self._granted.pop(ticket_id, None)
+        if granted is None:
+            return False
+        self._leases.pop(ticket_id, None)
+        request, decision, granted_at = granted
+        now = self.now()
+        if outcome.state == "completed" and request.method != "LOAD":  # a preload's "job" is no job
+            self.durations.add_job(job_kind(request, decision.priority), now - granted_at)
+        first_byte = outcome.first_byte_monotonic
+        self.recorder.update(ticket_id, **outcome_columns(
+            outcome, self._wall(now), now - granted_at, None if first_byte is None else self._wall(first_byte)
+        ))
+        if outcome.state == "failed":  # the model may have died: the next request must start it again
+            self.fleet.check_exited(request.model)
+        self._observer(
+            Finished(
+                model=request.model,
+                route=request.route,
+                band=decision.band,
+                state=outcome.state,
+                status=outcome.status_code,
+                seconds=now - granted_at,
+                ttfb_s=None if outcome.first_byte_monotonic is None else outcome.first_byte_monotonic - granted_at,
+                usage=outcome.usage or {},
+            )
+        )
+        return True
+
+    # -- operator API ---------------------------------------------------------------------------
+
+    # -- effects --------------------------------------------------------------------------------
+    def _run(self, step: Callable[[], list]) -> None:
+        """Call the core and carry out what it returns, including effects of effects, in order."""
+        self._effects.append(step)
+        if self._applying:
+            return
+        self._applying = True
+        try:
+            while self._effects:
+                item = self._effects.popleft()
+                if callable(item):
+                    self._effects.extend(item())
+                else:
+                    self._apply(item)
+        finally:
+            self._applying = False
+            self._version += 1
+        now = self.now()
+        self.snapshot = (now, self.scheduler.snapshot(now))
+        self._arm_timer()
+
+    def _apply(self, effect) -> None:
+        if isinstance(effect, Grant):
+            self._grant(effect)
+        elif isinstance(effect, Reject):
+            self._reject(effect)
+        elif isinstance(effect, StartModel):
+            self._starts[effect.model] = self._spawn(self._start_model(effect))
+        elif isinstance(effect, StopModel):
+            if effect.reason == "unload":
+                self._cut_requests_on(effect.model)
+            self._stops[effect.model] = self._spawn(self._stop_model(effect))
+        elif isinstance(effect, Dequeued):
+            pass  # the row was already marked by cancel()/operator_cancel()
+        else:
+            raise TypeError(f"unknown scheduler effect {effect!r}")
+
+    def _grant(self, effect: Grant) -> None:
+        waiter = self._waiting.pop(effect.ticket_id, None)
+        now = self.now()
+        if waiter is None or waiter.future.done():
+            # The caller left in the same instant; hand the GPU straight to the next request.
+            if waiter is not None:
+                self.recorder.update(
+                    effect.ticket_id, state="cancelled", error="client disconnected while queued",
+                    finished_at=self._wall(now),
+                )
+            self._effects.append(lambda: self.scheduler.finished(effect.ticket_id, now))
+            return
+        decision = effect.decision
+        self._granted[effect.ticket_id] = (waiter.request, decision, now)
+        lease = Lease(effect.ticket_id, effect.model, self.fleet.upstream_url(effect.model), decision)
+        self._leases[effect.ticket_id] = lease
+        waiter.future.set_result(lease)
+        self.recorder.update(effect.ticket_id, state="dispatched", dispatched_at=self._wall(now), **decision_fields(decision))
+        self._observer(Dispatched(decision))
+
+    def _reject(self, effect: Reject) -> None:
+        waiter = self._waiting.pop(effect.ticket_id, None)
+        self.recorder.update(
+            effect.ticket_id,
+            state="rejected",
+            status_code=effect.status,
+            error=effect.message,
+            finished_at=self._wall(self.now()),
+        )
+        if waiter is not None and not waiter.future.done():
+            retry_after = effect.retry_after
+            if effect.code == "concurrency_limit":  # a place frees when the first of its jobs ends
+                retry_after = self.next_job_end_in(waiter.request.model) or retry_after
+            waiter.future.set_exception(Rejected(effect.status, effect.code, effect.message, retry_after))
+        self._observer(
+            Refused(waiter.ticket.model if waiter else "", waiter.request.route if waiter else "other", effect.status)
+        )
+
+    def _cut(self, ticket_ids: list[int], reason: Rejected) -> None:
+        """End these running requests now: their rows say `reason`, and their holders tell their clients."""
+        for ticket_id in ticket_ids:
+            lease = self._leases.get(ticket_id)
+            self.release(ticket_id, Outcome(state="cancelled", status_code=reason.status, error=reason.message))
+            if lease is not None:
+                lease.revoke(reason)
+
+    def _arm_timer(self) -> None:
+        deadline = self.scheduler.next_deadline()
+        if self._timer is not None:
+            if deadline is not None and math.isclose(self._timer.when(), deadline):
+                return
+            self._timer.cancel()
+            self._timer = None
+        if deadline is not None and not self._closing:
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = self.now()
+        self._run(lambda: self.scheduler.tick(now))
+
+    # -- metrics view ---------------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""The engine's model processes: starts and stops the core asks for, carried out as tasks through the fleet,
+each reported back to the core when it ends (a failed start included); operators' unloads; crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from scheduling.core import StartModel, StopModel
+from scheduling.events import ModelLoaded, ModelStateChanged
+from scheduling.tickets import Rejected
+
+log = logging.getLogger("llamaswap.scheduler")
+
+
+class Fleet(Protocol):
+    """What the runtime needs from model-process management."""
+
+    async def swap_in(self, model: str, evict: tuple[str, ...]) -> None: ...  # raises on failure
+    async def stop(self, model: str) -> None: ...
+    def upstream_url(self, model: str) -> str: ...
+    def check_exited(self, model: str) -> bool: ...  # a dead process is reported as a crash at once
+
+
+class ModelProcesses:
+    """Part of `SchedulerRuntime`."""
+
+    def unload(self, models: list[str] | None = None) -> list[asyncio.Task]:
+        """Stop these models now (None: every model). Requests they are serving are cut at once (see
+        `Lease`); returns the stops under way for them, which end once their processes are gone."""
+        now = self.now()
+        self._run(lambda: self.scheduler.unload(models, now))
+        return [task for model, task in self._stops.items() if models is None or model in models]
+
+    def model_exited(self, model: str) -> None:
+        """A model process died on its own (crash): the core must stop counting it as loaded."""
+        now = self.now()
+        self._observer(ModelStateChanged(model, "stopped"))
+        self._run(lambda: self.scheduler.model_stopped(model, now))
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _start_model(self, effect: StartModel) -> None:
+        try:
+            await self._start_and_report(effect)
+        finally:
+            if self._starts.get(effect.model) is asyncio.current_task():
+                del self._starts[effect.model]
+                self._starting_since.pop(effect.model, None)
+
+    async def _start_and_report(self, effect: StartModel) -> None:
+        started = self._starting_since[effect.model] = self.now()
+        self._observer(ModelStateChanged(effect.model, "starting"))
+        try:
+            await self.fleet.swap_in(effect.model, tuple(effect.evict))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any start failure is reported to the waiting requests, never raised
+            reason = str(exc) or type(exc).__name__  # the text names the cause; the model is named here
+            log.warning("model %s failed to start: %s", effect.model, reason)
+            self._observer(ModelStateChanged(effect.model, "stopped"))
+            self._run(lambda: self.scheduler.model_failed(effect.model, reason, self.now()))
+            return
+        self.durations.add_load(effect.model, self.now() - started)
+        self._observer(ModelLoaded(effect.model, self.now() - started))
+        self._observer(ModelStateChanged(effect.model, "ready"))
+        for model in effect.evict:
+            self._observer(ModelStateChanged(model, "stopped"))
+        self._run(lambda: self.scheduler.model_ready(effect.model, self.now()))
+
+    async def _stop_model(self, effect: StopModel) -> None:
+        self._observer(ModelStateChanged(effect.model, "stopping"))
+        try:
+            try:
+                await self.fleet.stop(effect.model)
+            except Exception:  # the process is treated as gone either way; say why it may not be
+                log.exception("stopping model %s failed", effect.model)
+            start = self._starts.get(effect.model)
+            if start is not None:
+                # A start this stop cut short must report its failure before the stop is reported,
+                # or the core could blame that failure on a later start of the same model.
+                await asyncio.wait([start])
+        finally:
+            if self._stops.get(effect.model) is asyncio.current_task():
+                del self._stops[effect.model]
+            self._observer(ModelStateChanged(effect.model, "stopped"))
+            self._run(lambda: self.scheduler.model_stopped(effect.model, self.now()))
+
+    def _cut_requests_on(self, model: str) -> None:
+        """An operator unloads `model`: what it is serving ends now, each client told why."""
+        reason = Rejected(
+            503, "model_unloaded", f"model '{model}' was unloaded by an operator while this request was running"
+        )
+        self._cut([ticket_id for ticket_id, (request, _, _) in self._granted.items() if request.model == model], reason)

@@ -1,0 +1,38 @@
+"""`bench/suite.py --only PART --write FILE` replaces what those parts wrote before, and nothing else."""
+
+from bench import suite
+
+
+def report_of(part: str, measured: str, title: str) -> suite.Report:
+    report = suite.Report(running=part)
+    report.judge(f"{part} figure", "p50", "≤ 9 s", measured, True)
+    report.figure(f"{part} figure without a target", measured)
+    report.section(title, "| a |\n|--:|", f"| {measured} |")
+    return report
+
+
+def whole_run(*reports: suite.Report) -> str:
+    combined = suite.Report()
+    for report in reports:
+        combined.targets += report.targets
+        combined.figures += report.figures
+        combined.sections += report.sections
+    return suite.render(combined, "suite --write", "0.1 0.1 0.1", 60, "none")
+
+
+def test_a_part_run_again_replaces_its_rows_and_sections_and_keeps_the_others():
+    before = whole_run(report_of("data-path", "1 ms", "Data path"), report_of("replay", "2 ms", "Replay"))
+    after = suite.splice(before, report_of("replay", "3 ms", "Replay again"), ["replay"], "suite --only replay", "1")
+    assert "2 ms" not in after and "#### Replay\n" not in after
+    assert after.count("3 ms") == 3 and "#### Replay again" in after
+    assert after.count("1 ms") == 3 and "#### Data path" in after  # the other part's rows and section stay
+    assert "- replay run again by `suite --only replay`" in after
+    again = suite.splice(after, report_of("replay", "4 ms", "Replay"), ["replay"], "suite --only replay", "1")
+    assert "3 ms" not in again and again.count("4 ms") == 3 and again.count("run again") == 1
+
+
+def test_a_part_never_written_before_is_added():
+    before = whole_run(report_of("data-path", "1 ms", "Data path"))
+    after = suite.splice(before, report_of("replay-what-if", "5 ms", "What-if"), ["replay-what-if"], "x", "1")
+    assert after.count("5 ms") == 3 and after.count("1 ms") == 3
+    assert after.index("| replay-what-if figure |") < after.index("| data-path figure without")

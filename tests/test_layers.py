@@ -1,0 +1,227 @@
+"""The package's architecture rules, each a test that also tests its own scanner.
+
+Layers point one way: `proxy` (HTTP, model processes, config) may use `scheduling`, never the reverse,
+so the scheduler can run in a process that serves no HTTP at all; the engine is built by the composition
+root alone; the config reader stands alone; and no module imports itself round a circle."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.core.test_purity import imported_modules
+
+SCHEDULING = Path(__file__).resolve().parents[1] / "scheduling"
+MODULES = sorted(p for p in SCHEDULING.rglob("*.py") if "migrations" not in p.parts)
+
+
+def package_of(path: Path) -> str:
+    """The dotted package a module's relative imports resolve against."""
+    return ".".join(path.relative_to(SCHEDULING.parent).with_suffix("").parts[:-1])
+
+
+def reaches_into_proxy(source: str, package: str) -> list[str]:
+    return [name for name in imported_modules(source, package) if name == "proxy" or name.startswith("proxy.")]
+
+
+def test_there_are_scheduling_modules_to_scan():
+    assert {p.name for p in MODULES} >= {"engine.py", "admin.py", "metrics.py", "frontdoor.py", "serial.py"}
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda p: str(p.relative_to(SCHEDULING)))
+def test_scheduling_never_imports_proxy(module):
+    assert reaches_into_proxy(module.read_text(), package_of(module)) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["import proxy", "from proxy.service import current_service", "from proxy import views",
+     "def f():\n    from proxy.config import ConfigError\n"],
+)
+def test_the_scan_sees_every_way_of_importing_proxy(source):
+    assert reaches_into_proxy(source, "scheduling")
+
+
+@pytest.mark.parametrize("source", ["from scheduling.core import Ticket", "from . import frontdoor", "import proxyish"])
+def test_the_scan_lets_other_imports_be(source):
+    assert reaches_into_proxy(source, "scheduling") == []
+
+
+# The engine (`scheduling.runtime`) is built by the composition root alone (proxy/service.py); everything else
+# on the HTTP side, the wire and a distributed front end's door speak the vocabulary of `scheduling.tickets`.
+PROXY = SCHEDULING.parent / "proxy"
+COMPOSITION_ROOT = PROXY / "service.py"
+FRONT_END_SIDE = [SCHEDULING / name for name in (
+    "door/frontdoor.py", "door/remote.py", "door/wire.py", "door/questions.py", "tickets.py", "rows/row_columns.py",
+)]
+SPEAKERS = sorted(p for p in PROXY.rglob("*.py") if p != COMPOSITION_ROOT) + FRONT_END_SIDE
+
+
+def imports_the_engine(source: str, package: str) -> bool:
+    return any(name == "scheduling.runtime" or name.startswith("scheduling.runtime.")
+               for name in imported_modules(source, package))
+
+
+@pytest.mark.parametrize("module", SPEAKERS, ids=lambda p: str(p.relative_to(SCHEDULING.parent)))
+def test_only_the_composition_root_imports_the_engine(module):
+    package = ".".join(module.relative_to(SCHEDULING.parent).with_suffix("").parts[:-1])
+    assert not imports_the_engine(module.read_text(), package)
+
+
+@pytest.mark.parametrize("source", ["from scheduling.runtime import SchedulerRuntime", "import scheduling.runtime",
+                                    "from ..runtime import Lease", "from scheduling.runtime.engine import SchedulerRuntime"])
+def test_the_engine_scan_sees_each_way_in(source):
+    assert imports_the_engine(source, "scheduling.sub")
+
+
+def test_the_front_end_side_exists():
+    assert all(path.exists() for path in [COMPOSITION_ROOT, *FRONT_END_SIDE])
+
+
+# proxy/config reads and checks a file: it is used by the admin, replay and the worker alike, so it needs
+# nothing of the HTTP side (the scheduling core's value types are its vocabulary).
+CONFIG = PROXY / "config"
+CONFIG_MODULES = sorted(CONFIG.rglob("*.py"))
+
+
+def reaches_out_of_config(source: str, package: str) -> list[str]:
+    return [name for name in imported_modules(source, package)
+            if (name == "proxy" or name.startswith("proxy.")) and not name.startswith("proxy.config")]
+
+
+@pytest.mark.parametrize("module", CONFIG_MODULES, ids=lambda p: str(p.relative_to(CONFIG)))
+def test_the_config_reader_imports_nothing_else_of_proxy(module):
+    package = ".".join(module.relative_to(SCHEDULING.parent).with_suffix("").parts[:-1])
+    assert reaches_out_of_config(module.read_text(), package) == []
+
+
+@pytest.mark.parametrize("source", ["from proxy.http.errors import ProxyError", "from ..service import get_service",
+                                    "import proxy.http.http"])
+def test_the_config_scan_sees_a_reach_out(source):
+    assert reaches_out_of_config(source, "proxy.config")
+
+
+def test_the_config_scan_lets_its_own_and_the_core_be():
+    assert reaches_out_of_config("from .loader import Config\nfrom scheduling.core import SwapGroup\n"
+                                 "from proxy.config.errors import Problem", "proxy.config") == []
+
+
+# -- no import circle ---------------------------------------------------------------------------------
+FIRST_PARTY = ("scheduling", "proxy", "llamaswap_site")
+
+
+def module_files(root: Path) -> dict[str, tuple[str, str]]:
+    """Dotted name → (source, package its relative imports resolve against), for every first-party module."""
+    found = {}
+    for top in FIRST_PARTY:
+        for path in (root / top).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            parts = path.relative_to(root).with_suffix("").parts
+            package = ".".join(parts[:-1])
+            found[package if parts[-1] == "__init__" else ".".join(parts)] = (path.read_text(), package)
+    return found
+
+
+def import_graph(modules: dict[str, tuple[str, str]]) -> dict[str, set[str]]:
+    """Which first-party modules each one imports, anywhere in it (a function's import closes a circle as
+    surely as the top's); `from package import name` counts the submodule when `name` is one."""
+    graph = {}
+    for name, (source, package) in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                candidates = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = imported_modules(ast.unparse(node), package)[0]
+                candidates = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                              for alias in node.names]
+            else:
+                continue
+            for candidate in candidates:
+                while candidate and candidate not in modules:  # a name inside a module: the module
+                    candidate = candidate.rpartition(".")[0]
+                if candidate and candidate != name:
+                    targets.add(candidate)
+        graph[name] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every group of modules that import each other round a circle (strongly connected, over one)."""
+    order, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        on_stack.add(module)
+        for target in graph[module]:
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in graph:
+        if module not in order:
+            visit(module)
+    return found
+
+
+def test_no_module_imports_itself_round_a_circle():
+    assert circles(import_graph(module_files(SCHEDULING.parent))) == []
+
+
+def test_the_circle_scan_sees_a_circle_through_a_functions_import_and_a_package():
+    modules = {
+        "p": ("from . import a\n", "p"),
+        "p.a": ("from .b import thing\n", "p"),
+        "p.b": ("def f():\n    from p import a\n", "p"),
+        "p.c": ("import p.a\n", "p"),
+    }
+    assert circles(import_graph(modules)) == [["p.a", "p.b"]]
+
+
+def test_proxy_and_scheduling_never_import_the_site_package():
+    """`llamaswap_site` (settings, urls, the ASGI application) composes `proxy` and `scheduling`: an import
+    back up would be a circle in all but name (the serve command asks Channels for the application)."""
+    modules = module_files(SCHEDULING.parent)
+    upward = {name: sorted(t for t in targets if t.startswith("llamaswap_site"))
+              for name, targets in import_graph(modules).items() if not name.startswith("llamaswap_site")}
+    assert {name: targets for name, targets in upward.items() if targets} == {}
+
+
+# -- folders say what their files are about ---------------------------------------------------------------
+MAX_MODULES_AT_A_TOP_LEVEL = 20
+MAX_MODULE_LINES = 560
+
+
+@pytest.mark.parametrize("top", ["proxy", "scheduling"])
+def test_each_top_level_holds_few_modules_and_the_rest_sit_in_folders_per_concept(top):
+    modules = sorted(p.name for p in (SCHEDULING.parent / top).glob("*.py"))
+    assert len(modules) <= MAX_MODULES_AT_A_TOP_LEVEL, modules
+
+
+def product_modules() -> list[Path]:
+    """Every module that serves: not the migrations (generated) nor the stand-in model server (`proxy/testing`)."""
+    return [path for top in ("proxy", "scheduling", "llamaswap_site") for path in (SCHEDULING.parent / top).rglob("*.py")
+            if "migrations" not in path.parts and "testing" not in path.parts]
+
+
+def test_no_product_module_is_longer_than_a_reader_can_hold():
+    long = {str(path.relative_to(SCHEDULING.parent)): lines for path in product_modules()
+            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_the_length_rule_scans_the_modules_it_means():
+    scanned = {str(path.relative_to(SCHEDULING.parent)) for path in product_modules()}
+    assert "scheduling/runtime/engine.py" in scanned and "proxy/http/consumers.py" in scanned
+    assert "proxy/testing/fakemodel.py" not in scanned and not any("migrations" in name for name in scanned)
