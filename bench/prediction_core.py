@@ -1,6 +1,6 @@
 """Wait prediction judged on the scheduling core alone: many seeds and workload shapes in seconds.
 
-    .venv/bin/python bench/prediction_core.py [--seconds 600]
+    .venv/bin/python bench/prediction_core.py [--seconds 600] [--knowing running|all]
 
 The service's forecast is `scheduling.core.forecast` fed by `DurationHistory` and `RecentArrivals`;
 here the same three are driven the way the runtime drives them, on a simulated clock, by the
@@ -9,7 +9,9 @@ and job lengths). Each request's forecast is taken as it arrives, and held again
 scheduler sent it to its model. What this leaves out is what the real service adds (polling, the
 event loop, the dispatch gap, a process's start beside its load delay); `bench/prediction.py`
 measures that on the real service. The seeds the forecast was tuned on and those never looked at
-while tuning are reported apart.
+while tuning are reported apart. `--knowing` tells the forecast the true length of the jobs running
+(or of every job, running and queued) instead of their typical one: what is left of the error then is
+what the forecast cannot know, and the difference is what the jobs' unknown lengths cost.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -35,10 +37,30 @@ from scheduling.core.forecast import RecentArrivals, Underway, forecast  # noqa:
 from scheduling.core.priority import PRIORITY_ALIASES  # noqa: E402
 
 SPAWN_S = 0.15  # a fake model's process start beside its load delay, as measured on the real service
+KNOWING = ("nothing", "running", "all")  # whose true job length the forecast is told
 
 
 def kind_of(job: prediction.Job) -> JobKind:
     return JobKind(job.model, "chat", prediction.BANDS[job.band][2], job.band)
+
+
+class _Told:
+    """The job history, except that each kind in `exact` (one ticket's own) is told its true length."""
+
+    def __init__(self, history: DurationHistory, exact: dict[JobKind, float]) -> None:
+        self.history, self.exact = history, exact
+
+    def job_s(self, kind: JobKind, among: int = 1) -> float | None:
+        return self.exact[kind] if kind in self.exact else self.history.job_s(kind, among)
+
+    def job_left_s(self, kind: JobKind, elapsed: float) -> float | None:
+        return self.exact[kind] - elapsed if kind in self.exact else self.history.job_left_s(kind, elapsed)
+
+    def load_s(self, model: str) -> float | None:
+        return self.history.load_s(model)
+
+    def load_left_s(self, model: str, elapsed: float) -> float | None:
+        return self.history.load_left_s(model, elapsed)
 
 
 @dataclass
@@ -46,6 +68,7 @@ class _Played:
     """The scheduler driven by true job lengths, forecasting each request as it arrives."""
 
     jobs: list[prediction.Job]
+    knowing: str = "nothing"  # see KNOWING
 
     def __post_init__(self) -> None:
         models = tuple(prediction.LOAD_DELAY_S)
@@ -90,9 +113,21 @@ class _Played:
             # Only this request's outlook is asked for: it is the same as in a forecast of the whole queue
             # (the others only make the copy play on until they go too), at a fraction of the cost.
             underway = Underway(jobs=dict(self.running), starts=dict(self.starting))
-            outlook = forecast(self.scheduler, underway, self.kinds, [ticket_id], self.durations, now,
+            kinds, durations = self.told()
+            outlook = forecast(self.scheduler, underway, kinds, [ticket_id], durations, now,
                                self.arrivals.expected(now))[ticket_id]
             self.predicted[ticket_id] = outlook.eta_s
+
+    def told(self) -> tuple[dict[int, JobKind], DurationHistory | _Told]:
+        """The kinds and durations the forecast is given: with `knowing`, each known job gets a kind of its
+        own, told its true length."""
+        if self.knowing == "nothing":
+            return self.kinds, self.durations
+        kinds, exact = dict(self.kinds), {}
+        for ticket_id in self.running if self.knowing == "running" else self.kinds:
+            own = replace(self.kinds[ticket_id], route=f"chat #{ticket_id}")
+            kinds[ticket_id], exact[own] = own, self.length[ticket_id]
+        return kinds, _Told(self.durations, exact)
 
     def step(self) -> None:
         now, _, event, subject = heapq.heappop(self.events)
@@ -130,8 +165,8 @@ class _Played:
         return samples
 
 
-def played(shape: str, seed: int, seconds: float) -> list[prediction.Sample]:
-    return _Played(prediction.workload(seconds, seed, shape)).play(seed)
+def played(shape: str, seed: int, seconds: float, knowing: str = "nothing") -> list[prediction.Sample]:
+    return _Played(prediction.workload(seconds, seed, shape), knowing).play(seed)
 
 
 COST_WAITING = (100, 1000)  # queue lengths the forecast's cost is measured at
@@ -179,14 +214,14 @@ class Judged:
         return prediction.p90(used) if used else None
 
 
-def judge_all(seconds: float) -> list[Judged]:
+def judge_all(seconds: float, knowing: str = "nothing") -> list[Judged]:
     """Every shape on the tuned and the unseen seeds, one seed a process at a time on each CPU."""
     groups = [(shape, name, seeds) for shape in prediction.SHAPES
               for name, seeds in (("tuned", prediction.TUNED_SEEDS), ("unseen", prediction.JUDGED_SEEDS))]
-    runs = [(shape, seed, seconds) for shape, _, seeds in groups for seed in seeds]
+    runs = [(shape, seed, seconds, knowing) for shape, _, seeds in groups for seed in seeds]
     with multiprocessing.Pool(os.cpu_count()) as pool:
         samples = dict(zip(runs, pool.starmap(played, runs)))
-    return [Judged(shape, name, [s for seed in seeds for s in samples[shape, seed, seconds]])
+    return [Judged(shape, name, [s for seed in seeds for s in samples[shape, seed, seconds, knowing]])
             for shape, name, seeds in groups]
 
 
@@ -223,11 +258,14 @@ def method(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=600, help="arrivals a seed")
+    parser.add_argument("--knowing", choices=KNOWING, default="nothing",
+                        help="tell the forecast the true length of the running jobs, or of every job")
     args = parser.parse_args(argv)
-    print(f"command: .venv/bin/python bench/prediction_core.py --seconds {args.seconds:g}\n")
+    told = "" if args.knowing == "nothing" else f" --knowing {args.knowing}"
+    print(f"command: .venv/bin/python bench/prediction_core.py --seconds {args.seconds:g}{told}\n")
     print(method(args.seconds) + "\n")
     print(HEADER)
-    print("\n".join(rows(judge_all(args.seconds))))
+    print("\n".join(rows(judge_all(args.seconds, args.knowing))))
     print("\none forecast of the whole queue: " + ", ".join(
         f"{waiting:,} waiting {forecast_cost_ms(waiting):,.0f} ms" for waiting in COST_WAITING))
     return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from statistics import median
+from statistics import fmean, median
 
 WINDOW = 50  # recent durations kept per kind: enough for a stable median, few enough to follow a change
 # A job or load already past every recent one of its kind is expected to overrun by as much again as it
@@ -46,10 +46,16 @@ class DurationHistory:
         """A start of `model` that ended ready, including the stops it needed first."""
         self._loads.setdefault(model, deque(maxlen=self._window)).append(max(0.0, seconds))
 
-    def job_s(self, kind: JobKind) -> float | None:
-        """The typical run time of a job of `kind`, or None when the model has finished none."""
+    def job_s(self, kind: JobKind, among: int = 1) -> float | None:
+        """The typical run time of a job of `kind`, or None when the model has finished none. `among`:
+        the job is the among-th of a run of jobs whose lengths add up (a forecast's queue): one job alone
+        is told by the median, but a sum of many comes near as many times their mean, well above the
+        median when lengths have a heavy tail, so the n-th is told by median + (mean − median)(1 − 1/n)."""
         samples = self._job_samples(kind)
-        return median(samples) if samples else None
+        if not samples:
+            return None
+        typical = median(samples)
+        return typical + (fmean(samples) - typical) * (1 - 1 / among) if among > 1 else typical
 
     def job_left_s(self, kind: JobKind, elapsed: float) -> float | None:
         """How much longer a job of `kind` that has run `elapsed` seconds is expected to run."""

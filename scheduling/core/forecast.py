@@ -1,7 +1,8 @@
 """When each waiting request will go: the scheduler itself, run forward on a copy.
 
 Every job and load under way is assumed to take its typical time (see
-`durations`); the copy is told of each end as it comes due, and makes the same
+`durations`; the jobs the copy plays one after another add up, so the n-th is
+told by a length that moves from their median toward their mean); the copy is told of each end as it comes due, and makes the same
 picks the real one would make then, with the scores of that moment. So the
 prediction knows what the request competes with (slots, swaps, coexisting
 models), what is ahead of it, and which aging crossovers happen meanwhile,
@@ -185,11 +186,15 @@ class _Run:
         self.priorities: dict[int, int] = {}  # of the targets, as dispatched
         self.launched: dict[str, tuple[float, Blocker | None]] = {}
         self.unknown: set[str] = set()  # what has no typical duration yet
+        self.granted = 0  # jobs the copy has played
 
     # -- Timing: the typical durations ---------------------------------------------------------------
     def job_s(self, grant: Grant, now: float) -> float | None:
         kind = self.kinds.get(grant.ticket_id)
-        return None if kind is None else self._known(self.durations.job_s(kind), "a request to", grant.model)
+        if kind is None:
+            return None
+        self.granted += 1  # the jobs played so far add up before every later dispatch (see `job_s`'s `among`)
+        return self._known(self.durations.job_s(kind, self.granted), "a request to", grant.model)
 
     def load_s(self, model: str) -> float | None:
         return self._known(self.durations.load_s(model), "a load of", model)

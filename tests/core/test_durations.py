@@ -19,6 +19,15 @@ def test_each_band_has_its_own_typical_job_and_one_outlier_barely_moves_it():
     assert history.job_s(JobKind("m", CHAT, False, "interactive")) == 2
 
 
+def test_the_nth_of_jobs_that_add_up_moves_from_the_median_toward_the_mean():
+    """A sum of many skewed jobs comes near as many times their mean, one job alone near their median."""
+    history = DurationHistory()
+    for seconds in (2, 2, 2, 2, 12):  # median 2, mean 4
+        history.add_job(JobKind("m", CHAT, False, "batch"), seconds)
+    told = [history.job_s(JobKind("m", CHAT, False, "batch"), among) for among in (1, 2, 4)]
+    assert told == [2, 3, 3.5]
+
+
 def test_a_new_kind_borrows_from_the_closest_kinds_of_its_model_and_never_from_another_model():
     history = DurationHistory()
     history.add_job(JobKind("m", CHAT, True, "batch"), 30)

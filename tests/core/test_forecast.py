@@ -228,6 +228,25 @@ def test_with_typical_durations_the_forecast_is_exactly_what_happens(requests, s
     assert queued_order == sorted(queued_order, key=lambda tid: (world.granted_at[tid], list(world.granted_at).index(tid)))
 
 
+def test_the_jobs_the_copy_plays_in_a_row_add_up_toward_their_mean():
+    """The first job ahead is told by its kind's median, the n-th played after it by median + (mean −
+    median)(1 − 1/n) (see `DurationHistory.job_s`): waits far back are sums of many jobs."""
+    scheduler, ticket = scheduler_with(), Tickets()
+    world = World(scheduler)
+    world.apply(scheduler.submit(ticket("chat", 0, 0.0), 0.0), 0.0)
+    world.run_until(6.0)  # chat is up and its job began at 6 s
+    queued = [ticket("chat", 0, 7.0) for _ in range(3)]
+    for t in queued:
+        world.apply(scheduler.submit(t, 7.0), 7.0)
+    skewed = history(jobs={})
+    for seconds in (2, 2, 2, 2, 12):  # median 2, mean 4
+        skewed.add_job(kind("chat"), seconds)
+    outlooks = world.forecast({t.id: "chat" for t in queued}, 7.0, durations=skewed)
+    # The running job has 1 s left (the median of those longer than its 1 s so far, less that second);
+    # then the first queued job is told 2 s, the second 2 + 2 × (1 − 1/2) = 3 s.
+    assert [outlooks[t.id].eta_s for t in queued] == pytest.approx([1.0, 3.0, 6.0])
+
+
 def test_a_model_with_a_start_under_way_counts_its_load_from_when_it_began():
     scheduler, ticket = scheduler_with(), Tickets()
     world = World(scheduler)
