@@ -20,7 +20,7 @@ from proxy.upstream import captures
 
 from proxy.api import system_metrics
 from proxy.http.errors import ProxyError
-from proxy.model_processes.fleet import ModelFleet
+from proxy.model_processes.fleet import ProcessFleet
 from proxy.upstream.peer_relay import PeerRelays
 from proxy.upstream.upstream_names import leading_names
 from proxy.upstream.upstreams import ClientUse, UpstreamClients
@@ -31,12 +31,12 @@ from scheduling.core import SerialSettings, build_scheduler
 from scheduling.core.durations import DurationHistory
 from scheduling.rows.recorder import Recorder
 from scheduling.runtime import SchedulerRuntime
-from scheduling.tickets import Outcome, Rejected, TicketRequest
+from scheduling.tickets import Outcome, Refused, RequestState, TicketRequest
 
 log = logging.getLogger("llamaswap.service")
 
 # What a peer request still running when the shutdown's drain is over is told, as a local one is by the runtime.
-SHUT_DOWN = Rejected(503, "shutting_down", "llamaswap shut down before this request finished")
+SHUT_DOWN = Refused(503, "shutting_down", "llamaswap shut down before this request finished")
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class ProxyService:
         if door_class.runs_scheduler:
             self.recorder = Recorder()
             self.recorder.start()
-            self.fleet = ModelFleet(config, self.recorder, on_crash=self._model_crashed)
+            self.fleet = ProcessFleet(config, self.recorder, on_crash=self._model_crashed)
             scheduler = build_scheduler(
                 config.scheduler.use, model_specs(config), swap_policy(config), serial_settings or config.scheduler.serial
             )
@@ -193,10 +193,10 @@ class ProxyService:
         for model in self.config.preload:
             try:
                 lease = await self.door.submit(TicketRequest(model=model, path="(preload)", priority=0, method="LOAD"))
-            except Rejected as exc:
+            except Refused as exc:
                 log.warning("preloading %s failed: %s", model, exc.message)
                 continue
-            self.door.release(lease.ticket_id, Outcome(state="completed", status_code=200))
+            self.door.release(lease.ticket_id, Outcome(state=RequestState.COMPLETED, status_code=200))
 
     def apply_config(self, config, restart: list[str], serial_settings: SerialSettings) -> None:
         """Switch to a reloaded config; `restart` names models whose process must be replaced.

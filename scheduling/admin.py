@@ -25,11 +25,11 @@ from scheduling.rows.history import CappedCountPaginator, HistoryQuerySet, searc
 from scheduling.models import (
     ConfiguredModel,
     QueuedRequest,
-    RequestState,
     SchedulerSettings,
     SettingsChange,
     WaitingRequest,
 )
+from scheduling.tickets import RequestState
 from scheduling.door.questions import BusyModels, CancelWaiting, Processes, Queue, Reprioritize, Snapshot, Unload, Waiting
 from scheduling.operating.settings_store import as_text, ignored_slots, ignored_values, override_source, save_settings
 from scheduling.operating.whole_numbers import whole_number

@@ -43,7 +43,7 @@ class Finished:
 
 
 @dataclass(frozen=True)
-class Refused:
+class Unserved:
     """A request that never reached a model: the scheduler answered it with an error, or it was
     cancelled while queued (`cancelled`). `model` is empty when the request was already gone."""
 
@@ -69,4 +69,4 @@ class ModelStateChanged:
     state: str
 
 
-RuntimeEvent = Queued | Dispatched | Finished | Refused | ModelLoaded | ModelStateChanged
+RuntimeEvent = Queued | Dispatched | Finished | Unserved | ModelLoaded | ModelStateChanged

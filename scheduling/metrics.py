@@ -25,14 +25,15 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from scheduling.core import Band, SchedulerSnapshot
-from scheduling.events import Dispatched, Finished, ModelLoaded, Refused, RuntimeEvent
+from scheduling.core import Band, ModelState, SchedulerSnapshot
+from scheduling.events import Dispatched, Finished, ModelLoaded, RuntimeEvent, Unserved
+from scheduling.tickets import RequestState
 
 log = logging.getLogger("llamaswap.metrics")
 
 BANDS = tuple(str(band) for band in Band)
 REORDER_TERMS = ("aging", "swap_affinity")
-MODEL_STATES = ("stopped", "starting", "ready", "stopping")
+MODEL_STATES = tuple(ModelState)
 TOKEN_DIRECTIONS = ("input", "output")
 # Requests that never reached a model (rejected, or cancelled while queued) carry no path in their event.
 UNKNOWN = "unknown"
@@ -341,7 +342,7 @@ def _finished(event: Finished) -> None:
             TOKENS.labels(model, direction).inc(count)
 
 
-def _refused(event: Refused) -> None:
+def _unserved(event: Unserved) -> None:
     """Answered by the scheduler with an error (429, failed start, shutdown) or cancelled while queued."""
     REQUESTS.labels(event.model or UNKNOWN, event.route, str(event.status)).inc()
 
@@ -354,7 +355,7 @@ def _loaded(event: ModelLoaded) -> None:
 _HANDLERS: dict[type, Callable[[Any], None]] = {
     Dispatched: _dispatched,
     Finished: _finished,
-    Refused: _refused,
+    Unserved: _unserved,
     ModelLoaded: _loaded,
 }
 
@@ -363,4 +364,4 @@ def status_label(status: int | None, state: str) -> str:
     """The HTTP status sent; 499 (client closed the request) when the client left before one was."""
     if status is not None:
         return str(status)
-    return "499" if state == "cancelled" else state
+    return "499" if state == RequestState.CANCELLED else state

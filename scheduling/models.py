@@ -6,25 +6,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from scheduling.core import SerialSettings, serial_settings_problems
-
-
-class RequestState(models.TextChoices):
-    QUEUED = "queued"
-    DISPATCHED = "dispatched"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    REJECTED = "rejected"
-    INTERRUPTED = "interrupted"
-
-
-TERMINAL_STATES = (
-    RequestState.COMPLETED,
-    RequestState.FAILED,
-    RequestState.CANCELLED,
-    RequestState.REJECTED,
-    RequestState.INTERRUPTED,
-)
+from scheduling.tickets import TERMINAL_STATES, RequestState
 
 
 class BandChoice(models.TextChoices):

@@ -14,7 +14,30 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.db.models.enums import TextChoices
+
 from scheduling.core import Decision
+
+
+class RequestState(TextChoices):
+    """Where a request's row stands; the last five are terminal."""
+
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+    INTERRUPTED = "interrupted"
+
+
+TERMINAL_STATES = (
+    RequestState.COMPLETED,
+    RequestState.FAILED,
+    RequestState.CANCELLED,
+    RequestState.REJECTED,
+    RequestState.INTERRUPTED,
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +79,7 @@ class Lease:
     model: str
     upstream: str
     decision: Decision
-    cut: Rejected | None = None
+    cut: Refused | None = None
     _holder: asyncio.Task | None = field(default=None, repr=False)
 
     def held_by(self, task: asyncio.Task) -> None:
@@ -65,30 +88,33 @@ class Lease:
         if self.cut is not None:
             task.cancel()
 
-    def revoke(self, reason: Rejected) -> None:
+    def revoke(self, reason: Refused) -> None:
         self.cut = reason
         if self._holder is not None:
             self._holder.cancel()
 
 
-class Rejected(Exception):
-    """The scheduler answered a request with an error instead of a grant."""
+@dataclass(eq=False)
+class Refused(Exception):
+    """The scheduler answered a request with an error instead of a grant, or took its grant back.
 
-    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None,
-                 ticket_id: int | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.retry_after = retry_after
-        self.ticket_id = ticket_id  # the refused request's row, when it had one: its client can look it up
+    A dataclass, so the wire carries it to a front end as it is."""
+
+    status: int
+    code: str
+    message: str
+    retry_after: float | None = None
+    ticket_id: int | None = None  # the refused request's row, when it had one: its client can look it up
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
 
 
 @dataclass(frozen=True)
 class Outcome:
     """How a granted request ended, for its row."""
 
-    state: str  # completed | failed | cancelled
+    state: RequestState  # completed, failed or cancelled
     status_code: int | None = None
     error: str = ""
     usage: dict[str, Any] | None = None

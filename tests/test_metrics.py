@@ -21,7 +21,7 @@ from proxy.http.inbound import route_label
 from scheduling.door import frontdoor
 from scheduling import metrics
 from scheduling.core import Band, Decision, SchedulerSnapshot, ScoreTerms, SerialSettings
-from scheduling.events import Dispatched, Finished, ModelLoaded, Refused
+from scheduling.events import Dispatched, Finished, ModelLoaded, Unserved
 
 REPO = Path(__file__).resolve().parent.parent
 BANDS = ("interactive", "normal", "batch")
@@ -248,9 +248,9 @@ def test_rejected_and_cancelled_requests_are_counted_by_route_and_status():
     by_operator = {"model": "alpha", "route": "/v1/embeddings", "status": "503"}
     series = (rejected, cancelled, by_operator)
     before = [value("llamaswap_requests_total", **labels) for labels in series]
-    metrics.record_event(Refused("alpha", "/v1/chat/completions", 429))
-    metrics.record_event(Refused("alpha", "/v1/embeddings", 499, cancelled=True))
-    metrics.record_event(Refused("alpha", "/v1/embeddings", 503, cancelled=True))
+    metrics.record_event(Unserved("alpha", "/v1/chat/completions", 429))
+    metrics.record_event(Unserved("alpha", "/v1/embeddings", 499, cancelled=True))
+    metrics.record_event(Unserved("alpha", "/v1/embeddings", 503, cancelled=True))
     after = [value("llamaswap_requests_total", **labels) for labels in series]
     assert [a - b for a, b in zip(after, before)] == [1, 1, 1]
 

@@ -26,7 +26,9 @@ from proxy.compat.model_listing import capability_fields
 from proxy.upstream.peer_relay import peer_model_states
 from scheduling.rows.activity import activity_row
 from scheduling.door.questions import LogsSince, Processes, Queue
-from scheduling.models import QueuedRequest, RequestState
+from scheduling.models import QueuedRequest
+from scheduling.tickets import RequestState
+from scheduling.core import ModelState
 
 TICK_S = 0.5
 KEEPALIVE_S = 15.0
@@ -49,7 +51,7 @@ def model_status(config, states: dict[str, str]) -> list[dict[str, Any]]:
             "id": model_id,
             "name": model.name,
             "description": model.description,
-            "state": states.get(model_id, "stopped"),
+            "state": states.get(model_id, ModelState.STOPPED),
             "unlisted": model.unlisted,
             "peerID": "",
             "aliases": list(model.aliases),

@@ -22,6 +22,7 @@ from proxy.http.responses import allow_methods, json_error
 from proxy.service import get_service
 from scheduling.rows.activity import ActivityQuery, ActivityQueryError, activity_page
 from scheduling.door.questions import Logs, LogsSince, Processes, RunningProcesses, Unload
+from scheduling.core import ModelState
 
 # How often `/logs/stream` asks the scheduler for new log text while a client streams the logs.
 LOG_POLL_S = 0.25
@@ -82,7 +83,7 @@ async def list_models(request: HttpRequest, service) -> JsonResponse:
     for model_id, model in service.config.models.items():
         if model.unlisted:
             continue
-        state = states.get(model_id, "stopped")
+        state = states.get(model_id, ModelState.STOPPED)
         data.append(
             {
                 "id": model_id,
@@ -91,7 +92,7 @@ async def list_models(request: HttpRequest, service) -> JsonResponse:
                 "owned_by": "llamaswap",
                 "name": model.name,
                 "description": model.description,
-                "status": {"value": "unloaded" if state == "stopped" else "loaded"},
+                "status": {"value": "unloaded" if state == ModelState.STOPPED else "loaded"},
                 "meta": {"llamaswap": {"type": "model", "aliases": list(model.aliases), **dict(model.metadata)}},
             }
         )

@@ -14,6 +14,7 @@ from proxy.http.consumers import ModelConsumer, climbs_out
 from proxy.http.errors import ProxyError
 from proxy.service import get_service
 from scheduling.door.questions import Processes
+from scheduling.core import ModelState
 
 COMFYUI_PREFIX = "/comfyui"
 
@@ -41,7 +42,7 @@ def comfyui_rest(scope) -> str | None:
 
 
 async def is_ready(service, model_id: str) -> bool:
-    return (await service.door.ask(Processes())).get(model_id) == "ready"
+    return (await service.door.ask(Processes())).get(model_id) == ModelState.READY
 
 
 def not_loaded(model_id: str, why: str) -> ProxyError:

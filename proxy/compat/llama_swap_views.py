@@ -10,7 +10,7 @@ from proxy.http.responses import allow_methods, json_error
 from proxy.version import build_info
 from proxy.api.views import api_key_required
 from scheduling.rows.llama_swap_activity import (
-    LlamaSwapActivityQuery, LlamaSwapQueryError, activity_page, activity_stats, model_names,
+    LlamaSwapActivityQuery, LlamaSwapQueryError, llama_swap_activity_page, activity_stats, model_names,
 )
 from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
@@ -39,7 +39,7 @@ async def metrics_activity(request: HttpRequest, service) -> HttpResponse:
         query = LlamaSwapActivityQuery.from_params(request.GET)
     except LlamaSwapQueryError as exc:
         return json_error(400, str(exc), "invalid_parameter")
-    return JsonResponse(await sync_to_async(activity_page)(query, STORE.has))
+    return JsonResponse(await sync_to_async(llama_swap_activity_page)(query, STORE.has))
 
 
 @api_key_required

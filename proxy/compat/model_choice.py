@@ -21,6 +21,7 @@ from proxy.http.errors import ProxyError
 from proxy.http.inbound import ModelRequest
 from proxy.upstream.upstream_names import leading_names
 from scheduling.door.questions import Processes
+from scheduling.core import ModelState
 
 # (selector ID, target as written) -> requests picked through the selector and not finished yet.
 _reserved: Counter[tuple[str, str]] = Counter()
@@ -101,12 +102,12 @@ def _disabled(requested: str, profile: str) -> NoReturn:
 def _state(config, target: str, states: dict[str, str]) -> str | None:
     """A local target's process state; None for a peer model."""
     model = config.resolve(target)
-    return None if model is None else states.get(model.id, "stopped")
+    return None if model is None else states.get(model.id, ModelState.STOPPED)
 
 
 def _warm(config, selector, states: dict[str, str]) -> str:
     """The first target that is ready, else the first starting, else the first (which then starts)."""
-    for wanted in ("ready", "starting"):
+    for wanted in (ModelState.READY, ModelState.STARTING):
         for target in selector.targets:
             if _state(config, target, states) == wanted:
                 return target
@@ -121,9 +122,9 @@ def _spillover(config, selector, states: dict[str, str]) -> str:
     for target in selector.targets:
         state = _state(config, target, states)
         held = _reserved[(selector.id, target)]
-        if state == "stopping":
+        if state == ModelState.STOPPING:
             continue
-        if held or state in ("ready", "starting"):
+        if held or state in (ModelState.READY, ModelState.STARTING):
             in_use.append(target)
         else:
             idle.append(target)
@@ -146,7 +147,7 @@ def listed_choices(config, profile: str, states: dict[str, str], created: int, l
     entries = []
 
     def entry(model_id: str, kind: str, targets: tuple[str, ...], name="", description="", metadata=()) -> dict:
-        loaded = any(_state(config, target, states) not in (None, "stopped") for target in targets)
+        loaded = any(_state(config, target, states) not in (None, ModelState.STOPPED) for target in targets)
         return {
             "id": model_id, "object": "model", "created": created, "owned_by": "llamaswap", "name": name,
             "description": description, "status": {"value": "loaded" if loaded else "unloaded"},

@@ -23,7 +23,7 @@ from proxy.upstream.relay import as_sent, identity_headers, relay, upstream_head
 from proxy.http.route_paths import model_in_query, route_methods, upstream_path
 from proxy.service import get_service
 from proxy.config.upstream_paths import is_ignored
-from scheduling.tickets import Rejected, stamped
+from scheduling.tickets import Refused, stamped
 
 log = logging.getLogger("llamaswap.proxy")
 # What an upstream server may read as a path separator once it decodes %2f or %5c.
@@ -107,7 +107,7 @@ class ModelConsumer(StreamingHttpConsumer):
                 lease = await wait_showing_state(self, door, request, loading_stream_headers)
             else:
                 lease = await door.submit(request)
-        except Rejected as exc:
+        except Refused as exc:
             if self.response_started:  # the loading state began the stream: the refusal ends it
                 await self.send_body(error_event(exc.status, exc.message, exc.code))
                 return
@@ -135,7 +135,7 @@ class ModelConsumer(StreamingHttpConsumer):
         if held.cut is not None:
             await self.end_cut_short(held.cut, stream, identity)
 
-    async def end_cut_short(self, cut: Rejected, stream: bool, identity: dict[str, str]) -> None:
+    async def end_cut_short(self, cut: Refused, stream: bool, identity: dict[str, str]) -> None:
         """The runtime took the GPU back mid-request (an operator unloaded the model): tell the client why."""
         if not self.response_started:
             raise ProxyError(cut.status, cut.message, cut.code, headers=dict(identity))

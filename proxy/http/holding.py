@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Callable
 from proxy.http.errors import ProxyError
 from proxy.http.inbound import max_wait_seconds, route_label
 from scheduling.core import PRIORITY_HEADER, parse_priority
-from scheduling.tickets import Outcome, Rejected, TicketRequest
+from scheduling.tickets import Outcome, Refused, RequestState, TicketRequest
 
-CLIENT_LEFT = Outcome(state="cancelled", error="client disconnected mid-response")
+CLIENT_LEFT = Outcome(state=RequestState.CANCELLED, error="client disconnected mid-response")
 
 
 def ticket_request(scope: dict, headers: dict[str, str], *, model: str, requested: str, method: str,
@@ -47,7 +47,7 @@ class Held:
     def __init__(self, record: Callable[[Outcome], None]) -> None:
         self._record = record
         self.open = True
-        self.cut: Rejected | None = None
+        self.cut: Refused | None = None
 
     def end(self, outcome: Outcome) -> None:
         if self.open:
@@ -56,7 +56,7 @@ class Held:
 
 
 @contextlib.asynccontextmanager
-async def holding(record: Callable[[Outcome], None], cut_by: Callable[[], Rejected | None], *,
+async def holding(record: Callable[[Outcome], None], cut_by: Callable[[], Refused | None], *,
                   failures: tuple[type[BaseException], ...] = (),
                   left: Callable[[], Outcome] = lambda: CLIENT_LEFT) -> AsyncIterator[Held]:
     """Hold one request while the block serves it; `record` is called once with how it ended.
@@ -68,17 +68,17 @@ async def holding(record: Callable[[Outcome], None], cut_by: Callable[[], Reject
     try:
         yield held
     except ProxyError as exc:
-        held.end(Outcome(state="failed", status_code=exc.status, error=exc.message))
+        held.end(Outcome(state=RequestState.FAILED, status_code=exc.status, error=exc.message))
         raise
     except failures as exc:
-        held.end(Outcome(state="failed", status_code=502, error=str(exc)))
+        held.end(Outcome(state=RequestState.FAILED, status_code=502, error=str(exc)))
         raise
     except asyncio.CancelledError:
         cut = cut_by()
         if cut is None or asyncio.current_task().uncancel():
             raise  # the client left: ended below
         held.cut = cut
-        held.end(Outcome(state="cancelled", status_code=cut.status, error=cut.message))
+        held.end(Outcome(state=RequestState.CANCELLED, status_code=cut.status, error=cut.message))
     finally:
         if held.open:  # nothing above ended it: its client left, or an error none of them names
             held.end(left())

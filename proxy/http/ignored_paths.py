@@ -17,10 +17,11 @@ from proxy.http.auth import CREDENTIAL_HEADERS
 from proxy.http.errors import ProxyError
 from proxy.upstream.relay import as_sent, relay, upstream_headers
 from scheduling.door.questions import Processes
+from scheduling.core import ModelState
 
 
 async def refuse_unless_ready(service, model_cfg, path: str) -> None:
-    if (await service.door.ask(Processes())).get(model_cfg.id, "stopped") != "ready":
+    if (await service.door.ask(Processes())).get(model_cfg.id, ModelState.STOPPED) != ModelState.READY:
         raise ProxyError(
             409,
             f"model '{model_cfg.id}' is not loaded, and {path} matches upstream.ignorePaths, which never "

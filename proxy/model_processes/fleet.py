@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from proxy.model_processes.logring import LogRing
 from proxy.model_processes.orphans import process_owner
 from proxy.model_processes.processes import ModelProcess, SpawnedProcess
+from scheduling.core import ModelState
 
 log = logging.getLogger("llamaswap.fleet")
 
@@ -19,7 +20,7 @@ def process_changed(old, new) -> bool:
     return any(getattr(old, f) != getattr(new, f) for f in fields)
 
 
-class ModelFleet:
+class ProcessFleet:
     """Carries out the scheduler's start/stop decisions and records each process group for crash recovery.
 
     A group is recorded the moment it is spawned, before its health checks, and forgotten once it
@@ -60,7 +61,7 @@ class ModelFleet:
         replaced = set(restart) | removed
         for model_id in replaced:
             process = self.processes.pop(model_id)
-            if process.state != "stopped":
+            if process.state != ModelState.STOPPED:
                 self._retiring[model_id] = process
         self.config = config
         for model_id, process in self.processes.items():
@@ -84,7 +85,7 @@ class ModelFleet:
 
     def running(self) -> list[str]:
         models = dict.fromkeys([*self._retiring, *self.processes])
-        return [m for m in models if self._current(m).state != "stopped"]
+        return [m for m in models if self._current(m).state != ModelState.STOPPED]
 
     async def swap_in(self, model: str, evict: tuple[str, ...]) -> None:
         """Stop the evicted models (in parallel), then start `model` and wait until it is healthy."""

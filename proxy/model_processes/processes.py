@@ -18,11 +18,12 @@ import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Coroutine, Protocol, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
 import httpx
 
 from proxy.model_processes import proctable
+from proxy.config import ModelConfig
 from proxy.config.secrets import hidden_values, scrubbed, shown_argv, shown_url
 from proxy.compat.log_output import copy_model_output
 from proxy.model_processes.child_environment import child_environment, resolve_console_script
@@ -30,6 +31,7 @@ from proxy.model_processes.logring import LogRing
 from proxy.model_processes.process_groups import (
     GROUP_POLL_INTERVAL_S, KILL_GRACE_S, describe_exit, process_group_alive, signal_group,
 )
+from scheduling.core import ModelState
 
 logger = logging.getLogger("llamaswap.processes")
 T = TypeVar("T")
@@ -50,18 +52,6 @@ HEALTH_TRY_TIMEOUT_S = 2.0
 HEALTH_SETTLE_S = 0.5
 
 OUTPUT_DRAIN_TIMEOUT_S = 1.0
-
-
-class ModelConfig(Protocol):
-    """The part of a model's configuration this module needs."""
-
-    id: str
-    cmd: tuple[str, ...]
-    cmd_stop: tuple[str, ...]
-    proxy: str
-    check_endpoint: str | None
-    env: tuple[tuple[str, str], ...]
-    unload_timeout: float
 
 
 @dataclass(frozen=True)
@@ -136,7 +126,7 @@ class ModelProcess:
         self.on_spawn = on_spawn
         self.on_gone = on_gone
         self.owner = owner
-        self.state = "stopped"
+        self.state = ModelState.STOPPED
         self.pid: int | None = None
         self.pgid: int | None = None
         self.started_at: float | None = None
@@ -159,10 +149,10 @@ class ModelProcess:
         """Return once the model is ready; raise ModelStartError if it cannot get there."""
         if self._stop_task is not None:
             await asyncio.shield(self._stop_task)
-        if self.state == "ready":
+        if self.state == ModelState.READY:
             return
         if self._start_task is None:
-            self.state = "starting"
+            self.state = ModelState.STARTING
             self._abort = asyncio.Event()
             self._start_task = _background(self._start_sequence())
         # Shielded: a caller that gives up (client disconnect) must not abort a start others wait for.
@@ -171,9 +161,9 @@ class ModelProcess:
     async def stop(self, timeout: float | None = None) -> None:
         """Stop the model (gracefully for up to `timeout` seconds, then SIGKILL) and its whole group."""
         if self._stop_task is None:
-            if self.state == "stopped":
+            if self.state == ModelState.STOPPED:
                 return
-            self.state = "stopping"
+            self.state = ModelState.STOPPING
             self._abort.set()
             grace = self.config.unload_timeout if timeout is None else timeout
             self._stop_task = _background(self._stop_sequence(grace))
@@ -192,17 +182,17 @@ class ModelProcess:
             if not self._abort.is_set():  # an aborting stop cleans up after itself
                 await self._kill_group()
                 self._forget_process()
-                self.state = "stopped"
+                self.state = ModelState.STOPPED
             tail = "\n".join(self._attempt_log.tail(LOG_TAIL_LINES)) if spawned else None
             raise ModelStartError(self.config.id, failure.reason, tail) from None
         except asyncio.CancelledError:
             self._signal_group(signal.SIGKILL)
             self._forget_process()
-            self.state = "stopped"
+            self.state = ModelState.STOPPED
             raise
         finally:
             self._start_task = None
-        self.state = "ready"
+        self.state = ModelState.READY
         logger.info("model %r ready after %.1fs (pid %s)", self.config.id, time.time() - self.started_at, self.pid)
 
     async def _spawn(self) -> None:
@@ -333,7 +323,7 @@ class ModelProcess:
     async def _watch_exit(self, process: asyncio.subprocess.Process) -> None:
         """Turn an exit of a ready model into `stopped` plus `on_exit`; other exits are expected."""
         returncode = await process.wait()
-        if self._process is not process or self.state != "ready":
+        if self._process is not process or self.state != ModelState.READY:
             return
         self._exited(describe_exit(returncode), returncode)
 
@@ -342,7 +332,7 @@ class ModelProcess:
         later). Its clients see the connection drop before the exit is reaped, even before the
         process is a zombie; a request granted in between would go to a dead server instead of
         starting the model again. So a process already exiting counts as gone here."""
-        if self.state != "ready" or self.pgid is None or process_group_alive(self.pgid, exiting=False):
+        if self.state != ModelState.READY or self.pgid is None or process_group_alive(self.pgid, exiting=False):
             return False
         returncode = None if self._process is None else self._process.returncode  # None until reaped
         self._exited("exited" if returncode is None else describe_exit(returncode), returncode)
@@ -352,7 +342,7 @@ class ModelProcess:
         logger.warning("model %r exited unexpectedly: %s", self.config.id, how)
         self._signal_group(signal.SIGKILL)  # children left behind would keep holding GPU memory
         self._forget_process()
-        self.state = "stopped"
+        self.state = ModelState.STOPPED
         if self.on_exit is not None:
             try:
                 self.on_exit(self, returncode)
@@ -368,7 +358,7 @@ class ModelProcess:
             await self._terminate(timeout)
         finally:
             self._forget_process()
-            self.state = "stopped"
+            self.state = ModelState.STOPPED
             self._stop_task = None
 
     async def _terminate(self, timeout: float) -> None:

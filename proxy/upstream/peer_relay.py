@@ -25,7 +25,7 @@ from proxy.http.errors import ProxyError
 from proxy.http.holding import holding, ticket_request
 from proxy.http.inbound import ModelRequest, forwarded_body, off_loop_when_large
 from proxy.upstream.relay import as_sent, identity_headers, relay, upstream_headers
-from scheduling.tickets import Outcome, Rejected
+from scheduling.tickets import Outcome, Refused
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -127,7 +127,7 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
     try:
         ticket_id = await door.begin_relayed(
             request, peer.id, f"relayed to peer '{peer.id}' at {shown_url(peer.proxy)}, not scheduled")
-    except Rejected as exc:  # the request could not be recorded: refused, as a local model's would be
+    except Refused as exc:  # the request could not be recorded: refused, as a local model's would be
         raise ProxyError(exc.status, exc.message, exc.code, headers={"Retry-After": str(int(exc.retry_after))}) from None
     identity = identity_headers(ticket_id, 0.0) if ticket_id is not None else {}
     consumer.capture = begin_capture(consumer.scope["path"], upstream_path, headers, body)
@@ -166,7 +166,7 @@ class PeerRelays:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task] = set()
-        self.cut_by: Rejected | None = None
+        self.cut_by: Refused | None = None
 
     @contextlib.contextmanager
     def running(self):
@@ -178,7 +178,7 @@ class PeerRelays:
         finally:
             self._tasks.discard(task)
 
-    async def cut(self, reason: Rejected, wait_s: float = 5.0) -> None:
+    async def cut(self, reason: Refused, wait_s: float = 5.0) -> None:
         """End every relay still running with `reason`, waiting up to `wait_s` for their clients to be told."""
         self.cut_by = reason
         tasks = list(self._tasks)

@@ -15,7 +15,7 @@ import httpx
 from proxy.http.errors import ProxyError, error_event
 from proxy.upstream.upstreams import UPSTREAM_ERRORS, UpstreamClient
 from proxy.upstream.usage import usage_from_json, usage_from_sse
-from scheduling.tickets import Outcome
+from scheduling.tickets import Outcome, RequestState
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus what httpx/daphne set themselves.
 HOP_BY_HOP = frozenset(
@@ -143,7 +143,7 @@ async def relay(sink: ResponseSink, client: UpstreamClient, model: str, method: 
     except UPSTREAM_ERRORS as exc:
         await response.aclose()
         outcome = Outcome(
-            state="failed", status_code=502, first_byte_monotonic=first_byte, response_bytes=sent,
+            state=RequestState.FAILED, status_code=502, first_byte_monotonic=first_byte, response_bytes=sent,
             error=f"model '{model}' stopped answering mid-response: {exc or type(exc).__name__}",
         )
         answered(outcome)
@@ -167,7 +167,7 @@ async def _error_on_begun_stream(sink: ResponseSink, model: str, response: httpc
         body = b""
     finally:
         await response.aclose()
-    outcome = Outcome(state="failed", status_code=response.status, error=_error_message(body, response), response_bytes=0)
+    outcome = Outcome(state=RequestState.FAILED, status_code=response.status, error=_error_message(body, response), response_bytes=0)
     answered(outcome)
     await sink.send_body(error_event(response.status, f"model '{model}': {outcome.error}", "upstream_error"))
     return outcome
@@ -187,7 +187,7 @@ def _read_outcome(response: httpcore.Response, kept, is_sse: bool, is_json: bool
         except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or nested too deeply to read
             pass
     return Outcome(
-        state="failed" if failed else "completed", status_code=response.status,
+        state=RequestState.FAILED if failed else RequestState.COMPLETED, status_code=response.status,
         error=_error_message(b"".join(kept), response) if failed else "", usage=usage,
         first_byte_monotonic=first_byte, response_bytes=sent,
     )

@@ -30,7 +30,7 @@ from proxy.http.holding import holding, ticket_request
 from proxy.service import get_service
 from proxy.websockets.websocket_frames import MESSAGE_TOO_BIG, NO_STATUS, NORMAL_CLOSURE
 from proxy.websockets.websocket_upstream import Closed, Message, ProtocolViolation, UpstreamRefused, connect
-from scheduling.tickets import Outcome, Rejected, stamped
+from scheduling.tickets import Outcome, Refused, RequestState, stamped
 
 log = logging.getLogger("llamaswap.proxy")
 REFUSAL_CODE_BASE = 4000
@@ -92,7 +92,7 @@ class WebSocketPassthrough(AsyncConsumer):
             await self._serve()
         except ProxyError as exc:
             await self._refuse(exc.status, exc.message)
-        except Rejected as exc:
+        except Refused as exc:
             await self._refuse(exc.status, exc.message)
         except UpstreamRefused as exc:
             await self._refuse(502, f"{exc}: {exc.body[:200].decode('utf-8', 'replace')}")
@@ -154,11 +154,11 @@ class WebSocketPassthrough(AsyncConsumer):
             """The client closed its end: a socket's normal end, unless daphne closed it over its size limit."""
             if self._client_close_code == MESSAGE_TOO_BIG:
                 return Outcome(
-                    state="failed", status_code=413,
+                    state=RequestState.FAILED, status_code=413,
                     error=f"the client sent a message over the {service.config.max_request_body_bytes}-byte limit "
                           "(maxRequestBodyBytes); the socket was closed with 1009",
                 )
-            return Outcome(state="completed", status_code=101)
+            return Outcome(state=RequestState.COMPLETED, status_code=101)
 
         async with holding(lambda outcome: door.release(lease.ticket_id, stamped(outcome, loop.time())),
                            lambda: lease.cut, failures=(UpstreamRefused, OSError, TimeoutError, ProtocolViolation),
@@ -166,8 +166,8 @@ class WebSocketPassthrough(AsyncConsumer):
             lease.held_by(asyncio.current_task())
             ended = await self._relay(service, model_cfg, lease.upstream, path)
             # A model that dropped the socket: the client was told 4502; the row says why, as for a request cut mid-stream.
-            held.end(Outcome(state="completed", status_code=101) if ended.clean else Outcome(
-                state="failed", status_code=502,
+            held.end(Outcome(state=RequestState.COMPLETED, status_code=101) if ended.clean else Outcome(
+                state=RequestState.FAILED, status_code=502,
                 error=f"model '{model_cfg.id}' dropped the WebSocket without closing it: {ended.reason}",
             ))
         if held.cut is not None:

@@ -4,7 +4,7 @@ Time is always passed in; every call returns the effects the runtime must carry 
 """
 
 from .decision import Decision, ScoreTerms
-from .effects import Dequeued, Effect, Grant, Reject, StartModel, StopModel
+from .effects import Dequeued, Effect, Grant, Refuse, StartModel, StopModel
 from .fifo import FifoScheduler
 from .fleet import ModelState
 from .matrix import MatrixChoice, MatrixPolicy, MatrixSet, MatrixSyntaxError, compile_sets, parse_expression
@@ -37,7 +37,7 @@ __all__ = [
     "ModelSpec",
     "ModelState",
     "Pick",
-    "Reject",
+    "Refuse",
     "ScoreTerms",
     "Scheduler",
     "SchedulerSnapshot",

@@ -42,7 +42,7 @@ class StopModel:
 
 
 @dataclass(frozen=True)
-class Reject:
+class Refuse:
     """Answer the waiting request with this error instead of a grant."""
 
     ticket_id: int
@@ -57,7 +57,6 @@ class Dequeued:
     """A cancelled request left the scheduler before being granted; nobody needs an answer."""
 
     ticket_id: int
-    reason: str
 
 
-Effect = Grant | StartModel | StopModel | Reject | Dequeued
+Effect = Grant | StartModel | StopModel | Refuse | Dequeued

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from . import rejections
+from . import refusals
 from .decision import Decision, ScoreTerms
-from .effects import Dequeued, Effect, Grant, Reject, StartModel, StopModel
+from .effects import Dequeued, Effect, Grant, Refuse, StartModel, StopModel
 from .fleet import ModelFleet, ModelState
 from .priority import INT64_MAX, INT64_MIN, Band, band_of
 from .settings import SerialSettings
@@ -73,14 +73,14 @@ class FifoScheduler:
 
     def submit(self, ticket: Ticket, now: float) -> list[Effect]:
         if self._shut_down:
-            return [rejections.shutting_down(ticket.id)]
+            return [refusals.shutting_down(ticket.id)]
         if ticket.model not in self._fleet:
-            return [rejections.unknown_model(ticket.id, ticket.model)]
+            return [refusals.unknown_model(ticket.id, ticket.model)]
         if self._holds(ticket.id):
             raise ValueError(f"ticket #{ticket.id} was already submitted; ticket ids must be unique")
         spec = self._fleet.spec(ticket.model)
         if self._admitted[ticket.model] >= spec.concurrency_limit:
-            return [rejections.over_concurrency_limit(ticket.id, ticket.model, spec.concurrency_limit)]
+            return [refusals.over_concurrency_limit(ticket.id, ticket.model, spec.concurrency_limit)]
         self._admitted[ticket.model] += 1
         item = _Queued(ticket, _effective(spec, ticket.priority), next(self._order))
         proceeded, effects = self._route(item, now)
@@ -104,7 +104,7 @@ class FifoScheduler:
         drain = False
         for ticket_id in ticket_ids:
             if self._unqueue(ticket_id, now):
-                effects.append(Dequeued(ticket_id, "cancelled"))
+                effects.append(Dequeued(ticket_id))
             elif ticket_id in self._granted:
                 ended, idle = self._end_job(ticket_id, now)
                 effects += ended
@@ -171,7 +171,7 @@ class FifoScheduler:
         self._fleet.mark_stopped(model)
         swap = self._swaps.pop(model)
         effects: list[Effect] = [
-            self._refuse(item.ticket, rejections.start_failed(item.ticket.id, model, reason))
+            self._refuse(item.ticket, refusals.start_failed(item.ticket.id, model, reason))
             for item, _ in swap.waiters.values()
         ]
         return effects + self._drain(now)
@@ -196,12 +196,12 @@ class FifoScheduler:
         for model in sorted(names):
             swap = self._swaps.pop(model, None)
             for item, _ in swap.waiters.values() if swap is not None else ():
-                effects.append(self._refuse(item.ticket, rejections.unloaded(item.ticket.id, model)))
+                effects.append(self._refuse(item.ticket, refusals.unloaded(item.ticket.id, model)))
         staying = []
         for item in self._queue:
             if item.ticket.model in names:
                 self._fleet.end_waiting(item.ticket.model, now)
-                effects.append(self._refuse(item.ticket, rejections.unloaded(item.ticket.id, item.ticket.model)))
+                effects.append(self._refuse(item.ticket, refusals.unloaded(item.ticket.id, item.ticket.model)))
             else:
                 staying.append(item)
         self._queue = staying
@@ -262,11 +262,11 @@ class FifoScheduler:
         effects: list[Effect] = []
         for swap in self._swaps.values():
             for item, _ in swap.waiters.values():
-                effects.append(self._refuse(item.ticket, rejections.shutting_down(item.ticket.id)))
+                effects.append(self._refuse(item.ticket, refusals.shutting_down(item.ticket.id)))
         self._swaps.clear()
         for item in self._queue:
             self._fleet.end_waiting(item.ticket.model, now)
-            effects.append(self._refuse(item.ticket, rejections.shutting_down(item.ticket.id)))
+            effects.append(self._refuse(item.ticket, refusals.shutting_down(item.ticket.id)))
         self._queue.clear()
         effects += [
             self._stop(model, "shutdown") for model in self._fleet.in_state(ModelState.READY, ModelState.STARTING)
@@ -377,7 +377,7 @@ class FifoScheduler:
         swap = self._swaps.pop(model, None)
         waiting = [item for item, _ in swap.waiters.values()] if swap is not None else []
         effects: list[Effect] = [
-            self._refuse(item.ticket, rejections.removed(item.ticket.id, model)) for item in waiting + dequeued
+            self._refuse(item.ticket, refusals.removed(item.ticket.id, model)) for item in waiting + dequeued
         ]
         if self._fleet.state(model) is ModelState.STARTING or self._fleet.retire(model):
             effects.append(self._stop(model, "reload"))
@@ -417,7 +417,7 @@ class FifoScheduler:
         self._fleet.begin_serving(ticket.model)
         return Grant(ticket.id, ticket.model, decision)
 
-    def _refuse(self, ticket: Ticket, rejection: Reject) -> Reject:
+    def _refuse(self, ticket: Ticket, rejection: Refuse) -> Refuse:
         """Answer an admitted request with an error, freeing its slot."""
         self._release(ticket.model)
         return rejection

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from .durations import DurationHistory, JobKind
-from .effects import Grant, Reject, StartModel, StopModel
+from .effects import Grant, Refuse, StartModel, StopModel
 from .priority import Band, band_of
 from .scheduler import build_scheduler
 from .settings import SerialSettings
@@ -235,7 +235,7 @@ class _Replay:
             elif isinstance(effect, StartModel):
                 self._busy(+1, now)
                 self.swaps += 1
-            elif isinstance(effect, Reject) and effect.ticket_id not in self.results:
+            elif isinstance(effect, Refuse) and effect.ticket_id not in self.results:
                 record = self.records[effect.ticket_id]
                 band = record.kind.band
                 self.results[record.id] = Replayed(record.id, record.model, band, record.arrival_s, "refused")

@@ -35,7 +35,7 @@ class FrontDoor(Protocol):
 
     # -- the request path, on the event loop -----------------------------------------------------
     async def submit(self, request: TicketRequest, queued: Callable[[Any], None] | None = None) -> Lease:
-        """Queue a request and wait for the GPU; raises `Rejected`, or CancelledError if the caller
+        """Queue a request and wait for the GPU; raises `Refused`, or CancelledError if the caller
         leaves (the request is then cancelled). `queued` is given a handle for `Progress` once the
         request is queued."""
 

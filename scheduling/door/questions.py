@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from scheduling.core import Band, SchedulerSnapshot, ScoreTerms, SerialSettings, band_of
-from scheduling.door.queue_view import QueueEntry, queue_entries
+from scheduling.core import Band, ModelState, SchedulerSnapshot, ScoreTerms, SerialSettings, band_of
+from scheduling.door.queue_entries import QueueEntry, queue_entries
 from scheduling.tickets import Outcome, TicketRequest
 
 
@@ -391,7 +391,7 @@ def _processes(question: Processes, runtime, fleet) -> dict[str, str]:
 def _running_processes(question: RunningProcesses, runtime, fleet) -> list[ProcessEntry]:
     running = []
     for model, state in _processes(Processes(), runtime, fleet).items():
-        if state == "stopped":
+        if state == ModelState.STOPPED:
             continue
         entry = fleet.entry(model)
         running.append(ProcessEntry(model, state) if entry is None else ProcessEntry(

@@ -25,7 +25,7 @@ from scheduling.door.outage_log import OutageLog
 from scheduling.door.questions import BeginRelayed, EndRelayed, Question
 from scheduling.rows.recorder import Recorder
 from scheduling.rows.row_columns import request_columns
-from scheduling.tickets import Lease, Outcome, Rejected, TicketRequest
+from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
 from scheduling.door.ticket_ids import TicketBlocks, take_block
 from scheduling.door.directory import WorkerDirectory
 from scheduling.door.wire import (
@@ -46,7 +46,7 @@ from scheduling.door.wire import (
     Cut,
     Granted,
     Message,
-    Refused,
+    TicketRefused,
     Release,
     Stop,
     Submit,
@@ -70,7 +70,7 @@ CLOSE_TIMEOUT_S = 5.0  # for the listener to take its stop message
 
 log = logging.getLogger("llamaswap.frontend")
 
-LEFT_BEFORE_GRANT = Outcome(state="cancelled", error="client disconnected while queued")
+LEFT_BEFORE_GRANT = Outcome(state=RequestState.CANCELLED, error="client disconnected while queued")
 
 
 @dataclass
@@ -127,15 +127,15 @@ class ChannelLayerFrontDoor:
         deadline = self._loop.time() + self.redis_wait_s
         try:
             reply = await self._through_redis(self._reply_channel, deadline)
-        except Rejected as exc:
+        except Refused as exc:
             await self._refused_here(request, "", arrived_at, exc)
-            self._observer(events.Refused(request.model, request.route, 503))
+            self._observer(events.Unserved(request.model, request.route, 503))
             raise
         key = f"{reply}#{next(self._keys)}"
         worker = self.workers.channel_for(request.model) or await self.workers.wait_for(request.model, ROUTE_WAIT_S)
         if worker is None:
-            self._observer(events.Refused(request.model, request.route, 503))
-            raise Rejected(
+            self._observer(events.Unserved(request.model, request.route, 503))
+            raise Refused(
                 503, "no_worker", f"no scheduler worker serves model {request.model!r}: start `llamaswap worker` with a "
                 "config that has it, on the machine that runs it", 5,
             )
@@ -145,7 +145,7 @@ class ChannelLayerFrontDoor:
         try:
             try:
                 await self._through_redis(lambda: self.layer.send(worker, to_message(Submit(key, reply, request))), deadline)
-            except Rejected as exc:
+            except Refused as exc:
                 self._waiting.pop(key, None)
                 self._send_later(Cancel(key), worker)  # in case the submit reached the worker after all
                 await self._refused_here(request, key, arrived_at, exc)
@@ -153,15 +153,15 @@ class ChannelLayerFrontDoor:
             if queued is not None:
                 queued(key)
             answer: Granted = await granted
-        except Rejected as exc:
-            self._observer(events.Refused(request.model, request.route, exc.status))
+        except Refused as exc:
+            self._observer(events.Unserved(request.model, request.route, exc.status))
             raise
         except asyncio.CancelledError:
             if self._waiting.pop(key, None) is not None:
                 self._send_later(Cancel(key), worker)
             elif granted.done() and not granted.cancelled() and granted.exception() is None:  # granted as the client left
                 self._send_later(Release(key, LEFT_BEFORE_GRANT), granted.result().worker)
-            self._observer(events.Refused(request.model, request.route, 499, cancelled=True))
+            self._observer(events.Unserved(request.model, request.route, 499, cancelled=True))
             raise
         finally:
             del self._submitted[key]
@@ -169,7 +169,7 @@ class ChannelLayerFrontDoor:
         self._leases[answer.ticket_id] = _Held(key, lease, request.route, self._loop.time(), answer.worker)
         return lease
 
-    async def _refused_here(self, request: TicketRequest, key: str, arrived_at: float, refusal: Rejected) -> None:
+    async def _refused_here(self, request: TicketRequest, key: str, arrived_at: float, refusal: Refused) -> None:
         """No worker heard of a request refused for want of Redis: its row is this front end's to write."""
         refusal.ticket_id = await self.refusals.record(dataclasses.replace(request, origin=key), arrived_at, refusal)
 
@@ -250,7 +250,7 @@ class ChannelLayerFrontDoor:
                 self._listener.cancel()
         for future in self._waiting.values():
             if not future.done():
-                future.set_exception(Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1))
+                future.set_exception(Refused(503, "shutting_down", "llamaswap is shutting down; retry later", 1))
         await asyncio.gather(*self._sends, return_exceptions=True)
         await self.refusals.close()
 
@@ -357,12 +357,10 @@ class ChannelLayerFrontDoor:
                 self._send_later(Release(message.key, LEFT_BEFORE_GRANT), message.worker)  # the client left as it was granted
             else:
                 waiting.set_result(message)
-        elif isinstance(message, Refused):
+        elif isinstance(message, TicketRefused):
             waiting = self._waiting.pop(message.key, None)
             if waiting is not None and not waiting.done():
-                waiting.set_exception(
-                    Rejected(message.status, message.code, message.message, message.retry_after, message.ticket_id)
-                )
+                waiting.set_exception(message.refused)
         elif isinstance(message, Answer):
             answer = self._answers.get(message.key)
             if answer is not None and not answer.done():
@@ -371,8 +369,9 @@ class ChannelLayerFrontDoor:
             for ticket_id, held in list(self._leases.items()):
                 if held.key == message.key:
                     # Ended as the worker ended it (as the in-process runtime does), not as the client then sees it.
-                    self.release(ticket_id, Outcome(state="cancelled", status_code=message.status, error=message.message))
-                    held.lease.revoke(Rejected(message.status, message.code, message.message))
+                    cut = message.refused
+                    self.release(ticket_id, Outcome(state=RequestState.CANCELLED, status_code=cut.status, error=cut.message))
+                    held.lease.revoke(cut)
         else:
             log.warning("a front end does not take %s messages", type(message).__name__)
 
@@ -427,7 +426,7 @@ class RefusalRows:
         recorder.start()
         return recorder, ids
 
-    async def record(self, request: TicketRequest, arrived_at: float, refusal: Rejected) -> int | None:
+    async def record(self, request: TicketRequest, arrived_at: float, refusal: Refused) -> int | None:
         """Write the refused request's row; returns its ticket id, or None when none could be had."""
         self.prepare()
         try:
@@ -440,7 +439,7 @@ class RefusalRows:
             log.warning("a request refused for want of Redis has no row: no request id could be had (%s)", exc)
             return None
         recorder.create(
-            ticket_id, **request_columns(request), max_wait_s=request.max_wait_s, state="rejected",
+            ticket_id, **request_columns(request), max_wait_s=request.max_wait_s, state=RequestState.REJECTED,
             status_code=refusal.status, error=refusal.message,
             arrived_at=datetime.fromtimestamp(arrived_at, timezone.utc), finished_at=datetime.now(timezone.utc),
         )
@@ -451,5 +450,5 @@ class RefusalRows:
             await self._loop.run_in_executor(None, self._opened.result()[0].close)
 
 
-def unreachable(exc: Exception) -> Rejected:
-    return Rejected(503, "scheduler_unreachable", f"cannot reach the scheduler workers over Redis ({exc!r}); retry later", 1)
+def unreachable(exc: Exception) -> Refused:
+    return Refused(503, "scheduler_unreachable", f"cannot reach the scheduler workers over Redis ({exc!r}); retry later", 1)

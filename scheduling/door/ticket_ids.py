@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from django.db import connection
 
-from scheduling.tickets import Rejected
+from scheduling.tickets import Refused
 
 SEQUENCE = "llamaswap_ticket_blocks"
 BLOCK = 100
@@ -21,8 +21,8 @@ BLOCK = 100
 WAIT_S = 1.0
 
 
-def _unreachable(what: str) -> Rejected:
-    return Rejected(503, "request_history_unreachable",
+def _unreachable(what: str) -> Refused:
+    return Refused(503, "request_history_unreachable",
                     f"the request history database {what} when asked for request ids; retry later", 5)
 
 

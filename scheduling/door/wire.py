@@ -29,7 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutErr
 from scheduling.core import Decision
 from scheduling.door.outage_log import OutageLog
 from scheduling.door.questions import Question
-from scheduling.tickets import Outcome, TicketRequest
+from scheduling.tickets import Outcome, Refused, TicketRequest
 
 FRONT_ENDS_GROUP = "llamaswap.frontends"  # every front end's reply channel: workers announce themselves to it
 WORKERS_GROUP = "llamaswap.workers"  # every active worker's channel: a front end that starts asks who serves what
@@ -123,15 +123,11 @@ class Granted:
 
 
 @dataclass(frozen=True)
-class Refused:
+class TicketRefused:
     """Worker → front end: the scheduler answered with an error instead of a grant."""
 
     key: str
-    status: int
-    code: str
-    message: str
-    retry_after: float | None = None
-    ticket_id: int | None = None  # the request's row, when it had one
+    refused: Refused
 
 
 @dataclass(frozen=True)
@@ -139,9 +135,7 @@ class Cut:
     """Worker → front end: the GPU was taken back mid-request (an operator unloaded the model)."""
 
     key: str
-    status: int
-    code: str
-    message: str
+    refused: Refused
 
 
 @dataclass(frozen=True)
@@ -183,7 +177,7 @@ class Stop:
     sender: str = ""
 
 
-Message = Submit | Hello | Announce | Discover | Cancel | Release | Granted | Refused | Cut | Ask | Answer | Heartbeat | Stop
+Message = Submit | Hello | Announce | Discover | Cancel | Release | Granted | TicketRefused | Cut | Ask | Answer | Heartbeat | Stop
 _TYPES: dict[str, type] = {
     "ticket.submit": Submit,
     "worker.hello": Hello,
@@ -192,7 +186,7 @@ _TYPES: dict[str, type] = {
     "ticket.cancel": Cancel,
     "ticket.release": Release,
     "ticket.granted": Granted,
-    "ticket.refused": Refused,
+    "ticket.refused": TicketRefused,
     "ticket.cut": Cut,
     "scheduler.ask": Ask,
     "scheduler.answer": Answer,

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from scheduling.door.in_process import InProcessFrontDoor
 from scheduling.runtime import FRONT_END_SILENT, HandedOver
-from scheduling.tickets import Carried, Interrupted, Lease, Outcome, Rejected
+from scheduling.tickets import Carried, Interrupted, Lease, Outcome, Refused, RequestState
 from scheduling.door.outage_log import OutageLog
 from scheduling.door.wire import (
     ANNOUNCE_S,
@@ -45,7 +45,7 @@ from scheduling.door.wire import (
     Cut,
     Granted,
     Message,
-    Refused,
+    TicketRefused,
     Release,
     Stop,
     Submit,
@@ -60,7 +60,7 @@ from scheduling.door.wire import (
 
 log = logging.getLogger("llamaswap.worker")
 
-FRONT_END_GONE = Outcome(state="cancelled", error="the front end cancelled the request")
+FRONT_END_GONE = Outcome(state=RequestState.CANCELLED, error="the front end cancelled the request")
 # How many answered keys a worker remembers, to drop a front end's second submit of one it already answered.
 ANSWERED_KEYS = 10_000
 # A request queued again under its row once its front end, taken for dead, is heard from again.
@@ -370,9 +370,9 @@ class SchedulerWorker:
                 lease = await waiting
             except HandedOver:
                 return  # its row stays queued for the worker that takes over
-            except Rejected as exc:
+            except Refused as exc:
                 self._answering(key)
-                await self._send(remote.reply, Refused(key, exc.status, exc.code, exc.message, exc.retry_after, exc.ticket_id))
+                await self._send(remote.reply, TicketRefused(key, exc))
                 return
             except asyncio.CancelledError:
                 return  # the runtime cancelled the queued request itself
@@ -388,7 +388,7 @@ class SchedulerWorker:
             except asyncio.CancelledError:
                 if lease.cut is not None and asyncio.current_task().uncancel() == 0:
                     cut = lease.cut
-                    await self._send(remote.reply, Cut(key, cut.status, cut.code, cut.message))
+                    await self._send(remote.reply, Cut(key, cut))
             finally:
                 self.runtime.release(lease.ticket_id, outcome)
         finally:

@@ -15,7 +15,8 @@ from scheduling.door import frontdoor
 from scheduling.operating.config_inputs import model_specs, swap_policy
 from scheduling.core import SerialSettings
 from scheduling.core.replay import Fidelity, Recorded, ReplayResult, Setup, fidelity, replay
-from scheduling.models import QueuedRequest, RequestState, SettingsChange
+from scheduling.models import QueuedRequest, SettingsChange
+from scheduling.tickets import RequestState
 from scheduling.rows.row_durations import load_time
 from scheduling.operating.settings_store import stored_serial_settings
 
@@ -26,7 +27,7 @@ _FIELDS = (
 
 
 @dataclass(frozen=True)
-class Window:
+class RecordedWindow:
     """The recorded requests that arrived in [since, until), times in seconds from `since`."""
 
     since: datetime
@@ -39,7 +40,7 @@ class Window:
 
 @dataclass(frozen=True)
 class Replays:
-    window: Window
+    window: RecordedWindow
     fidelity: Fidelity  # of `before` against the recording
     before: ReplayResult  # the settings in force
     after: list[ReplayResult]  # each proposal's
@@ -47,13 +48,13 @@ class Replays:
 
 @dataclass(frozen=True)
 class WhatIf:
-    window: Window
+    window: RecordedWindow
     fidelity: Fidelity
     before: ReplayResult
     after: ReplayResult
 
 
-def recorded_window(since: datetime, until: datetime) -> Window:
+def recorded_window(since: datetime, until: datetime) -> RecordedWindow:
     arrived = QueuedRequest.objects.filter(arrived_at__gte=since, arrived_at__lt=until)
     rows = arrived.filter(peer="").order_by("arrived_at", "id").values_list(*_FIELDS)
     records, first_dispatch = [], {}
@@ -68,7 +69,7 @@ def recorded_window(since: datetime, until: datetime) -> Window:
     warm = [model for model, (_, needed_swap) in sorted(first_dispatch.items(), key=lambda kv: kv[1][0])
             if needed_swap is False]
     changes = SettingsChange.objects.filter(changed_at__gte=since, changed_at__lt=until).count()
-    return Window(since, until, records, warm, changes, arrived.exclude(peer="").count())
+    return RecordedWindow(since, until, records, warm, changes, arrived.exclude(peer="").count())
 
 
 def _recorded(row: tuple, since: datetime) -> Recorded:

@@ -15,7 +15,7 @@ from scheduling.operating.svg_charts import PALETTE, Chart, Series, render
 _WHOLE = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() would take "1_0" and "١٢"
 
 
-def number(text: str) -> int | float | str:
+def typed_number(text: str) -> int | float | str:
     """What an operator typed, as a number when it is one (60 as 60, not 60.0; a whole number exactly,
     however long, so a bound's message quotes it as typed), else as typed."""
     if _WHOLE.fullmatch(text) and len(text) <= sys.get_int_max_str_digits():
@@ -29,7 +29,7 @@ def number(text: str) -> int | float | str:
 
 def shown(settings: SerialSettings) -> str:
     slots = ", ".join(f"{m}: {n}" for m, n in settings.slots.items()) or "1 each"
-    return f"agingDivisor={number(str(settings.aging_divisor))} swapAffinityBonus={settings.swap_affinity_bonus} " \
+    return f"agingDivisor={typed_number(str(settings.aging_divisor))} swapAffinityBonus={settings.swap_affinity_bonus} " \
            f"slots={slots}"
 
 

@@ -61,7 +61,7 @@ def render(chart: Chart) -> SafeString:
         parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
                      f'stroke="currentColor" stroke-opacity="{0.6 if tick == 0 else 0.15}"/>')
         parts.append(f'<text x="{LEFT - 6}" y="{y(tick) + 4:.1f}" text-anchor="end" fill="currentColor">'
-                     f"{escape(number(tick) + chart.unit)}</text>")
+                     f"{escape(readable(tick) + chart.unit)}</text>")
     every = max(1, -(-count // MAX_LABELS))
     for b in range(0, count, every):
         x = LEFT + slot * (b + 0.5 if chart.grouped_bars else b)  # a group is named, a time bucket starts
@@ -87,7 +87,7 @@ def _stack_tops(chart: Chart) -> list[float]:
 
 
 def _tip(chart: Chart, b: int, series: Series) -> str:
-    return escape(f"{chart.spans[b]} · {series.name}: {number(series.values[b])}{chart.unit}")
+    return escape(f"{chart.spans[b]} · {series.name}: {readable(series.values[b])}{chart.unit}")
 
 
 def _bars(chart: Chart, colours: list[str], slot: float, y) -> list[str]:
@@ -165,7 +165,7 @@ def nice_ticks(top: float) -> list[float]:
     return ticks
 
 
-def number(value: float | None) -> str:
+def readable(value: float | None) -> str:
     """A value as people read it: 1,234 / 56.7 / 0.25 / 0.003."""
     if value is None:
         return "—"

@@ -13,7 +13,8 @@ from typing import Any
 
 from django.http import QueryDict
 
-from scheduling.models import BandChoice, QueuedRequest, RequestState
+from scheduling.models import BandChoice, QueuedRequest
+from scheduling.tickets import RequestState
 from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 DEFAULT_LIMIT = 50

@@ -18,7 +18,8 @@ from django.db.models import Case, Count, F, IntegerField, Q, Sum, When
 from django.http import QueryDict
 
 from scheduling.rows.activity import iso_utc
-from scheduling.models import TERMINAL_STATES, QueuedRequest, RequestState
+from scheduling.models import QueuedRequest
+from scheduling.tickets import TERMINAL_STATES, RequestState
 from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 DEFAULT_LIMIT = 25
@@ -124,7 +125,7 @@ def _ended_rows(models: tuple[str, ...]):
     return rows.filter(model__in=models) if models else rows
 
 
-def activity_page(query: LlamaSwapActivityQuery, has_capture: Callable[[int], bool]) -> dict[str, Any]:
+def llama_swap_activity_page(query: LlamaSwapActivityQuery, has_capture: Callable[[int], bool]) -> dict[str, Any]:
     """One page of ended requests in llama-swap's `ActivityPage` shape: data, page, limit, total, total_pages."""
     rows = _ended_rows(query.models)
     if query.start is not None:

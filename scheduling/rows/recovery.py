@@ -11,7 +11,8 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from scheduling.models import TERMINAL_STATES, QueuedRequest, RequestState
+from scheduling.models import QueuedRequest
+from scheduling.tickets import TERMINAL_STATES, RequestState
 from scheduling.runtime import FRONT_END_SILENT
 from scheduling.tickets import Carried, Interrupted, TicketRequest
 

@@ -16,7 +16,8 @@ from scheduling.core.durations import WINDOW, DurationHistory, JobKind
 
 def durations_from_rows(models: Iterable[str]) -> DurationHistory:
     """The most recent `WINDOW` jobs of each kind and loads of each of `models`, oldest first."""
-    from scheduling.models import QueuedRequest, RequestState
+    from scheduling.models import QueuedRequest
+    from scheduling.tickets import RequestState
 
     history = DurationHistory()
     for model in models:

@@ -13,13 +13,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 from scheduling.core import (
-    Decision, Dequeued, Grant, Reject, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
+    Decision, Dequeued, Grant, Refuse, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
 )
 from scheduling.core.durations import DurationHistory
 from scheduling.core.forecast import Outlook, RecentArrivals
-from scheduling.events import Dispatched, Finished, Queued, Refused, RuntimeEvent
+from scheduling.events import Dispatched, Finished, Queued, Unserved, RuntimeEvent
 from scheduling.rows.row_columns import decision_fields, outcome_columns, request_columns
-from scheduling.tickets import Lease, Outcome, Rejected, TicketRequest
+from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
 
 from .forecasting import Forecasting, job_kind
 from .operators import OperatorActions
@@ -89,14 +89,14 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
     def _refuse_if_unrecordable(self) -> None:
         """At the recorder's bound a request served now could not be recorded: refuse it instead."""
         if self.recorder.backlogged():
-            raise Rejected(503, "request_history_unreachable",
+            raise Refused(503, "request_history_unreachable",
                            "the request history database is unreachable; retry later", 5)
 
     async def submit(self, request: TicketRequest, queued: Callable[[int], None] | None = None) -> Lease:
-        """Queue a request and wait for the GPU; raises Rejected, or CancelledError if the caller leaves.
+        """Queue a request and wait for the GPU; raises Refused, or CancelledError if the caller leaves.
         `queued` is told the request's ticket id as soon as it has one, to follow its progress."""
         if self._closing:
-            raise Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1)
+            raise Refused(503, "shutting_down", "llamaswap is shutting down; retry later", 1)
         self._refuse_if_unrecordable()
         now = self.now()
         waiter = self._queue(request, now, now, None)
@@ -124,7 +124,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
                 ticket.id,
                 **request_columns(request),
                 max_wait_s=request.max_wait_s,
-                state="queued",
+                state=RequestState.QUEUED,
                 scheduler=self.scheduler.name,
                 arrived_at=self._wall(arrival),
             )
@@ -134,7 +134,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
     async def _wait(self, waiter: _Waiter) -> Lease:
         try:
             return await waiter.future
-        except Rejected as exc:
+        except Refused as exc:
             exc.ticket_id = waiter.ticket.id
             raise
         except asyncio.CancelledError:
@@ -144,7 +144,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
     def cancel(self, ticket_id: int, reason: str) -> None:
         """The caller is gone (or an operator cancelled it). Idempotent."""
         if ticket_id in self._granted:
-            self.release(ticket_id, Outcome(state="cancelled", error=reason))
+            self.release(ticket_id, Outcome(state=RequestState.CANCELLED, error=reason))
             return
         self._end_waiting(ticket_id, reason)
         now = self.now()
@@ -156,10 +156,10 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         if waiter is None:
             return
         if not waiter.future.done():
-            waiter.future.set_exception(Rejected(499, "cancelled", reason))
+            waiter.future.set_exception(Refused(499, "cancelled", reason))
             waiter.future.exception()  # mark retrieved: the caller may already be gone
-        self.recorder.update(ticket_id, state="cancelled", error=reason, finished_at=self._wall(self.now()))
-        self._observer(Refused(waiter.ticket.model, waiter.request.route, 499, cancelled=True))
+        self.recorder.update(ticket_id, state=RequestState.CANCELLED, error=reason, finished_at=self._wall(self.now()))
+        self._observer(Unserved(waiter.ticket.model, waiter.request.route, 499, cancelled=True))
 
     def _where(self, ticket_id: int) -> str:
         """Where a request not yet granted waits, in words: queued, or its model starting for it."""
@@ -179,9 +179,9 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             f"{waiter.request.max_wait_s:g} s{expected}; retry later, or allow a longer wait"
         )
         retry_after = MAX_WAIT_RETRY_AFTER_S if eta is None else max(1, math.ceil(eta))
-        self._refuse_waiting(ticket_id, Rejected(503, "max_wait_exceeded", message, retry_after), "rejected")
+        self._refuse_waiting(ticket_id, Refused(503, "max_wait_exceeded", message, retry_after), RequestState.REJECTED)
 
-    def _refuse_waiting(self, ticket_id: int, reason: Rejected, state: str) -> None:
+    def _refuse_waiting(self, ticket_id: int, reason: Refused, state: str) -> None:
         """End a waiting request with `reason` (its caller's error) and free its place."""
         waiter = self._waiting.pop(ticket_id)
         if not waiter.future.done():  # its client may have left a moment ago
@@ -191,7 +191,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             ticket_id, state=state, status_code=reason.status, error=reason.message,
             finished_at=self._wall(self.now()),
         )
-        self._observer(Refused(waiter.ticket.model, waiter.request.route, reason.status, cancelled=state == "cancelled"))
+        self._observer(Unserved(waiter.ticket.model, waiter.request.route, reason.status, cancelled=state == RequestState.CANCELLED))
         now = self.now()
         self._run(lambda: self.scheduler.cancel(ticket_id, now))
 
@@ -210,13 +210,13 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         self._leases.pop(ticket_id, None)
         request, decision, granted_at = granted
         now = self.now()
-        if outcome.state == "completed" and request.method != "LOAD":  # a preload's "job" is no job
+        if outcome.state == RequestState.COMPLETED and request.method != "LOAD":  # a preload's "job" is no job
             self.durations.add_job(job_kind(request, decision.priority), now - granted_at)
         first_byte = outcome.first_byte_monotonic
         self.recorder.update(ticket_id, **outcome_columns(
             outcome, self._wall(now), now - granted_at, None if first_byte is None else self._wall(first_byte)
         ))
-        if outcome.state == "failed":  # the model may have died: the next request must start it again
+        if outcome.state == RequestState.FAILED:  # the model may have died: the next request must start it again
             self.fleet.check_exited(request.model)
         self._observer(
             Finished(
@@ -258,8 +258,8 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
     def _apply(self, effect) -> None:
         if isinstance(effect, Grant):
             self._grant(effect)
-        elif isinstance(effect, Reject):
-            self._reject(effect)
+        elif isinstance(effect, Refuse):
+            self._refuse(effect)
         elif isinstance(effect, StartModel):
             self._starts[effect.model] = self._spawn(self._start_model(effect))
         elif isinstance(effect, StopModel):
@@ -278,7 +278,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             # The caller left in the same instant; hand the GPU straight to the next request.
             if waiter is not None:
                 self.recorder.update(
-                    effect.ticket_id, state="cancelled", error="client disconnected while queued",
+                    effect.ticket_id, state=RequestState.CANCELLED, error="client disconnected while queued",
                     finished_at=self._wall(now),
                 )
             self._effects.append(lambda: self.scheduler.finished(effect.ticket_id, now))
@@ -288,14 +288,14 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         lease = Lease(effect.ticket_id, effect.model, self.fleet.upstream_url(effect.model), decision)
         self._leases[effect.ticket_id] = lease
         waiter.future.set_result(lease)
-        self.recorder.update(effect.ticket_id, state="dispatched", dispatched_at=self._wall(now), **decision_fields(decision))
+        self.recorder.update(effect.ticket_id, state=RequestState.DISPATCHED, dispatched_at=self._wall(now), **decision_fields(decision))
         self._observer(Dispatched(decision))
 
-    def _reject(self, effect: Reject) -> None:
+    def _refuse(self, effect: Refuse) -> None:
         waiter = self._waiting.pop(effect.ticket_id, None)
         self.recorder.update(
             effect.ticket_id,
-            state="rejected",
+            state=RequestState.REJECTED,
             status_code=effect.status,
             error=effect.message,
             finished_at=self._wall(self.now()),
@@ -304,16 +304,16 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             retry_after = effect.retry_after
             if effect.code == "concurrency_limit":  # a place frees when the first of its jobs ends
                 retry_after = self.next_job_end_in(waiter.request.model) or retry_after
-            waiter.future.set_exception(Rejected(effect.status, effect.code, effect.message, retry_after))
+            waiter.future.set_exception(Refused(effect.status, effect.code, effect.message, retry_after))
         self._observer(
-            Refused(waiter.ticket.model if waiter else "", waiter.request.route if waiter else "other", effect.status)
+            Unserved(waiter.ticket.model if waiter else "", waiter.request.route if waiter else "other", effect.status)
         )
 
-    def _cut(self, ticket_ids: list[int], reason: Rejected) -> None:
+    def _cut(self, ticket_ids: list[int], reason: Refused) -> None:
         """End these running requests now: their rows say `reason`, and their holders tell their clients."""
         for ticket_id in ticket_ids:
             lease = self._leases.get(ticket_id)
-            self.release(ticket_id, Outcome(state="cancelled", status_code=reason.status, error=reason.message))
+            self.release(ticket_id, Outcome(state=RequestState.CANCELLED, status_code=reason.status, error=reason.message))
             if lease is not None:
                 lease.revoke(reason)
 

@@ -9,7 +9,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Callable
 
 from scheduling.core import Band, Decision, ModelSpec, SerialSettings, StopModel, SwapPolicy, band_of
-from scheduling.tickets import Outcome, Rejected, TicketRequest
+from scheduling.tickets import Outcome, Refused, RequestState, TicketRequest
 
 
 # How long a shutdown waits, once it has cut what still runs, for those requests to end before models stop.
@@ -23,15 +23,15 @@ class OperatorActions:
         """Operator action: end a running request now, its client told why. Returns whether it ran."""
         if ticket_id not in self._granted:
             return False
-        self._cut([ticket_id], Rejected(503, "cancelled_by_operator", "cancelled by an operator while running"))
+        self._cut([ticket_id], Refused(503, "cancelled_by_operator", "cancelled by an operator while running"))
         return True
 
     def operator_cancel(self, ticket_id: int) -> bool:
         """Admin action: fail a queued request with a clear message. Returns whether it was waiting."""
         if ticket_id not in self._waiting:
             return False
-        reason = Rejected(503, "cancelled_by_operator", f"cancelled by an operator {self._where(ticket_id)}")
-        self._refuse_waiting(ticket_id, reason, "cancelled")
+        reason = Refused(503, "cancelled_by_operator", f"cancelled by an operator {self._where(ticket_id)}")
+        self._refuse_waiting(ticket_id, reason, RequestState.CANCELLED)
         return True
 
     def reprioritize(self, ticket_id: int, priority: int) -> bool:
@@ -106,10 +106,10 @@ class OperatorActions:
         scheduler give out what they held, so none of them is granted or starts a model on its way out."""
         for ticket_id in ticket_ids:
             lease = self._leases.get(ticket_id)
-            if not self._record_end(ticket_id, Outcome(state="cancelled", error=reason)):
+            if not self._record_end(ticket_id, Outcome(state=RequestState.CANCELLED, error=reason)):
                 self._end_waiting(ticket_id, reason)
             elif lease is not None:
-                lease.revoke(Rejected(499, "cancelled", reason))
+                lease.revoke(Refused(499, "cancelled", reason))
         now = self.now()
         self._run(lambda: self.scheduler.cancel_all(ticket_ids, now))
 
@@ -124,7 +124,7 @@ class OperatorActions:
         while (self._granted or self._relayed or self._tasks) and self.now() < deadline:
             await asyncio.sleep(0.05)
         # What still runs is cut by the shutdown, not by its model stopping: each client is told so.
-        self._cut(list(self._granted), Rejected(503, "shutting_down", "llamaswap shut down before this request finished"))
+        self._cut(list(self._granted), Refused(503, "shutting_down", "llamaswap shut down before this request finished"))
         # A cut request closes its model server's connection as it ends: the models stop after that,
         # so a server is not killed in the middle of its side of the close.
         cut_deadline = self.now() + SHUTDOWN_CUT_GRACE_S

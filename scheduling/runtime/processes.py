@@ -7,9 +7,9 @@ import asyncio
 import logging
 from typing import Protocol
 
-from scheduling.core import StartModel, StopModel
+from scheduling.core import ModelState, StartModel, StopModel
 from scheduling.events import ModelLoaded, ModelStateChanged
-from scheduling.tickets import Rejected
+from scheduling.tickets import Refused
 
 log = logging.getLogger("llamaswap.scheduler")
 
@@ -36,7 +36,7 @@ class ModelProcesses:
     def model_exited(self, model: str) -> None:
         """A model process died on its own (crash): the core must stop counting it as loaded."""
         now = self.now()
-        self._observer(ModelStateChanged(model, "stopped"))
+        self._observer(ModelStateChanged(model, ModelState.STOPPED))
         self._run(lambda: self.scheduler.model_stopped(model, now))
 
     def _spawn(self, coro) -> asyncio.Task:
@@ -55,7 +55,7 @@ class ModelProcesses:
 
     async def _start_and_report(self, effect: StartModel) -> None:
         started = self._starting_since[effect.model] = self.now()
-        self._observer(ModelStateChanged(effect.model, "starting"))
+        self._observer(ModelStateChanged(effect.model, ModelState.STARTING))
         try:
             await self.fleet.swap_in(effect.model, tuple(effect.evict))
         except asyncio.CancelledError:
@@ -63,18 +63,18 @@ class ModelProcesses:
         except Exception as exc:  # any start failure is reported to the waiting requests, never raised
             reason = str(exc) or type(exc).__name__  # the text names the cause; the model is named here
             log.warning("model %s failed to start: %s", effect.model, reason)
-            self._observer(ModelStateChanged(effect.model, "stopped"))
+            self._observer(ModelStateChanged(effect.model, ModelState.STOPPED))
             self._run(lambda: self.scheduler.model_failed(effect.model, reason, self.now()))
             return
         self.durations.add_load(effect.model, self.now() - started)
         self._observer(ModelLoaded(effect.model, self.now() - started))
-        self._observer(ModelStateChanged(effect.model, "ready"))
+        self._observer(ModelStateChanged(effect.model, ModelState.READY))
         for model in effect.evict:
-            self._observer(ModelStateChanged(model, "stopped"))
+            self._observer(ModelStateChanged(model, ModelState.STOPPED))
         self._run(lambda: self.scheduler.model_ready(effect.model, self.now()))
 
     async def _stop_model(self, effect: StopModel) -> None:
-        self._observer(ModelStateChanged(effect.model, "stopping"))
+        self._observer(ModelStateChanged(effect.model, ModelState.STOPPING))
         try:
             try:
                 await self.fleet.stop(effect.model)
@@ -88,12 +88,12 @@ class ModelProcesses:
         finally:
             if self._stops.get(effect.model) is asyncio.current_task():
                 del self._stops[effect.model]
-            self._observer(ModelStateChanged(effect.model, "stopped"))
+            self._observer(ModelStateChanged(effect.model, ModelState.STOPPED))
             self._run(lambda: self.scheduler.model_stopped(effect.model, self.now()))
 
     def _cut_requests_on(self, model: str) -> None:
         """An operator unloads `model`: what it is serving ends now, each client told why."""
-        reason = Rejected(
+        reason = Refused(
             503, "model_unloaded", f"model '{model}' was unloaded by an operator while this request was running"
         )
         self._cut([ticket_id for ticket_id, (request, _, _) in self._granted.items() if request.model == model], reason)

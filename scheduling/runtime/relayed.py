@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from scheduling.core import band_of
 from scheduling.events import Finished
 from scheduling.rows.row_columns import outcome_columns, request_columns
-from scheduling.tickets import Outcome, TicketRequest
+from scheduling.tickets import Outcome, RequestState, TicketRequest
 
 
 class RelayedRows:
@@ -24,7 +24,7 @@ class RelayedRows:
             ticket_id,
             **request_columns(request),
             peer=peer,
-            state="dispatched",
+            state=RequestState.DISPATCHED,
             arrived_at=started_at,
             dispatched_at=started_at,
             explanation=explanation,

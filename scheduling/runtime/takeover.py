@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from scheduling.rows.row_columns import outcome_columns
-from scheduling.tickets import Carried, Interrupted, Lease, Outcome, Rejected
+from scheduling.tickets import Carried, Interrupted, Lease, Outcome, Refused, RequestState
 
 # How a request's row ends when the worker takes its front end for dead (followed by for how long it was silent).
 FRONT_END_SILENT = "its front end was not heard from"
@@ -26,7 +26,7 @@ class Takeover:
         """Queue requests a previous worker had queued, all at once, and return what to await for
         each one's lease (as `submit`). Their waits so far count for aging."""
         if self._closing:
-            raise Rejected(503, "shutting_down", "llamaswap is shutting down; retry later", 1)
+            raise Refused(503, "shutting_down", "llamaswap is shutting down; retry later", 1)
         now = self.now()
         wall = datetime.now(timezone.utc)
         waiters = [
@@ -39,12 +39,12 @@ class Takeover:
     def reopen(self, ticket_id: int, explanation: str) -> None:
         """A request whose row was ended `cancelled` is queued again under it (see `requeue`): the row
         says `queued` again, and why, until it ends as the request then does."""
-        self.recorder.update(ticket_id, state="queued", status_code=None, error="", finished_at=None,
+        self.recorder.update(ticket_id, state=RequestState.QUEUED, status_code=None, error="", finished_at=None,
                              explanation=explanation)
 
     def drop_carried(self, ticket_id: int, reason: str) -> None:
         """A request a previous worker left queued is given up before it was queued again: its row ends."""
-        self.recorder.update(ticket_id, state="cancelled", error=reason, finished_at=self._wall(self.now()))
+        self.recorder.update(ticket_id, state=RequestState.CANCELLED, error=reason, finished_at=self._wall(self.now()))
 
     def hand_over(self) -> int:
         """Stop serving the queue without answering it: the rows stay queued for the worker that takes

@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from scheduling.operating.overview import BadWindow, Window, summarize
-from scheduling.operating.svg_charts import Chart, Series, nice_ticks, number, render
+from scheduling.operating.svg_charts import Chart, Series, nice_ticks, readable, render
 
 pytestmark = pytest.mark.django_db
 
@@ -181,7 +181,7 @@ def test_the_svg_helpers_pick_round_ticks_and_readable_numbers():
     assert nice_ticks(7) == [0.0, 2.0, 4.0, 6.0, 8.0]
     assert nice_ticks(180) == [0.0, 50.0, 100.0, 150.0, 200.0]
     assert nice_ticks(0.3) == [0.0, 0.1, 0.2, 0.3]
-    assert [number(v) for v in (1234.5, 83.333, 4.0, 0.25, 0.004, None)] == ["1,234", "83.3", "4", "0.25", "0.004", "—"]
+    assert [readable(v) for v in (1234.5, 83.333, 4.0, 0.25, 0.004, None)] == ["1,234", "83.3", "4", "0.25", "0.004", "—"]
 
 
 def test_times_count_to_the_millisecond_at_the_window_s_end(make_request):

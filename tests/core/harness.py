@@ -1,6 +1,6 @@
 """Small helpers to drive a scheduler the way the runtime does, without a runtime."""
 
-from scheduling.core import Dequeued, Grant, ModelSpec, Reject, StartModel, StopModel, SwapGroup, SwapPolicy, Ticket
+from scheduling.core import Dequeued, Grant, ModelSpec, Refuse, StartModel, StopModel, SwapGroup, SwapPolicy, Ticket
 
 
 def specs(*ids, **overrides) -> dict[str, ModelSpec]:
@@ -39,8 +39,8 @@ def stops(effects) -> list[StopModel]:
     return [e for e in effects if isinstance(e, StopModel)]
 
 
-def rejects(effects) -> dict[int, Reject]:
-    return {e.ticket_id: e for e in effects if isinstance(e, Reject)}
+def refused_by(effects) -> dict[int, Refuse]:
+    return {e.ticket_id: e for e in effects if isinstance(e, Refuse)}
 
 
 def dequeued(effects) -> list[int]:

@@ -1,7 +1,7 @@
 """A stand-in for the runtime in property tests: carries out effects, remembers what it owes the
 scheduler (start and stop outcomes), and checks that every request ends exactly once."""
 
-from scheduling.core import Dequeued, Effect, Grant, Reject, StartModel, StopModel, Ticket
+from scheduling.core import Dequeued, Effect, Grant, Refuse, StartModel, StopModel, Ticket
 
 
 class RuntimeDouble:
@@ -80,7 +80,7 @@ class RuntimeDouble:
         if model in self.aborted_starts:  # the aborted start reports before the stop completes
             del self.aborted_starts[model]
             aborted = self.call("model_failed", model, "aborted")  # may start what waited for its evictions
-            assert not [e for e in aborted if isinstance(e, (Grant, Reject))], f"an aborted start answered {aborted}"
+            assert not [e for e in aborted if isinstance(e, (Grant, Refuse))], f"an aborted start answered {aborted}"
         self.stops.discard(model)
         self.up.discard(model)
         return self.call("model_stopped", model)
@@ -108,7 +108,7 @@ class RuntimeDouble:
     def apply(self, effect: Effect) -> None:
         if isinstance(effect, Grant):
             self._granted(effect)
-        elif isinstance(effect, Reject):
+        elif isinstance(effect, Refuse):
             assert effect.ticket_id not in self.granted, f"#{effect.ticket_id} rejected after its grant"
             self._end(effect.ticket_id, "rejected")
         elif isinstance(effect, Dequeued):

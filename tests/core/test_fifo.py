@@ -13,7 +13,7 @@ from scheduling.core import (
     SwapPolicy,
 )
 
-from .harness import Tickets, grant_of, grants, one_at_a_time, rejects, specs, starts, stops
+from .harness import Tickets, grant_of, grants, one_at_a_time, refused_by, specs, starts, stops
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_swap_done_error_fails_all_waiters(ticket):
     waiters = [ticket("a"), ticket("a")]
     for t in waiters:
         scheduler.submit(t, 0.0)
-    rejected = rejects(scheduler.model_failed("a", "health check timed out after 120s", 1.0))
+    rejected = refused_by(scheduler.model_failed("a", "health check timed out after 120s", 1.0))
     assert set(rejected) == {t.id for t in waiters}
     assert all((r.status, r.code) == (503, "model_start_failed") for r in rejected.values())
     assert "health check timed out" in rejected[waiters[0].id].message
@@ -68,7 +68,7 @@ def test_swap_done_error_fails_all_waiters(ticket):
 
 def test_model_not_found(ticket):
     t = ticket("ghost")
-    assert rejects(fifo("a").submit(t, 0.0))[t.id].status == 404
+    assert refused_by(fifo("a").submit(t, 0.0))[t.id].status == 404
 
 
 def test_queue_on_eviction_collision(ticket):
@@ -210,7 +210,7 @@ def test_on_cancel_queued_request_never_triggers_a_load(ticket):
     scheduler.model_ready("a", 0.0)
     b = ticket("b", arrival=1.0)
     scheduler.submit(b, 1.0)
-    assert scheduler.cancel(b.id, 2.0) == [Dequeued(b.id, "cancelled")]
+    assert scheduler.cancel(b.id, 2.0) == [Dequeued(b.id)]
     assert scheduler.finished(a.id, 3.0) == []
 
 
@@ -219,7 +219,7 @@ def test_on_cancel_swap_waiter_is_not_granted_and_the_start_carries_on(ticket):
     first, second = ticket("a"), ticket("a")
     scheduler.submit(first, 0.0)
     scheduler.submit(second, 0.0)
-    assert scheduler.cancel(first.id, 0.5) == [Dequeued(first.id, "cancelled")]
+    assert scheduler.cancel(first.id, 0.5) == [Dequeued(first.id)]
     assert grants(scheduler.model_ready("a", 1.0)) == [second.id]
     assert scheduler.finished(first.id, 2.0) == []  # never granted, so nothing to release
 
@@ -235,7 +235,7 @@ def test_concurrency_limit_rejects_over_limit_with_retry_after(ticket):
     scheduler.submit(first, 0.0)
     scheduler.model_ready("a", 0.0)
     scheduler.submit(second, 0.0)
-    rejection = rejects(scheduler.submit(third, 0.0))[third.id]
+    rejection = refused_by(scheduler.submit(third, 0.0))[third.id]
     assert (rejection.status, rejection.code, rejection.retry_after) == (429, "concurrency_limit", 1.0)
     assert "already has 2 requests admitted" in rejection.message
     scheduler.finished(first.id, 1.0)
@@ -246,16 +246,16 @@ def test_concurrency_limit_rejects_over_limit_with_retry_after(ticket):
 def test_concurrency_limit_default_is_ten(ticket):
     scheduler = fifo("a")
     for _ in range(10):
-        assert not rejects(scheduler.submit(ticket("a"), 0.0))
+        assert not refused_by(scheduler.submit(ticket("a"), 0.0))
     eleventh = ticket("a")
-    assert rejects(scheduler.submit(eleventh, 0.0))[eleventh.id].status == 429
+    assert refused_by(scheduler.submit(eleventh, 0.0))[eleventh.id].status == 429
 
 
 def test_concurrency_limit_counts_swap_waiters(ticket):
     scheduler = fifo("a", a={"concurrency_limit": 1})
     scheduler.submit(ticket("a"), 0.0)  # waiting on the start
     late = ticket("a")
-    rejection = rejects(scheduler.submit(late, 0.0))[late.id]
+    rejection = refused_by(scheduler.submit(late, 0.0))[late.id]
     assert rejection.code == "concurrency_limit" and "already has 1 request admitted" in rejection.message
 
 
@@ -267,7 +267,7 @@ def test_concurrency_limit_counts_queued_waiters_and_cancel_releases_them(ticket
     queued_b = ticket("b")
     assert scheduler.submit(queued_b, 0.0) == []
     over = ticket("b")
-    assert rejects(scheduler.submit(over, 0.0))[over.id].status == 429
+    assert refused_by(scheduler.submit(over, 0.0))[over.id].status == 429
     scheduler.cancel(queued_b.id, 1.0)
     assert scheduler.submit(ticket("b"), 1.0) == []  # the cancelled one freed its slot
 
@@ -282,7 +282,7 @@ def test_on_unload_releases_waiters_and_drops_queued_requests_for_those_models(t
     c = ticket("c")
     scheduler.submit(c, 0.0)  # c starts in parallel
     effects = scheduler.unload(["a", "b"], 1.0)
-    rejected = rejects(effects)
+    rejected = refused_by(effects)
     assert set(rejected) == {a.id, queued_b.id}
     assert all((r.status, r.code) == (503, "model_unloaded") for r in rejected.values())
     assert stops(effects) == [StopModel("a", "unload")]
@@ -298,7 +298,7 @@ def test_on_unload_keeps_queued_requests_for_other_models(ticket):
     b = ticket("b")
     scheduler.submit(b, 0.0)
     effects = scheduler.unload(["a"], 1.0)
-    assert stops(effects) == [StopModel("a", "unload")] and not rejects(effects)
+    assert stops(effects) == [StopModel("a", "unload")] and not refused_by(effects)
     scheduler.finished(a.id, 1.5)  # the stop cut it
     assert starts(scheduler.model_stopped("a", 2.0)) == [StartModel("b", evict=())]
 
@@ -309,11 +309,11 @@ def test_on_shutdown_fails_all_waiters(ticket):
     scheduler.submit(starting, 0.0)
     scheduler.submit(queued, 0.0)
     effects = scheduler.shutdown(1.0)
-    assert set(rejects(effects)) == {starting.id, queued.id}
-    assert all(r.code == "shutting_down" for r in rejects(effects).values())
+    assert set(refused_by(effects)) == {starting.id, queued.id}
+    assert all(r.code == "shutting_down" for r in refused_by(effects).values())
     assert stops(effects) == [StopModel("a", "shutdown")]
     late = ticket("a")
-    assert rejects(scheduler.submit(late, 2.0))[late.id].status == 503
+    assert refused_by(scheduler.submit(late, 2.0))[late.id].status == 503
 
 
 def test_ready_model_sharing_the_gpu_with_an_evictable_one_stops_it_first(ticket):

@@ -5,7 +5,7 @@ start that evicts it runs, and config reloads never let a replaced process serve
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from scheduling.core import FifoScheduler, ModelSpec, Reject, SerialSettings, SwapGroup
+from scheduling.core import FifoScheduler, ModelSpec, Refuse, SerialSettings, SwapGroup
 
 from .harness import policy_within
 from .runtime_double import RuntimeDouble
@@ -40,7 +40,7 @@ class FifoMachine(RuleBasedStateMachine):
         admitted = sum(t.model == model and t.id not in self.runtime.ended for t in self.runtime.tickets.values())
         ticket = self.runtime.new_ticket(model, priority)
         effects = self.runtime.call("submit", ticket)
-        refused = [e.status for e in effects if isinstance(e, Reject) and e.ticket_id == ticket.id]
+        refused = [e.status for e in effects if isinstance(e, Refuse) and e.ticket_id == ticket.id]
         if model in self.models and not self.shut_down:
             limit = self.models[model].concurrency_limit
             expected = [429] if admitted >= limit else []
@@ -112,7 +112,7 @@ class FifoMachine(RuleBasedStateMachine):
         if self.shut_down:
             return
         self.models = models
-        refused = {e.ticket_id: e for e in effects if isinstance(e, Reject)}
+        refused = {e.ticket_id: e for e in effects if isinstance(e, Refuse)}
         assert all((e.status, e.code) == (404, "model_removed") for e in refused.values())
         assert {self.runtime.tickets[ticket_id].model for ticket_id in refused} <= removed
         assert not any(t.model in removed for t, _ in self.scheduler.ranked(self.runtime.now))

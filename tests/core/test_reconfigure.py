@@ -7,7 +7,7 @@ import pytest
 from scheduling.core import (
     FifoScheduler,
     Grant,
-    Reject,
+    Refuse,
     SerialScheduler,
     SerialSettings,
     StartModel,
@@ -16,7 +16,7 @@ from scheduling.core import (
     SwapPolicy,
 )
 
-from .harness import Tickets, grant_of, grants, one_at_a_time, rejects, specs
+from .harness import Tickets, grant_of, grants, one_at_a_time, refused_by, specs
 
 SCHEDULERS = [SerialScheduler, FifoScheduler]
 
@@ -49,7 +49,7 @@ def idle(scheduler, ticket, model, now=0.0):
 
 
 def removed(ticket_id, model):
-    return Reject(ticket_id, 404, "model_removed", f"model {model!r} was removed from the config by a reload")
+    return Refuse(ticket_id, 404, "model_removed", f"model {model!r} was removed from the config by a reload")
 
 
 def side_by_side(*models):
@@ -290,13 +290,13 @@ def test_a_reload_keeps_waiting_requests_with_their_ids_arrivals_and_order(cls, 
 def test_fifo_changed_concurrency_limit_applies_to_new_requests_and_keeps_admitted_ones(ticket):
     scheduler = build(FifoScheduler, "a", a={"concurrency_limit": 1})
     first = serving(scheduler, ticket, "a")
-    assert rejects(scheduler.submit(over := ticket("a"), 0.0))[over.id].status == 429
+    assert refused_by(scheduler.submit(over := ticket("a"), 0.0))[over.id].status == 429
     reload(scheduler, "a", now=1.0, a={"concurrency_limit": 2})
     assert grants(scheduler.submit(second := ticket("a"), 1.0)) == [second.id]
     reload(scheduler, "a", now=2.0, a={"concurrency_limit": 1})
-    assert rejects(scheduler.submit(over := ticket("a"), 2.0))[over.id].status == 429  # both keep running
+    assert refused_by(scheduler.submit(over := ticket("a"), 2.0))[over.id].status == 429  # both keep running
     scheduler.finished(first.id, 3.0)
-    assert rejects(scheduler.submit(over := ticket("a"), 3.0))[over.id].status == 429
+    assert refused_by(scheduler.submit(over := ticket("a"), 3.0))[over.id].status == 429
     scheduler.finished(second.id, 4.0)
     assert grants(scheduler.submit(fits := ticket("a"), 4.0)) == [fits.id]
 

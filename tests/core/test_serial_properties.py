@@ -9,7 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from scheduling.core import (
     Dequeued,
     ModelSpec,
-    Reject,
+    Refuse,
     SerialScheduler,
     SerialSettings,
     StartModel,
@@ -52,7 +52,7 @@ class SerialMachine(RuleBasedStateMachine):
             before[submitted.id] = submitted
         effects = getattr(self.runtime, method)(*args)
         after = {t.id for t, _ in self.scheduler.ranked(now)}
-        removed = {e.ticket_id for e in effects if isinstance(e, (Reject, Dequeued))}
+        removed = {e.ticket_id for e in effects if isinstance(e, (Refuse, Dequeued))}
         picked = set(before) - after - removed
         assert len(picked) <= 1, f"picked {picked} in one step"
         if picked:
@@ -138,7 +138,7 @@ class SerialMachine(RuleBasedStateMachine):
         before = {t.id: t for t, _ in self.scheduler.ranked(self.runtime.now)}
         self.configured = configured
         effects = self.observe("reconfigure", models, policy_within(POLICIES[self.policy], models), restart)
-        refused = {e.ticket_id: e for e in effects if isinstance(e, Reject)}
+        refused = {e.ticket_id: e for e in effects if isinstance(e, Refuse)}
         assert refused.keys() >= {t.id for t in before.values() if t.model in removed}
         assert all((e.status, e.code) == (404, "model_removed") for e in refused.values())
         assert {self.runtime.tickets[ticket_id].model for ticket_id in refused} <= removed

@@ -141,7 +141,7 @@ def test_cancel_of_a_request_waiting_for_a_slot_is_dequeued_and_frees_no_slot(ti
     busy = running_job(scheduler, ticket, "chat")
     waiting = ticket("chat", arrival=1.0)
     scheduler.submit(waiting, 1.0)
-    assert scheduler.cancel(waiting.id, 2.0) == [Dequeued(waiting.id, "cancelled")]
+    assert scheduler.cancel(waiting.id, 2.0) == [Dequeued(waiting.id)]
     assert scheduler.snapshot(2.0).running == {"chat": (busy.ticket_id,)}
 
 def test_waited_because_names_the_full_model_while_another_model_stood_idle(ticket):

@@ -4,7 +4,7 @@ and keeps the process; only models whose process changed get a new one."""
 from __future__ import annotations
 
 from proxy.config import load_config
-from proxy.model_processes.fleet import ModelFleet, process_changed
+from proxy.model_processes.fleet import ProcessFleet, process_changed
 
 
 def config(tmp_path, name: str, *, health: int, unload: int, tokens: int = 16):
@@ -31,7 +31,7 @@ def test_an_unchanged_model_keeps_its_process_under_the_new_entry_and_a_changed_
     restart = [m for m in new.models if process_changed(old.models[m], new.models[m])]
     assert restart == ["changed"]
 
-    fleet = ModelFleet(old, recorder=None, on_crash=lambda model: None)
+    fleet = ProcessFleet(old, recorder=None, on_crash=lambda model: None)
     kept, changed = fleet.processes["kept"], fleet.processes["changed"]
     fleet.apply(new, restart)
 

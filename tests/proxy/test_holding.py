@@ -8,13 +8,13 @@ import pytest
 
 from proxy.http.errors import ProxyError
 from proxy.http.holding import CLIENT_LEFT, holding, ticket_request
-from scheduling.tickets import Outcome, Rejected
+from scheduling.tickets import Outcome, Refused
 
-SHUTDOWN = Rejected(503, "shutting_down", "llamaswap shut down before this request finished")
+SHUTDOWN = Refused(503, "shutting_down", "llamaswap shut down before this request finished")
 DONE = Outcome(state="completed", status_code=200)
 
 
-async def held_until(ending, cut: Rejected | None = None, cancel: bool = False,
+async def held_until(ending, cut: Refused | None = None, cancel: bool = False,
                      **options) -> tuple[list[Outcome], BaseException | None, object]:
     """Run `ending(held)` inside `holding()` in a task of its own, cancelled once it waits if `cancel`;
     (what was recorded, what escaped, the Held)."""

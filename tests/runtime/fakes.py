@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduling.models import TERMINAL_STATES
+from scheduling.tickets import TERMINAL_STATES
 
 DEADLINE = 2.0  # seconds any wait in this tier may take before the test fails
 

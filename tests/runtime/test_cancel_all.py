@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from scheduling.tickets import Rejected
+from scheduling.tickets import Refused
 
 from .fakes import DEADLINE
 
@@ -28,6 +28,6 @@ async def test_a_running_and_a_queued_request_leave_together_and_start_no_model(
     assert lease.cut is not None and lease.cut.status == 499
     await asyncio.wait([holder], timeout=DEADLINE)
     assert holder.cancelled(), "the lease's holder is stopped"
-    with pytest.raises(Rejected):
+    with pytest.raises(Refused):
         await swap_next.task
     gpu.finish(live_lease)

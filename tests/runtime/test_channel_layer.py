@@ -9,11 +9,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from scheduling.core import Band
-from scheduling.events import Finished, Refused
+from scheduling.events import Finished, Unserved
 from scheduling.door.in_process import InProcessFrontDoor
 from scheduling.door.questions import BusyModels, CancelWaiting, LogText, Reprioritize, Snapshot, Unload, Waiting
 from scheduling.door.remote import ChannelLayerFrontDoor
-from scheduling.tickets import Outcome, Rejected, TicketRequest
+from scheduling.tickets import Outcome, Refused, TicketRequest
 from llamaswap_site.environment import redis_host
 from scheduling.door.wire import FRONT_END_TIMEOUT_S, HEARTBEAT_S, Granted
 from scheduling.door.worker import SchedulerWorker
@@ -120,7 +120,7 @@ async def test_a_failed_start_is_refused_through_the_front_end(wired):
     gpu, _, first, _ = wired("a")
     refused = submit(first, "a")
     (await gpu.fleet.next_call("swap_in", "a")).fail("exited with status 1")
-    with pytest.raises(Rejected) as raised:
+    with pytest.raises(Refused) as raised:
         await asyncio.wait_for(refused, DEADLINE)
     assert (raised.value.status, raised.value.code) == (503, "model_start_failed")
     assert "exited with status 1" in raised.value.message
@@ -173,7 +173,7 @@ async def test_operators_on_a_front_end_see_and_change_the_workers_queue(wired):
     assert before == [(2, 0), (3, -100)]
     assert (moved, cancelled) == ([3], [2])
     assert snapshot.running == {"a": (1,)} and snapshot.waiting == 1
-    with pytest.raises(Rejected) as refused:
+    with pytest.raises(Refused) as refused:
         await asyncio.wait_for(queued[0], DEADLINE)
     assert refused.value.code == "cancelled_by_operator"
     first.release(lease.ticket_id, DONE)
@@ -233,7 +233,7 @@ async def test_each_front_end_counts_the_requests_it_served_as_they_ended(wired)
     assert (finished.model, finished.route, finished.band, finished.status) == ("a", "other", Band.NORMAL, 200)
     assert finished.usage == {"output_tokens": 5} and 0 <= finished.ttfb_s <= finished.seconds
     refused, cut_short = served["second"]
-    assert refused == Refused("a", "other", 499, cancelled=True)
+    assert refused == Unserved("a", "other", 499, cancelled=True)
     assert (cut_short.state, cut_short.status) == ("cancelled", 503), "counted as the worker ended it"
 
 
@@ -242,9 +242,9 @@ async def test_a_front_end_counts_a_refusal_with_the_workers_status(wired):
     gpu, _, first, _ = wired("a", observers=(seen.append, None))
     refused = submit(first, "a")
     (await gpu.fleet.next_call("swap_in", "a")).fail("exited with status 1")
-    with pytest.raises(Rejected):
+    with pytest.raises(Refused):
         await asyncio.wait_for(refused, DEADLINE)
-    assert seen == [Refused("a", "other", 503)]
+    assert seen == [Unserved("a", "other", 503)]
 
 
 async def test_a_client_that_leaves_in_the_instant_its_grant_lands_gives_the_slot_back(wired):
@@ -273,7 +273,7 @@ async def test_a_front_end_that_cannot_reach_redis_answers_503_and_tries_again_n
     door = ChannelLayerFrontDoor(None, backend(hosts=[redis_host("redis://127.0.0.1:1/0")]), redis_wait_s=0.5)
     for _ in range(2):
         began = asyncio.get_running_loop().time()
-        with pytest.raises(Rejected) as raised:
+        with pytest.raises(Refused) as raised:
             await asyncio.wait_for(submit(door, "a"), DEADLINE)
         assert (raised.value.status, raised.value.code, raised.value.retry_after) == (503, "scheduler_unreachable", 1)
         assert asyncio.get_running_loop().time() - began >= 0.5, "refused only once its wait for Redis was over"

@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from scheduling.tickets import Outcome, Rejected
+from scheduling.tickets import Outcome, Refused
 
 from .fakes import DEADLINE
 
 
-async def refusal(client) -> Rejected:
-    with pytest.raises(Rejected) as refused:
+async def refusal(client) -> Refused:
+    with pytest.raises(Refused) as refused:
         await client.lease()
     return refused.value
 

@@ -9,7 +9,7 @@ import pytest
 
 from scheduling.core.durations import JobKind
 from scheduling.runtime import MAX_WAIT_RETRY_AFTER_S
-from scheduling.tickets import Rejected
+from scheduling.tickets import Refused
 
 from .fakes import DEADLINE
 
@@ -19,8 +19,8 @@ def learned(gpu, model: str, job_s: float) -> None:
         gpu.runtime.durations.add_job(JobKind(model, "other", False, "normal"), job_s)
 
 
-async def refusal(client) -> Rejected:
-    with pytest.raises(Rejected) as caught:
+async def refusal(client) -> Refused:
+    with pytest.raises(Refused) as caught:
         await asyncio.wait_for(client.task, DEADLINE)
     return caught.value
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from scheduling.core import SwapGroup
-from scheduling.tickets import Rejected, TicketRequest
+from scheduling.tickets import Refused, TicketRequest
 
 from .fakes import DEADLINE
 
@@ -19,7 +19,7 @@ async def test_an_operator_cancels_a_queued_request_with_a_503_and_not_a_running
 
     assert gpu.runtime.operator_cancel(queued.ticket_id)
 
-    with pytest.raises(Rejected) as refused:
+    with pytest.raises(Refused) as refused:
         await queued.lease()
     assert (refused.value.status, refused.value.code) == (503, "cancelled_by_operator")
     assert gpu.row(queued) | {"state": "cancelled", "status_code": 503} == gpu.row(queued)
@@ -57,11 +57,11 @@ async def test_shutdown_refuses_queued_requests_and_ends_as_soon_as_running_ones
     await asyncio.sleep(0)  # one step: shutdown refuses the queue before it first waits
 
     for client in queued:
-        with pytest.raises(Rejected) as refused:
+        with pytest.raises(Refused) as refused:
             await client.lease()
         assert (refused.value.status, refused.value.code) == (503, "shutting_down")
         assert gpu.row(client) | {"state": "rejected", "status_code": 503} == gpu.row(client)
-    with pytest.raises(Rejected) as late:
+    with pytest.raises(Refused) as late:
         await gpu.runtime.submit(TicketRequest(model="a", path="/v1/chat/completions", priority=0))
     assert (late.value.status, late.value.code) == (503, "shutting_down")
     assert not shutdown.done(), "the running request may finish"
@@ -85,7 +85,7 @@ async def test_shutdown_gives_up_after_its_budget_on_a_running_request_and_a_han
     await asyncio.wait_for(gpu.runtime.shutdown(drain_seconds=0.2), DEADLINE)
 
     assert 0.2 <= loop.time() - began < DEADLINE
-    with pytest.raises(Rejected) as refused:
+    with pytest.raises(Refused) as refused:
         await starting.lease()
     assert (refused.value.status, refused.value.code, refused.value.ticket_id) == (503, "shutting_down", starting.ticket_id)
     await asyncio.wait_for(asyncio.wait([hanging.outcome]), DEADLINE)

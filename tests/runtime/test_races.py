@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from scheduling.tickets import Outcome, Rejected
+from scheduling.tickets import Outcome, Refused
 
 from .fakes import DEADLINE
 
@@ -25,7 +25,7 @@ async def test_an_operator_cancel_just_after_the_client_left_does_not_raise(gpu_
     queued.task.cancel()
     assert gpu.runtime.operator_cancel(queued.ticket_id)
 
-    with pytest.raises((asyncio.CancelledError, Rejected)):
+    with pytest.raises((asyncio.CancelledError, Refused)):
         await asyncio.wait_for(queued.task, DEADLINE)
     gpu.runtime.release(lease.ticket_id, DONE)
 
@@ -53,7 +53,7 @@ async def test_a_stop_that_fails_still_lets_the_start_it_cut_short_report_first(
     first = await gpu.submit("a")
     old_start = await gpu.fleet.next_call("swap_in", "a")
     gpu.runtime.unload(["a"])
-    with pytest.raises(Rejected):
+    with pytest.raises(Refused):
         await first.lease()
     later = await gpu.submit("a")
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from scheduling.tickets import Rejected
+from scheduling.tickets import Refused
 from scheduling.door.ticket_ids import TicketBlocks
 
 
@@ -40,11 +40,11 @@ def test_a_failed_fetch_refuses_that_request_and_the_next_one_fetches_afresh():
     first = take(blocks, 3)  # the prefetch of the next block starts here and succeeds
     sequence.failing = True
     second = take(blocks, 5)  # the rest of block 1 and all of block 2, whose prefetch of block 3 fails
-    with pytest.raises(Rejected) as refused:
+    with pytest.raises(Refused) as refused:
         blocks()
     assert (refused.value.status, refused.value.code) == (503, "request_history_unreachable")
     assert refused.value.retry_after == 5
-    with pytest.raises(Rejected):
+    with pytest.raises(Refused):
         blocks()  # still away: refused again, not stuck on the first failure
     sequence.failing = False
     third = take(blocks, 6)
@@ -59,7 +59,7 @@ def test_a_database_that_does_not_answer_refuses_within_the_wait_instead_of_stal
     sequence.gate.clear()  # the prefetch started now hangs, as a read on a stalled connection does
     before += take(blocks, 2)
     began = time.monotonic()
-    with pytest.raises(Rejected) as refused:
+    with pytest.raises(Refused) as refused:
         blocks()
     assert time.monotonic() - began < 2  # the event loop waited about wait_s, not for the database
     assert "did not answer" in refused.value.message

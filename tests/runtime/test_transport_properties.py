@@ -19,7 +19,7 @@ from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, SwapGrou
 from scheduling.door.in_process import InProcessFrontDoor
 from scheduling.door.remote import ChannelLayerFrontDoor
 from scheduling.runtime import SchedulerRuntime
-from scheduling.tickets import Outcome, Rejected, TicketRequest
+from scheduling.tickets import Outcome, Refused, TicketRequest
 from scheduling.door.worker import SchedulerWorker
 
 from tests.conftest import REDIS_URL
@@ -69,7 +69,7 @@ async def play(program, doors, runtime: SchedulerRuntime, recorder: OrderedRecor
         if row["state"] == "completed":
             return index in finished
         if row["state"] == "rejected":
-            return task.done() and isinstance(task.exception(), Rejected)
+            return task.done() and isinstance(task.exception(), Refused)
         return row["state"] == "queued" and not task.done()
 
     async def step() -> None:

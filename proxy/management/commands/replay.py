@@ -17,7 +17,7 @@ from django.utils import timezone
 from scheduling.core import SerialSettings, serial_settings_problems
 from scheduling.core.replay import ReplayResult, compare, waits_by_band
 from scheduling.operating.replay_report import (
-    change_text, comparison_rows, fidelity_text, handling_lines, number, shown, waits_text,
+    change_text, comparison_rows, fidelity_text, handling_lines, shown, typed_number, waits_text,
 )
 
 KEYS = "agingDivisor=N, swapAffinityBonus=N or slots.MODEL=N"
@@ -33,7 +33,7 @@ def with_setting(base: SerialSettings, option: str, assignment: str, models) -> 
     key = key.strip()
     if not sep or not key:
         raise SettingError(f"{option} {assignment!r}: expected KEY=VALUE with KEY one of {KEYS}")
-    value = number(text.strip())
+    value = typed_number(text.strip())
     aging, bonus, slots = base.aging_divisor, base.swap_affinity_bonus, dict(base.slots)
     if key == "agingDivisor":
         aging = value
@@ -177,7 +177,7 @@ class Command(BaseCommand):
                 "window": self._window_json(window),
                 "fidelity": dataclasses.asdict(measured),
                 "in_force": run_json(before),
-                "sweep": {"key": key, "runs": [{"value": number(value), **run_json(r)} for value, r in runs]},
+                "sweep": {"key": key, "runs": [{"value": typed_number(value), **run_json(r)} for value, r in runs]},
             }, indent=2))
             return
         lines = self._header(window, measured) + ["", f"In force: {shown(before.settings)}", ""]

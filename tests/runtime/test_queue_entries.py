@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from scheduling.core.durations import JobKind
-from scheduling.door.queue_view import queue_entries
-from scheduling.tickets import Rejected
+from scheduling.door.queue_entries import queue_entries
+from scheduling.tickets import Refused
 
 CHAT = "/v1/chat/completions"
 
@@ -68,7 +68,7 @@ async def test_an_operator_cut_ends_a_running_request_and_tells_its_client(gpu_f
     gpu = gpu_for("chat")
     client, lease = await gpu.running("chat")
     assert gpu.runtime.operator_cut(client.ticket_id)
-    assert isinstance(lease.cut, Rejected) and lease.cut.code == "cancelled_by_operator"
+    assert isinstance(lease.cut, Refused) and lease.cut.code == "cancelled_by_operator"
     assert gpu.state(client) == "cancelled" and gpu.row(client)["status_code"] == 503
     assert not gpu.runtime.operator_cut(client.ticket_id), "already ended"
 
@@ -85,7 +85,7 @@ async def test_a_failing_forecast_costs_the_prediction_and_nothing_else(gpu_for,
     waiting = await gpu.submit("chat", max_wait_s=0.05)
     (entry,) = [e for e in queue_entries(gpu.runtime) if e.ticket_id == waiting.ticket_id]
     assert (entry.state, entry.position, entry.eta_s) == ("waiting", 1, None) and "the forecast failed" in entry.outlook
-    with pytest.raises(Rejected) as refused:  # its maximum wait still runs out, with the default Retry-After
+    with pytest.raises(Refused) as refused:  # its maximum wait still runs out, with the default Retry-After
         await waiting.lease()
     assert refused.value.code == "max_wait_exceeded"
     assert "the forecast of the queue failed" in caplog.text
