@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-from . import rejections
+from . import refusals
 from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, StartModel, StopModel
 from .fleet import ModelFleet, ModelState
@@ -71,9 +71,9 @@ class SerialScheduler:
 
     def _refusal(self, ticket: Ticket) -> Effect | None:
         if self._shut_down:
-            return rejections.shutting_down(ticket.id)
+            return refusals.shutting_down(ticket.id)
         if ticket.model not in self._fleet:
-            return rejections.unknown_model(ticket.id, ticket.model)
+            return refusals.unknown_model(ticket.id, ticket.model)
         if self._holds(ticket.id):
             raise ValueError(f"ticket #{ticket.id} was already submitted; ticket ids must be unique")
         return None
@@ -91,11 +91,11 @@ class SerialScheduler:
         ended_job = freed = False
         for ticket_id in ticket_ids:
             if self._dequeue(ticket_id, now) is not None:
-                effects.append(Dequeued(ticket_id, "cancelled"))
+                effects.append(Dequeued(ticket_id))
                 freed = True
             elif (launch := self._launch_of(ticket_id)) is not None:
                 self._orphan(launch)
-                effects.append(Dequeued(ticket_id, "cancelled"))
+                effects.append(Dequeued(ticket_id))
                 if not launch.started:  # a start under way runs on: nothing is free until it ends
                     del self._launches[launch.model]
                     freed = True
@@ -157,11 +157,11 @@ class SerialScheduler:
         effects: list[Effect] = []
         if launch.ticket is not None:
             self._free_slot(model, launch.slot)
-            effects.append(rejections.start_failed(launch.ticket.id, model, reason))
+            effects.append(refusals.start_failed(launch.ticket.id, model, reason))
         if not replaced_config:  # a start with the reloaded config may well succeed: let them try
             for ticket in self._queue.tickets_for(model):
                 self._dequeue(ticket.id, now)
-                effects.append(rejections.start_failed(ticket.id, model, reason))
+                effects.append(refusals.start_failed(ticket.id, model, reason))
         return effects + self._start_launches() + self._dispatch(now)
 
     def model_stopped(self, model: str, now: float) -> list[Effect]:
@@ -189,7 +189,7 @@ class SerialScheduler:
             if launch is not None and launch.started:
                 del self._launches[model]
                 if launch.ticket is not None:
-                    effects.append(rejections.unloaded(launch.ticket.id, model))
+                    effects.append(refusals.unloaded(launch.ticket.id, model))
                     self._orphan(launch)
         return effects + self._dispatch(now)
 
@@ -238,12 +238,12 @@ class SerialScheduler:
         effects: list[Effect] = []
         for launch in self._launches.values():
             if launch.ticket is not None:
-                effects.append(rejections.shutting_down(launch.ticket.id))
+                effects.append(refusals.shutting_down(launch.ticket.id))
                 self._orphan(launch)
         self._launches.clear()
         for ticket in self._queue.remove_all():
             self._fleet.end_waiting(ticket.model, now)
-            effects.append(rejections.shutting_down(ticket.id))
+            effects.append(refusals.shutting_down(ticket.id))
         self._waited.clear()
         effects += [
             self._stop(model, "shutdown") for model in self._fleet.in_state(ModelState.READY, ModelState.STARTING)
@@ -345,7 +345,8 @@ class SerialScheduler:
         if model in self._launches or self._fleet.state(model) is ModelState.STARTING:
             return f"model {model} was starting"
         evicting = self._evicted_by_start(model)
-        if evicting is not None:
+        if evicting is not None:  # it goes once that start has ended (or was given up): nothing below may get in first
+            round_.reserve(ticket.id, model, self._victims(model, up) | {model})
             return f"model {model} was being stopped for the start of {evicting}"
         for target, ticket_id in round_.targets:
             if not self._may_start_beside(model, target, up):
@@ -510,11 +511,11 @@ class SerialScheduler:
         effects: list[Effect] = []
         launch = self._launches.pop(model, None)
         if launch is not None and launch.ticket is not None:
-            effects.append(rejections.removed(launch.ticket.id, model))
+            effects.append(refusals.removed(launch.ticket.id, model))
             self._orphan(launch)
         for ticket in self._queue.tickets_for(model):
             self._dequeue(ticket.id, now)
-            effects.append(rejections.removed(ticket.id, model))
+            effects.append(refusals.removed(ticket.id, model))
         if self._fleet.state(model) is ModelState.STARTING or self._fleet.retire(model):
             effects.append(self._stop(model, "reload"))
         return effects

@@ -14,7 +14,7 @@ from scheduling.core import (
     SwapPolicy,
 )
 
-from .harness import Tickets, dequeued, grant_of, grants, one_at_a_time, rejects, specs, starts, stops
+from .harness import Tickets, dequeued, grant_of, grants, one_at_a_time, refused_by, specs, starts, stops
 
 NO_BONUS = SerialSettings(aging_divisor=60, swap_affinity_bonus=0)
 
@@ -136,7 +136,7 @@ def test_cancel_while_queued_never_starts_a_model(ticket):
     scheduler.submit(running, 1.0)
     waiting = ticket("b", arrival=2.0)
     scheduler.submit(waiting, 2.0)
-    assert scheduler.cancel(waiting.id, 3.0) == [Dequeued(waiting.id, "cancelled")]
+    assert scheduler.cancel(waiting.id, 3.0) == [Dequeued(waiting.id)]
     assert scheduler.finished(running.id, 4.0) == []
     assert scheduler.snapshot(4.0).loaded == ("a",)
 
@@ -147,7 +147,7 @@ def test_cancel_while_its_model_starts_lets_the_start_finish_then_serves_the_nex
     scheduler.submit(first, 0.0)
     second = ticket("a", arrival=1.0)
     scheduler.submit(second, 1.0)
-    assert scheduler.cancel(first.id, 2.0) == [Dequeued(first.id, "cancelled")]  # no stop: the start carries on
+    assert scheduler.cancel(first.id, 2.0) == [Dequeued(first.id)]  # no stop: the start carries on
     assert grants(scheduler.model_ready("a", 5.0)) == [second.id]
 
 
@@ -181,7 +181,7 @@ def test_failed_start_rejects_everyone_waiting_for_that_model_only(ticket):
     scheduler.submit(second_a, 1.0)
     scheduler.submit(other_b, 2.0)
     effects = scheduler.model_failed("a", "upstream command exited prematurely", 3.0)
-    rejected = rejects(effects)
+    rejected = refused_by(effects)
     assert set(rejected) == {first_a.id, second_a.id}
     assert all(r.status == 503 and r.code == "model_start_failed" for r in rejected.values())
     assert "upstream command exited prematurely" in rejected[first_a.id].message
@@ -265,7 +265,7 @@ def test_cancel_while_waiting_for_a_stop_never_starts_a_model(ticket):
     scheduler.tick(5.0)
     t = ticket("a", arrival=6.0)
     scheduler.submit(t, 6.0)
-    assert scheduler.cancel(t.id, 6.5) == [Dequeued(t.id, "cancelled")]
+    assert scheduler.cancel(t.id, 6.5) == [Dequeued(t.id)]
     assert scheduler.model_stopped("a", 7.0) == []
 
 
@@ -277,7 +277,7 @@ def test_unload_stops_the_starting_model_and_rejects_its_request_but_keeps_the_q
     scheduler.submit(queued, 1.0)
     effects = scheduler.unload(["a"], 2.0)
     assert stops(effects) == [StopModel("a", "unload")]
-    rejected = rejects(effects)
+    rejected = refused_by(effects)
     assert set(rejected) == {starting.id}
     assert (rejected[starting.id].status, rejected[starting.id].code) == (503, "model_unloaded")
     assert scheduler.snapshot(2.0).waiting == 0  # the queued one was picked next...
@@ -294,7 +294,7 @@ def test_unload_all_stops_every_running_model_but_not_the_request_using_it(ticke
     scheduler.submit(running, 1.0)
     effects = scheduler.unload(None, 2.0)
     assert stops(effects) == [StopModel("a", "unload"), StopModel("b", "unload")]
-    assert not rejects(effects)
+    assert not refused_by(effects)
     assert scheduler.snapshot(2.0).running_ticket == running.id
     assert scheduler.unload(["a", "unknown-model"], 2.5) == []  # already stopping; unknown names ignored
 
@@ -309,14 +309,14 @@ def test_shutdown_rejects_every_waiter_and_stops_every_model(ticket):
     for t in queued:
         scheduler.submit(t, t.arrival)
     effects = scheduler.shutdown(4.0)
-    rejected = rejects(effects)
+    rejected = refused_by(effects)
     assert set(rejected) == {t.id for t in queued}
     assert all((r.status, r.code) == (503, "shutting_down") for r in rejected.values())
     # b shares the GPU with a, so its start began beside a's job
     assert stops(effects) == [StopModel("a", "shutdown"), StopModel("b", "shutdown")]
     assert scheduler.finished(running.id, 5.0) == []
     late = ticket("a", arrival=6.0)
-    assert rejects(scheduler.submit(late, 6.0))[late.id].code == "shutting_down"
+    assert refused_by(scheduler.submit(late, 6.0))[late.id].code == "shutting_down"
     assert scheduler.shutdown(7.0) == []
 
 
@@ -325,7 +325,7 @@ def test_shutdown_rejects_the_request_whose_model_is_starting(ticket):
     t = ticket("a")
     scheduler.submit(t, 0.0)
     effects = scheduler.shutdown(1.0)
-    assert set(rejects(effects)) == {t.id}
+    assert set(refused_by(effects)) == {t.id}
     assert stops(effects) == [StopModel("a", "shutdown")]
     assert scheduler.model_ready("a", 2.0) == []
 
@@ -388,7 +388,7 @@ def test_empty_snapshot_has_every_band():
 def test_unknown_model_is_rejected_with_404(ticket):
     scheduler = serial("a")
     t = ticket("nope")
-    rejection = rejects(scheduler.submit(t, 0.0))[t.id]
+    rejection = refused_by(scheduler.submit(t, 0.0))[t.id]
     assert (rejection.status, rejection.code) == (404, "model_not_found")
     assert "'nope'" in rejection.message
 
@@ -414,7 +414,25 @@ def test_a_rebuilt_queue_is_ranked_as_a_whole_before_an_idle_gpu_is_given_out(ti
     scheduler = serial("a", "b", settings=NO_BONUS)
     batch, interactive, unknown = ticket("a", priority=-100, arrival=0.0), ticket("b", priority=100, arrival=1.0), ticket("zz")
     effects = scheduler.submit_all([batch, interactive, unknown], 2.0)
-    assert list(rejects(effects)) == [unknown.id]
+    assert list(refused_by(effects)) == [unknown.id]
     assert starts(effects) == [StartModel("b", evict=())]  # one at a time submitted, the batch request would have taken the GPU
     assert grants(scheduler.model_ready("b", 3.0)) == [interactive.id]
     assert [t.id for t, _ in scheduler.ranked(3.0)] == [batch.id]
+
+
+def test_an_unload_that_gives_up_a_swap_lets_no_lower_request_in_ahead_of_the_stopped_models_own(ticket):
+    # b was stopped for a's start; the unload gives that start up. b may not start again until the given-up
+    # start has ended, and the lower request for a must not take its turn meanwhile.
+    scheduler = serial("a", "b", settings=SerialSettings(aging_divisor=0, swap_affinity_bonus=0))
+    loaded_with(scheduler, "b", ticket)
+    swap = ticket("a", priority=-100, arrival=1.0)
+    assert starts(scheduler.submit(swap, 1.0)) == [StartModel("a", evict=("b",))]
+    lower, higher = ticket("a", priority=-100, arrival=2.0), ticket("b", priority=-99, arrival=3.0)
+    scheduler.submit(lower, 2.0)
+    scheduler.submit(higher, 3.0)
+    effects = scheduler.unload(None, 4.0)
+    assert set(refused_by(effects)) == {swap.id}
+    assert scheduler.snapshot(4.0).waiting == 2  # nobody was given a start that waits for a's stop
+    assert scheduler.model_failed("a", "aborted", 5.0) == []
+    assert scheduler.model_stopped("a", 6.0) == [StartModel("b", evict=())]
+    assert grants(scheduler.model_ready("b", 7.0)) == [higher.id]
