@@ -1,7 +1,7 @@
 """Replay's what-if against reality: traffic recorded under settings A, replayed under B, and run for
 real under B.
 
-    .venv/bin/python bench/whatif.py [--seconds 45] [--seed 21]
+    .venv/bin/python bench/whatif.py [--seconds 45] [--seeds 21 22 23 24 25]
 
 One workload (`bench/prediction.py`'s steady shape: Poisson arrivals, three bands, two fake models in
 one swap group, so swaps) is sent to a real `llamaswap serve` twice, at the same moments: once with
@@ -10,7 +10,10 @@ model), once with B (`swapAffinityBonus: 10`, the default). `llamaswap replay --
 swapAffinityBonus=10` on A's recording says what B would do; B's own run says what it did. Each
 figure (wait p50 and p99 by band, from arrival to being sent to the model; model starts) is reported
 for the four: A recorded, A replayed (the replay's fidelity), B replayed, B for real, with the
-replayed B's difference from the real B.
+replayed B's difference from the real B. Each figure is the median over several seeds (workloads) of
+that seed's figure: a band's p50 in one 45 s run is that of about ten requests, and which model is up
+when each arrives (so every later swap) turns on a few milliseconds of the real service's timing, so
+one seed's figures swing by a third or more between two runs of the same traffic.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +44,7 @@ from tests.served import Served, fake_cmd, model_ports  # noqa: E402
 
 SETTING = "swapAffinityBonus"
 A, B = 0, 10
+SEEDS = (21, 22, 23, 24, 25)  # the workloads each figure's median is taken over
 TARGET = 0.2  # |replayed B − real B| ÷ real B, each figure
 # The floor a difference is judged against: a wait shorter than this (a short stream's wait for what is
 # left of a job) is within the noise of a shared 2-CPU machine, so its relative difference says little.
@@ -99,6 +104,23 @@ class WhatIf:
         return max((d for *_, d in self.differences() if d is not None), default=0.0)
 
 
+def median_of(runs: list[WhatIf]) -> WhatIf:
+    """Each figure of each of the four as the median over `runs` (an odd count keeps each one a figure
+    some run had); requests summed."""
+    def figures(which: str) -> Figures:
+        each = [getattr(run, which) for run in runs]
+        waits = {band: tuple(_median([f.waits[band][n] for f in each]) for n in (0, 1)) for band in prediction.BANDS}
+        return Figures(waits, statistics.median_low(f.swaps for f in each))
+
+    return WhatIf(sum(run.requests for run in runs), *(figures(which) for which in
+                                                       ("recorded_a", "replayed_a", "replayed_b", "real_b")))
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def _relative(replayed: float | None, real: float | None, floor: float) -> float | None:
     if replayed is None or real is None or real < floor:
         return None
@@ -145,6 +167,13 @@ def measure(seconds: float, seed: int = 21) -> WhatIf:
                   from_rows(rows_b))
 
 
+def over_seeds(seconds: float, seeds: tuple[int, ...] = SEEDS) -> tuple[WhatIf, list[WhatIf]]:
+    """Each seed's workload measured in turn (never side by side: they would slow each other's service);
+    the medians, and each seed's own."""
+    runs = [measure(seconds, seed) for seed in seeds]
+    return median_of(runs), runs
+
+
 def _cell(value: float | int | None) -> str:
     if value is None:
         return "—"
@@ -172,23 +201,26 @@ def rows(result: WhatIf) -> list[str]:
     return lines
 
 
-def method(seconds: float, seed: int) -> str:
-    return (" ".join(__doc__.split("\n\n", 2)[2].split()) + f" {seconds:g} s of arrivals, seed {seed}; p99 is the "
-            f"nearest rank (with under 100 requests in a band, its longest wait); a difference is judged only where "
-            f"the real figure is at least {FLOOR_S:g} s (one start for model starts).")
+def method(seconds: float, seeds: tuple[int, ...], runs: list[WhatIf]) -> str:
+    each = ", ".join(f"{seed}: {run.worst():.0%}" for seed, run in zip(seeds, runs, strict=True))
+    return (" ".join(__doc__.split("\n\n", 2)[2].split()) + f" {seconds:g} s of arrivals a seed, seeds "
+            f"{', '.join(map(str, seeds))}; p99 is the nearest rank (with under 100 requests in a band, its longest "
+            f"wait); model starts' median is the lower middle one; a difference is judged only where the real figure "
+            f"is at least {FLOOR_S:g} s (one start for model starts). Each seed's own largest difference: {each}.")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=45, help="how long requests keep arriving")
-    parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     args = parser.parse_args(argv)
     load_before = load_average()
-    result = measure(args.seconds, args.seed)
+    seeds = tuple(args.seeds)
+    result, runs = over_seeds(args.seconds, seeds)
     print(f"machine: {machine()}")
     print(f"load average (1/5/15 min) before: {load_before}, after: {load_average()}")
-    print(f"command: .venv/bin/python bench/whatif.py --seconds {args.seconds:g} --seed {args.seed}\n")
-    print(method(args.seconds, args.seed) + "\n")
+    print(f"command: .venv/bin/python bench/whatif.py --seconds {args.seconds:g} --seeds {' '.join(map(str, seeds))}\n")
+    print(method(args.seconds, seeds, runs) + "\n")
     print(HEADER)
     print("\n".join(rows(result)))
     print(f"\nworst difference: {result.worst():.0%} (target ≤ {TARGET:.0%})")
