@@ -88,6 +88,10 @@ class Lease:
         if self.cut is not None:
             task.cancel()
 
+    def holder(self) -> asyncio.Task | None:
+        """The task holding it, until that task ends (after a cut, it still closes its model server's side)."""
+        return self._holder if self._holder is not None and not self._holder.done() else None
+
     def revoke(self, reason: Refused) -> None:
         self.cut = reason
         if self._holder is not None:

@@ -468,7 +468,8 @@ class FakeModelHandler(BaseHTTPRequestHandler):
 
     def _websocket_echo(self) -> None:
         """Any GET upgrade: echo each message back; the text "whoami" gets the path it was opened on, and
-        "close-me" a close with code 4321. "websocket" events record the open and the close."""
+        "close-me" a close with code 4321; after "close-slowly" (echoed) the server takes 0.5 s to answer the
+        client's close, as a busy model server may. "websocket" events record the open and the close."""
         protocols = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
         headers = {"Upgrade": "websocket", "Connection": "Upgrade",
                    "Sec-WebSocket-Accept": wsf.accept_key(self.headers.get("Sec-WebSocket-Key", ""))}
@@ -478,6 +479,7 @@ class FakeModelHandler(BaseHTTPRequestHandler):
         self.wfile.write(self._header_block(101, headers))
         self.close_connection = True  # after the head: its "Connection: close" would void the upgrade
         code = wsf.NO_STATUS
+        close_delay_s = 0.0
         while True:
             head = self.rfile.read(2)
             if len(head) < 2:
@@ -489,6 +491,7 @@ class FakeModelHandler(BaseHTTPRequestHandler):
             payload = wsf.unmask(self.rfile.read(length), mask)
             if opcode == wsf.CLOSE:
                 code = wsf.parse_close(payload)[0]
+                time.sleep(close_delay_s)
                 self.wfile.write(wsf.encode_frame(wsf.CLOSE, payload, masked=False))
                 break
             if opcode == wsf.PING:
@@ -496,6 +499,9 @@ class FakeModelHandler(BaseHTTPRequestHandler):
             elif payload == b"whoami":
                 answer = json.dumps({"path": self.path, "served_by": self.server.behaviour.model}).encode()
                 self.wfile.write(wsf.encode_frame(wsf.TEXT, answer, masked=False))
+            elif payload == b"close-slowly":
+                close_delay_s = 0.5
+                self.wfile.write(wsf.encode_frame(wsf.TEXT, payload, masked=False))
             elif payload == b"close-me":
                 self.wfile.write(wsf.encode_frame(wsf.CLOSE, wsf.close_payload(4321, "asked to"), masked=False))
             elif opcode in (wsf.TEXT, wsf.BINARY):

@@ -35,6 +35,9 @@ from scheduling.tickets import Outcome, Refused, RequestState, stamped
 log = logging.getLogger("llamaswap.proxy")
 REFUSAL_CODE_BASE = 4000
 UPSTREAM_PREFIX = "/upstream/"
+# How long a socket cut short (or left by its client) gives its model server to finish its side of the close
+# before the lease goes: within the shutdown's wait for cut requests, so the models stop after it.
+UPSTREAM_CLOSE_WAIT_S = 1.0
 
 
 def refusal_code(status: int) -> int:
@@ -59,6 +62,7 @@ class WebSocketPassthrough(AsyncConsumer):
         self._upstream = None
         self._accepted = False
         self._client_close_code: int | None = None
+        self._closing_upstream = False
 
     async def dispatch(self, message):
         """Straight to the handler: this consumer never touches the database (see StreamingHttpConsumer)."""
@@ -78,14 +82,26 @@ class WebSocketPassthrough(AsyncConsumer):
 
     async def websocket_disconnect(self, message):
         self._client_close_code = message.get("code")
-        if self._upstream is not None:
-            code = message.get("code") or NO_STATUS
-            await self._upstream.close(code if code in (NORMAL_CLOSURE, NO_STATUS) or 3000 <= code <= 4999 else NORMAL_CLOSURE)
         if self._job is not None and not self._job.done():
-            self._job.cancel()
+            if not self._closing_upstream:  # else a cut is closing it already: let that finish
+                self._job.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._job
+        elif self._upstream is not None:
+            await self._upstream.close(self._upstream_close_code())
         raise StopConsumer()
+
+    def _upstream_close_code(self) -> int:
+        """The client's close code, passed on where the model server may be sent it."""
+        code = self._client_close_code or NO_STATUS
+        return code if code in (NORMAL_CLOSURE, NO_STATUS) or 3000 <= code <= 4999 else NORMAL_CLOSURE
+
+    async def _close_upstream(self) -> None:
+        """Close the model server's side, with the client's code if it left, waiting for the server's answer.
+        The relay's read was cancelled first, so nothing else reads meanwhile."""
+        self._closing_upstream = True
+        if self._upstream is not None:
+            await self._upstream.close(self._upstream_close_code(), wait_s=UPSTREAM_CLOSE_WAIT_S)
 
     async def _run(self) -> None:
         try:
@@ -164,7 +180,11 @@ class WebSocketPassthrough(AsyncConsumer):
                            lambda: lease.cut, failures=(UpstreamRefused, OSError, TimeoutError, ProtocolViolation),
                            left=left) as held:
             lease.held_by(asyncio.current_task())
-            ended = await self._relay(service, model_cfg, lease.upstream, path)
+            try:
+                ended = await self._relay(service, model_cfg, lease.upstream, path)
+            except asyncio.CancelledError:  # cut, or the client left: the lease goes once the model has closed its side
+                await self._close_upstream()
+                raise
             # A model that dropped the socket: the client was told 4502; the row says why, as for a request cut mid-stream.
             held.end(Outcome(state=RequestState.COMPLETED, status_code=101) if ended.clean else Outcome(
                 state=RequestState.FAILED, status_code=502,

@@ -8,6 +8,7 @@ browser's side. No extensions (no compression) are offered, so every frame is pl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -69,14 +70,22 @@ class UpstreamSocket:
         else:
             await self._write(wsf.BINARY, message.data or b"")
 
-    async def close(self, code: int, reason: str = "") -> None:
-        """Send our close frame (once) and end the connection."""
+    async def close(self, code: int, reason: str = "", wait_s: float = 0.0) -> None:
+        """Send our close frame (once) and end the connection. With `wait_s`, first give the server that
+        long to answer and hang up (RFC 6455 has the server close the TCP connection first), so a model
+        stopped next is not stopped in the middle of its side of the close; what it sends meanwhile is
+        dropped. Nothing else may be reading then."""
         if not self._close_sent:
             self._close_sent = True
             try:
                 await self._write(wsf.CLOSE, wsf.close_payload(code, reason))
             except (ConnectionError, RuntimeError):
                 pass
+        if wait_s > 0:
+            with contextlib.suppress(TimeoutError, ConnectionError):
+                async with asyncio.timeout(wait_s):
+                    while await self._reader.read(65536):
+                        pass
         self._writer.close()
 
     async def receive(self) -> Message | Closed:

@@ -124,12 +124,13 @@ class OperatorActions:
         while (self._granted or self._relayed or self._tasks) and self.now() < deadline:
             await asyncio.sleep(0.05)
         # What still runs is cut by the shutdown, not by its model stopping: each client is told so.
+        cut = [lease for ticket_id in self._granted if (lease := self._leases.get(ticket_id)) is not None]
         self._cut(list(self._granted), Refused(503, "shutting_down", "llamaswap shut down before this request finished"))
-        # A cut request closes its model server's connection as it ends: the models stop after that,
-        # so a server is not killed in the middle of its side of the close.
-        cut_deadline = self.now() + SHUTDOWN_CUT_GRACE_S
-        while self._granted and self.now() < cut_deadline:
-            await asyncio.sleep(0.02)
+        # A cut request closes its model server's connection as its holder ends: the models stop after
+        # that, so a server is not killed in the middle of its side of the close.
+        holders = [task for lease in cut if (task := lease.holder()) is not None]
+        if holders:
+            await asyncio.wait(holders, timeout=SHUTDOWN_CUT_GRACE_S)
         if self._timer:
             self._timer.cancel()
         for task in list(self._tasks):
