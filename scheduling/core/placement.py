@@ -1,0 +1,179 @@
+"""Where a model goes on the hardware, and which idle models stop, at least cost, when it does not fit.
+
+The operator describes the hardware (`hardware.gpus`, each GPU's memory; optionally the CPU's memory)
+and what each model needs on each GPU it uses; placement then decides what runs together, instead of
+groups or a matrix listing the combinations. Pure functions of what is loaded now: the scheduler asks
+at decision time, as it asks its swap policy.
+
+The cost of stopping a model is what losing it costs the people using it: its load time, paid again
+on its next request, times how much it is asked for:
+
+    cost = load seconds × (1 + demand),  demand = Σ 2^(priority / 100) over its requests of the last
+                                                  10 minutes, per minute
+
+so a model loaded in 40 s and asked for twice a minute at priority 0 costs 120, one loaded in 5 s and
+asked for by one batch request (-100) in ten minutes 5.25. Among the sets of models whose stop makes
+room, placement takes the one with the fewest busy models (a busy one is waited for, never cut short),
+then the least summed cost, then the first by name. Pinned and leased models are never in a set: when
+only their stop would make room, the request waits and is told which of them blocks it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+DEMAND_WINDOW_S = 600.0
+SEARCH_BUDGET = 20_000  # sets looked at before the best found so far is taken (exact below ~14 loaded models)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """`hardware:`: each GPU's memory in MiB by id (in the config's order), and the CPU's for models on no
+    GPU (None: not counted)."""
+
+    gpus: Mapping[str, int]
+    cpu_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """What a model takes: `mib` on each of `gpus` GPUs, or of the CPU's memory when `gpus` is 0."""
+
+    mib: int
+    gpus: int = 1
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A model holding memory now (loaded, starting or stopping), as placement sees it."""
+
+    model: str
+    gpus: tuple[str, ...]  # () on the CPU
+    mib: int  # on each of its GPUs, or of the CPU's memory
+    cost: float = 0.0
+    busy: bool = False  # running a job, or starting: waited for, never stopped to make room
+    protected: str = ""  # why it may not be stopped to make room ("pinned", "lease #3"), or ""
+
+
+@dataclass(frozen=True)
+class Room:
+    """How a model gets its memory: stop `evict`, then start it on `gpus`. With `blocked_by`, it cannot
+    start without stopping those protected models: it waits (`evict` and `gpus` are then empty)."""
+
+    evict: frozenset[str] = frozenset()
+    gpus: tuple[str, ...] = ()
+    blocked_by: tuple[str, ...] = ()
+    cost: float = 0.0
+
+
+def free_memory(hardware: Hardware, residents: Iterable[Resident]) -> tuple[dict[str, int], int | None]:
+    """Each GPU's free MiB, and the CPU's (None: not counted), once `residents` have theirs."""
+    gpus = dict(hardware.gpus)
+    cpu = hardware.cpu_mib
+    for resident in residents:
+        if resident.gpus:
+            for gpu in resident.gpus:
+                gpus[gpu] -= resident.mib
+        elif cpu is not None:
+            cpu -= resident.mib
+    return gpus, cpu
+
+
+def assign(hardware: Hardware, need: MemoryNeed, residents: Iterable[Resident]) -> tuple[str, ...] | None:
+    """The GPUs `need` gets beside `residents`: the `need.gpus` with the most free memory that each hold
+    `need.mib` (ties in the config's order), sorted in that order; () on the CPU; None when it does not fit."""
+    gpus, cpu = free_memory(hardware, residents)
+    if need.gpus == 0:
+        return () if cpu is None or cpu >= need.mib else None
+    order = {gpu: index for index, gpu in enumerate(hardware.gpus)}
+    roomy = sorted((gpu for gpu, free in gpus.items() if free >= need.mib), key=lambda gpu: (-gpus[gpu], order[gpu]))
+    if len(roomy) < need.gpus:
+        return None
+    return tuple(sorted(roomy[:need.gpus], key=order.__getitem__))
+
+
+def fits_at_all(hardware: Hardware, need: MemoryNeed) -> bool:
+    """Whether `need` fits on the empty hardware (else no eviction ever helps: a config error)."""
+    return assign(hardware, need, ()) is not None
+
+
+def make_room(hardware: Hardware, need: MemoryNeed, residents: Iterable[Resident]) -> Room | None:
+    """How `need` gets its memory beside `residents` (see the module's docstring); None when it does not fit
+    even on the empty hardware."""
+    residents = tuple(residents)
+    gpus = assign(hardware, need, residents)
+    if gpus is not None:
+        return Room(gpus=gpus)
+    if not fits_at_all(hardware, need):
+        return None
+    candidates = sorted((r for r in residents if not r.protected), key=lambda r: (r.busy, r.cost, r.model))
+    best = _cheapest_set(hardware, need, residents, candidates)
+    if best is None:
+        protected = [r for r in residents if r.protected]
+        blockers = _cheapest_set(hardware, need, residents, candidates + sorted(protected, key=lambda r: r.model))
+        named = sorted(r.model for r in protected if blockers is not None and r.model in blockers)
+        return Room(blocked_by=tuple(named or sorted(r.model for r in protected)))
+    staying = [r for r in residents if r.model not in best]
+    return Room(evict=frozenset(best), gpus=assign(hardware, need, staying) or (),
+                cost=sum(r.cost for r in residents if r.model in best))
+
+
+def _cheapest_set(hardware: Hardware, need: MemoryNeed, residents: tuple[Resident, ...],
+                  candidates: list[Resident]) -> frozenset[str] | None:
+    """The set of `candidates` whose stop lets `need` fit, least by (busy ones, summed cost, names):
+    depth-first over the candidates, a branch left once it cannot beat the best found."""
+    stays = {r.model: r for r in residents}
+    best: list = [None, None]  # (key, set)
+    budget = [SEARCH_BUDGET]
+
+    def key(chosen: list[Resident]) -> tuple:
+        return sum(r.busy for r in chosen), sum(r.cost for r in chosen), tuple(sorted(r.model for r in chosen))
+
+    def visit(start: int, chosen: list[Resident]) -> None:
+        budget[0] -= 1
+        if best[0] is not None and key(chosen) >= best[0]:
+            return
+        if assign(hardware, need, stays.values()) is not None:
+            best[0], best[1] = key(chosen), frozenset(r.model for r in chosen)
+            return  # adding more only costs more
+        if budget[0] <= 0:
+            return
+        for index in range(start, len(candidates)):
+            resident = candidates[index]
+            del stays[resident.model]
+            chosen.append(resident)
+            visit(index + 1, chosen)
+            chosen.pop()
+            stays[resident.model] = resident
+
+    visit(0, [])
+    return best[1]
+
+
+@dataclass
+class Demand:
+    """Each model's recent requests, for its cost: (arrival, weight) within `DEMAND_WINDOW_S`."""
+
+    _seen: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+
+    def arrived(self, model: str, priority: int, now: float) -> None:
+        seen = self._seen.setdefault(model, deque())
+        seen.append((now, 2.0 ** (max(-1000, min(1000, priority)) / 100)))
+        self._forget(seen, now)
+
+    def per_minute(self, model: str, now: float) -> float:
+        seen = self._seen.get(model, deque())
+        self._forget(seen, now)
+        return sum(weight for _, weight in seen) * 60.0 / DEMAND_WINDOW_S
+
+    @staticmethod
+    def _forget(seen: deque[tuple[float, float]], now: float) -> None:
+        while seen and seen[0][0] <= now - DEMAND_WINDOW_S:
+            seen.popleft()
+
+
+def eviction_cost(load_s: float, demand_per_minute: float) -> float:
+    """The module docstring's formula."""
+    return load_s * (1.0 + demand_per_minute)

@@ -1,0 +1,118 @@
+"""Placement on described hardware: where a model goes, and the least-cost set of models to stop for it,
+checked against brute force over every set on small cases."""
+
+import itertools
+
+import pytest
+from hypothesis import given, strategies as st
+
+from scheduling.core.placement import (
+    DEMAND_WINDOW_S, Demand, Hardware, MemoryNeed, Resident, assign, eviction_cost, free_memory, make_room,
+)
+
+from .search_effort import property_settings
+
+TWO_24 = Hardware({"0": 24_576, "1": 24_576})
+
+
+def test_a_model_goes_to_the_gpu_with_the_most_free_memory():
+    residents = [Resident("big", ("0",), 20_000)]
+    assert assign(TWO_24, MemoryNeed(4_000), residents) == ("1",)
+    assert assign(TWO_24, MemoryNeed(4_000), []) == ("0",)  # a tie: the config's order
+    assert assign(TWO_24, MemoryNeed(4_000, gpus=2), residents) == ("0", "1")
+    assert assign(TWO_24, MemoryNeed(5_000, gpus=2), residents) is None
+
+
+def test_cpu_models_count_against_the_cpus_memory_only_when_it_is_given():
+    assert assign(TWO_24, MemoryNeed(10**9, gpus=0), []) == ()
+    hardware = Hardware({"0": 1_000}, cpu_mib=64_000)
+    assert assign(hardware, MemoryNeed(40_000, gpus=0), [Resident("c", (), 30_000)]) is None
+    assert free_memory(hardware, [Resident("c", (), 30_000)]) == ({"0": 1_000}, 34_000)
+
+
+def test_what_fits_evicts_nothing_and_what_never_fits_gets_no_room():
+    assert make_room(TWO_24, MemoryNeed(20_000), [Resident("a", ("0",), 20_000)]).evict == frozenset()
+    assert make_room(TWO_24, MemoryNeed(30_000), []) is None
+
+
+def test_the_cheapest_idle_model_makes_room_and_a_busy_one_only_when_no_idle_set_does():
+    residents = [Resident("slow", ("0",), 20_000, cost=120), Resident("quick", ("1",), 20_000, cost=5)]
+    room = make_room(TWO_24, MemoryNeed(20_000), residents)
+    assert (room.evict, room.gpus, room.cost) == (frozenset({"quick"}), ("1",), 5)
+    busy = [Resident("slow", ("0",), 20_000, cost=120), Resident("quick", ("1",), 20_000, cost=5, busy=True)]
+    assert make_room(TWO_24, MemoryNeed(20_000), busy).evict == frozenset({"slow"})
+
+
+def test_pinned_and_leased_models_are_never_stopped_and_name_themselves_when_they_block():
+    residents = [Resident("pinned", ("0",), 20_000, protected="pinned"),
+                 Resident("leased", ("1",), 20_000, protected="lease #3"),
+                 Resident("small", ("1",), 1_000, cost=1)]
+    room = make_room(TWO_24, MemoryNeed(20_000), residents)
+    assert room.evict == frozenset() and room.gpus == ()
+    assert room.blocked_by == ("leased", "pinned") or set(room.blocked_by) <= {"leased", "pinned"}
+    assert room.blocked_by
+    # a model too big for one GPU's free memory but whose stop of the unprotected one makes room
+    assert make_room(TWO_24, MemoryNeed(4_000), residents).evict == frozenset()
+
+
+def test_demand_weighs_priority_and_forgets_after_its_window():
+    demand = Demand()
+    demand.arrived("m", 0, 0.0)
+    demand.arrived("m", 100, 1.0)
+    demand.arrived("m", -100, 2.0)
+    assert demand.per_minute("m", 3.0) == pytest.approx((1 + 2 + 0.5) * 60 / DEMAND_WINDOW_S)
+    assert demand.per_minute("m", DEMAND_WINDOW_S + 0.5) == pytest.approx((2 + 0.5) * 60 / DEMAND_WINDOW_S)
+    assert demand.per_minute("other", 3.0) == 0
+    assert eviction_cost(40, 2) == 120
+
+
+GPU_SETS = st.lists(st.sampled_from([8_000, 16_000, 24_000]), min_size=1, max_size=3)
+
+
+@st.composite
+def scenes(draw):
+    sizes = draw(GPU_SETS)
+    hardware = Hardware({str(i): size for i, size in enumerate(sizes)}, cpu_mib=draw(st.none() | st.just(32_000)))
+    residents: list[Resident] = []
+    for index in range(draw(st.integers(0, 6))):
+        need = MemoryNeed(draw(st.sampled_from([2_000, 4_000, 8_000])), draw(st.integers(0, len(sizes))))
+        gpus = assign(hardware, need, residents)
+        if gpus is None:
+            continue
+        residents.append(Resident(
+            f"m{index}", gpus, need.mib, cost=draw(st.sampled_from([1.0, 2.5, 10.0, 40.0])), busy=draw(st.booleans()),
+            protected=draw(st.sampled_from(["", "", "", "pinned"])),
+        ))
+    need = MemoryNeed(draw(st.sampled_from([2_000, 6_000, 12_000, 20_000])), draw(st.integers(0, len(sizes))))
+    return hardware, residents, need
+
+
+@property_settings(300)
+@given(scenes())
+def test_the_room_made_is_the_least_cost_set_that_fits_and_never_holds_a_protected_model(scene):
+    hardware, residents, need = scene
+    room = make_room(hardware, need, residents)
+    if assign(hardware, need, []) is None:
+        assert room is None
+        return
+    by_name = {r.model: r for r in residents}
+    feasible = []
+    for size in range(len(residents) + 1):
+        for chosen in itertools.combinations(residents, size):
+            names = {r.model for r in chosen}
+            if assign(hardware, need, [r for r in residents if r.model not in names]) is not None:
+                feasible.append(chosen)
+    allowed = [c for c in feasible if not any(r.protected for r in c)]
+    if not allowed:
+        assert room.blocked_by and not room.evict and room.gpus == ()
+        assert all(by_name[m].protected for m in room.blocked_by)
+        return
+    assert not room.blocked_by
+    best = min((sum(r.busy for r in c), sum(r.cost for r in c)) for c in allowed)
+    chosen = [by_name[m] for m in room.evict]
+    assert (sum(r.busy for r in chosen), sum(r.cost for r in chosen)) == pytest.approx(best)
+    staying = [r for r in residents if r.model not in room.evict]
+    gpus, cpu = free_memory(hardware, staying)
+    assert len(room.gpus) == need.gpus and all(gpus[g] >= need.mib for g in room.gpus)
+    if need.gpus == 0 and cpu is not None:
+        assert cpu >= need.mib
