@@ -99,7 +99,7 @@ class Section:
                     # An unset variable, reported where it is used; it reached here through a macro.
                     self.log.unknown_value(key)
                 else:
-                    self.log.error(key, self._leftover_message(ref))
+                    self.log.error(key, self._leftover_message(ref, key))
             return not bad
         if isinstance(value, dict):
             results = [self._report_leftovers(f"{key}.{k}", v, allow_refs) for k, v in value.items()]
@@ -109,10 +109,18 @@ class Section:
             return all(results)
         return True
 
-    def _leftover_message(self, ref: str) -> str:
+    def _leftover_message(self, ref: str, key: str) -> str:
         name = ref[2:-1]
         if name == "PID":
             return "${PID} is only known in cmdStop (it is the process id at stop time) — remove it here"
+        if name == "GPUS":
+            if self.model_id is not None and key.rpartition(".")[2] in ("cmd", "cmdStop"):
+                return (
+                    "${GPUS} stands for the GPUs the model starts on, which need a top-level `hardware:` section, "
+                    "and this config has none — describe the GPUs (hardware: {gpus: [{id: 0, memory: 24GiB}]}), "
+                    "or remove ${GPUS}"
+                )
+            return "${GPUS} is only filled in a model's cmd and cmdStop — remove it here"
         if name in ("PORT", "MODEL_ID") and self.model_id is None:
             return f"{ref} only exists inside a model — it cannot be used outside `models:`"
         if name == "PORT":

@@ -11,10 +11,12 @@ from functools import cached_property
 from types import MappingProxyType
 
 from scheduling.core.matrix import MatrixPolicy
+from scheduling.core.placement import Hardware, MemoryNeed
 from scheduling.core.swap import SwapGroup
 
 from .errors import ConfigError, Problem, ProblemLog, kind_of
 from .fields import MISSING, Section
+from .hardware import read_hardware
 from .log_output import LogOutput, read_log_output
 from .macros import MacroScope
 from .model import ModelConfig, ModelDefaults, read_model
@@ -75,6 +77,8 @@ class Config:
     capture_buffer_mb: float = 0.0  # captureBuffer: MB of request/response captures kept in memory; 0 is off
     startup_profile: str = ""  # hooks.on_startup.profile: active at start and after a reload ("" for none)
     remember_profile: bool = False  # profileStateFile is set: a start keeps the profile last selected
+    # `hardware:`; when set, every model has its `memory` (see docs/configuration.md, Hardware and memory placement).
+    hardware: Hardware | None = None
 
     def resolve(self, name: str) -> ModelConfig | None:
         """The model a request names, by ID or alias."""
@@ -121,6 +125,8 @@ class Config:
         ]
         if self.preload:
             lines.append(f"preload: {', '.join(self.preload)}")
+        if self.hardware is not None:
+            lines.append(_hardware_text(self.hardware, alone=not self.groups and self.matrix is None))
         group_of = {member: group.name for group in self.groups for member in group.members}
         if self.matrix is not None:
             lines.append("router: matrix (a model in no set runs alone)")
@@ -142,8 +148,14 @@ class Config:
                 extras.append(f"aliases: {', '.join(model.aliases)}")
             if self.matrix is not None:
                 extras.append(f"evict cost: {self.matrix.evict_cost(model.id)}")
-            else:
+            elif self.groups or self.hardware is None:
                 extras.append(f"group: {group_of.get(model.id, '(default)')}")
+            if model.memory is not None:
+                extras.append(_memory_text(model.memory))
+            if model.pinned:
+                extras.append("pinned")
+            if model.min_residency:
+                extras.append(f"minResidency {model.min_residency:g}s")
             if model.unlisted:
                 extras.append("unlisted")
             lines.append(f"  {model.id}  [{'; '.join(extras)}]")
@@ -157,6 +169,19 @@ class Config:
 
 def _ttl_text(ttl: float) -> str:
     return "never" if ttl == 0 else f"{ttl:g}s"
+
+
+def _hardware_text(hardware: Hardware, alone: bool) -> str:
+    gpus = ", ".join(f"GPU {gpu} {mib} MiB" for gpu, mib in hardware.gpus.items())
+    cpu = "not counted" if hardware.cpu_mib is None else f"{hardware.cpu_mib} MiB"
+    decides = "memory alone decides what runs together" if alone else "memory and the router both decide what runs together"
+    return f"hardware: {gpus}; CPU {cpu} ({decides})"
+
+
+def _memory_text(need: MemoryNeed) -> str:
+    if need.gpus == 0:
+        return f"memory: {need.mib} MiB of the CPU's"
+    return f"memory: {need.mib} MiB on each of {need.gpus} GPUs" if need.gpus > 1 else f"memory: {need.mib} MiB on 1 GPU"
 
 
 def read_config_text(path: str | os.PathLike) -> str:
@@ -197,7 +222,8 @@ def check_document(data, log: ProblemLog) -> Config:
     global_ttl = top.number("globalTTL", 0, minimum=0, example="300")
     unload_timeout = top.number("unloadTimeout", 0, minimum=0, example="10") or DEFAULT_UNLOAD_TIMEOUT
     send_loading_state = top.boolean("sendLoadingState", False)
-    models = _read_models(top, start_port, ModelDefaults(global_ttl, unload_timeout, send_loading_state))
+    hardware = read_hardware(top)
+    models = _read_models(top, start_port, ModelDefaults(global_ttl, unload_timeout, send_loading_state, hardware))
     index = ModelIndex(models, log)
     routing = top.section("routing")
     router = read_router(top, routing, index)
@@ -260,6 +286,7 @@ def check_document(data, log: ProblemLog) -> Config:
         capture_buffer_mb=capture_buffer_mb,
         startup_profile=startup_profile,
         remember_profile=remember_profile,
+        hardware=hardware.hardware,
     )
 
 

@@ -22,7 +22,7 @@ MACRO_REF = re.compile(r"\$\{([A-Za-z0-9_-]+)\}")
 ANY_REF = re.compile(r"\$\{[^}]*\}")
 MACRO_NAME = re.compile(r"[A-Za-z0-9_-]+")
 MAX_NAME_LENGTH = 63
-RESERVED = ("MODEL_ID", "PORT", "PID")
+RESERVED = ("MODEL_ID", "PORT", "PID", "GPUS")
 
 
 class MacroCycle(Exception):

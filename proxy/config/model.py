@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from scheduling.core.placement import MemoryNeed
+
 from .capabilities import ModelCapabilities, read_capabilities
 from .command import split_command, strip_comment_lines
 from .compat import concurrency_floor, read_ignore_websockets
@@ -15,6 +17,7 @@ from .errors import ProblemLog, kind_of
 from .fields import MISSING, Section
 from .filters import ModelFilters, parse_strip_params
 from .frozen import FrozenDict, freeze
+from .hardware import HardwareSection, read_model_memory
 from .macros import MacroCycle, MacroScope
 from .secrets import shown_url
 
@@ -22,6 +25,7 @@ DEFAULT_CHECK_ENDPOINT = "/health"
 DEFAULT_CONCURRENCY_LIMIT = 10
 PORT_REF = "${PORT}"
 PID_REF = "${PID}"
+GPUS_REF = "${GPUS}"  # the ids of the GPUs a model starts on, filled in at each start (hardware only)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -79,6 +83,12 @@ class ModelConfig:
     capabilities: ModelCapabilities = ModelCapabilities()
     # Where each alias was named (aliases[i] or a setParamsByID key), for messages about a clash.
     alias_keys: tuple[str, ...] = ()
+    # `memory` and `gpus`: what it takes on each GPU it uses (None when the config has no `hardware:`).
+    memory: MemoryNeed | None = None
+    # Never stopped to make room for another model (only an operator's unload stops it).
+    pinned: bool = False
+    # minResidency: seconds after its start during which it is not stopped to make room for another.
+    min_residency: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,7 @@ class ModelDefaults:
     global_ttl: float
     unload_timeout: float
     send_loading_state: bool = False
+    hardware: HardwareSection = HardwareSection()
 
 
 def read_model(
@@ -118,10 +129,18 @@ def read_model(
         scope = scope.with_value("PORT", port)
     section.scope = scope
 
-    cmd = _read_cmd(section)
+    gpus_ref = (GPUS_REF,) if defaults.hardware.given else ()
+    cmd = _read_cmd(section, gpus_ref)
     filters = _read_filters(section)
     aliases, alias_keys = _read_aliases(section, filters)
-    cmd_stop = _read_argv(section, "cmdStop", allow_refs=(PID_REF,))
+    cmd_stop = _read_argv(section, "cmdStop", allow_refs=(PID_REF, *gpus_ref))
+    env = _read_env(section)
+    if defaults.hardware.given and any(name == "CUDA_VISIBLE_DEVICES" for name, _ in env):
+        log.warn(
+            section.path("env"),
+            "CUDA_VISIBLE_DEVICES is set at each start to the GPUs placement gives the model (hardware:), "
+            "so this value is replaced — remove it",
+        )
     model = ModelConfig(
         id=model_id,
         cmd=cmd,
@@ -131,7 +150,7 @@ def read_model(
         ttl=_read_ttl(section, defaults.global_ttl),
         unload_timeout=section.number("unloadTimeout", 0, minimum=0, example="10") or defaults.unload_timeout,
         aliases=aliases,
-        env=_read_env(section),
+        env=env,
         unlisted=section.boolean("unlisted", False),
         use_model_name=section.text("useModelName"),
         name=section.text("name"),
@@ -147,6 +166,9 @@ def read_model(
         ignore_websockets=read_ignore_websockets(section, model_id),
         capabilities=read_capabilities(section),
         alias_keys=alias_keys,
+        memory=read_model_memory(section, defaults.hardware),
+        pinned=section.boolean("pinned", False),
+        min_residency=section.number("minResidency", 0.0, minimum=0, example="300"),
     )
     section.warn_unread(MODEL_KEY_NOTES)
     return model
@@ -161,9 +183,9 @@ def _cmd_uses_port(cmd: Any, scope: MacroScope) -> bool:
         return False  # reported when cmd is read
 
 
-def _read_cmd(section: Section) -> tuple[str, ...]:
+def _read_cmd(section: Section, allow_refs: tuple[str, ...]) -> tuple[str, ...]:
     problems_before = len(section.log.problems)
-    argv = _read_argv(section, "cmd")
+    argv = _read_argv(section, "cmd", allow_refs=allow_refs)
     if not argv and len(section.log.problems) == problems_before:
         state = "is empty" if section.has("cmd") else "missing"
         section.error(

@@ -13,6 +13,8 @@ PROCESS_MARKER_VARIABLE = "LLAMASWAP_PROCESS_MARKER"
 # Also set in it: who started the group ("<data> <pid> <start ticks> <model>", see `proxy.model_processes.orphans`), so the
 # next owner of the data finds the group even when its record never reached the database.
 PROCESS_OWNER_VARIABLE = "LLAMASWAP_PROCESS_OWNER"
+# Set to the GPUs placement gave the model (`hardware:`), comma-separated; "" for a model on the CPU.
+GPUS_VARIABLE = "CUDA_VISIBLE_DEVICES"
 
 
 def own_scripts_dir() -> str | None:
@@ -30,9 +32,13 @@ def resolve_console_script(cmd: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def child_environment(
-    configured: tuple[tuple[str, str], ...], marker: str | None = None, owner: str | None = None
+    configured: tuple[tuple[str, str], ...],
+    marker: str | None = None,
+    owner: str | None = None,
+    gpus: tuple[str, ...] | None = None,
 ) -> dict[str, str]:
-    """The service's environment, the model's `env`, the group's marker and owner, and a PATH that finds `llamaswap`.
+    """The service's environment, the model's `env`, the group's marker and owner, its GPUs (when placed:
+    None leaves the service's CUDA_VISIBLE_DEVICES as it is), and a PATH that finds `llamaswap`.
 
     The console script's directory goes at the end of PATH, not the front: it also holds the
     service's `python3` and `pip`, which must not replace the ones a model command means.
@@ -42,6 +48,8 @@ def child_environment(
         env[PROCESS_MARKER_VARIABLE] = marker
     if owner is not None:
         env[PROCESS_OWNER_VARIABLE] = owner
+    if gpus is not None:
+        env[GPUS_VARIABLE] = ",".join(gpus)
     scripts = own_scripts_dir()
     path = env.get("PATH", os.defpath).split(os.pathsep)
     if scripts is not None and scripts not in path:

@@ -87,12 +87,13 @@ class ProcessFleet:
         models = dict.fromkeys([*self._retiring, *self.processes])
         return [m for m in models if self._current(m).state != ModelState.STOPPED]
 
-    async def swap_in(self, model: str, evict: tuple[str, ...]) -> None:
-        """Stop the evicted models (in parallel), then start `model` and wait until it is healthy."""
+    async def swap_in(self, model: str, evict: tuple[str, ...], gpus: tuple[str, ...] | None = None) -> None:
+        """Stop the evicted models (in parallel), then start `model` and wait until it is healthy; `gpus`
+        (placement's, () for the CPU) become its CUDA_VISIBLE_DEVICES and its cmd's ${GPUS}."""
         if evict:
             log.info("swapping to %s: stopping %s", model, ", ".join(evict))
             await asyncio.gather(*(self.stop(m) for m in evict))
-        await self.processes[model].start()
+        await self.processes[model].start(gpus)
 
     def check_exited(self, model: str) -> bool:
         """Whether `model`'s ready process has died (then reported as a crash at once)."""

@@ -24,6 +24,7 @@ import httpx
 
 from proxy.model_processes import proctable
 from proxy.config import ModelConfig
+from proxy.config.model import GPUS_REF
 from proxy.config.secrets import hidden_values, scrubbed, shown_argv, shown_url
 from proxy.compat.log_output import copy_model_output
 from proxy.model_processes.child_environment import child_environment, resolve_console_script
@@ -130,6 +131,8 @@ class ModelProcess:
         self.pid: int | None = None
         self.pgid: int | None = None
         self.started_at: float | None = None
+        # The GPUs placement gave the running process (None: not placed; () on the CPU).
+        self.gpus: tuple[str, ...] | None = None
         self._process: asyncio.subprocess.Process | None = None
         self._spawned: SpawnedProcess | None = None
         # This start attempt's output alone, for the failure message (the model's log keeps them all).
@@ -145,8 +148,11 @@ class ModelProcess:
     def __repr__(self) -> str:
         return f"<ModelProcess {self.config.id!r} {self.state} pid={self.pid}>"
 
-    async def start(self) -> None:
-        """Return once the model is ready; raise ModelStartError if it cannot get there."""
+    async def start(self, gpus: tuple[str, ...] | None = None) -> None:
+        """Return once the model is ready; raise ModelStartError if it cannot get there.
+
+        `gpus` (placement's; () for the CPU) become the process's CUDA_VISIBLE_DEVICES and fill
+        ${GPUS} in its cmd; a start already under way, or a ready model, keeps the GPUs it has."""
         if self._stop_task is not None:
             await asyncio.shield(self._stop_task)
         if self.state == ModelState.READY:
@@ -154,7 +160,7 @@ class ModelProcess:
         if self._start_task is None:
             self.state = ModelState.STARTING
             self._abort = asyncio.Event()
-            self._start_task = _background(self._start_sequence())
+            self._start_task = _background(self._start_sequence(gpus))
         # Shielded: a caller that gives up (client disconnect) must not abort a start others wait for.
         await asyncio.shield(self._start_task)
 
@@ -171,9 +177,9 @@ class ModelProcess:
 
     # -- starting ---------------------------------------------------------------------------
 
-    async def _start_sequence(self) -> None:
+    async def _start_sequence(self, gpus: tuple[str, ...] | None) -> None:
         try:
-            await self._spawn()
+            await self._spawn(gpus)
             await self._wait_until_healthy()
             if self._abort.is_set():
                 raise _StartFailure(STOPPED_WHILE_STARTING)
@@ -195,17 +201,17 @@ class ModelProcess:
         self.state = ModelState.READY
         logger.info("model %r ready after %.1fs (pid %s)", self.config.id, time.time() - self.started_at, self.pid)
 
-    async def _spawn(self) -> None:
-        cmd = self.config.cmd
-        if not cmd:
+    async def _spawn(self, gpus: tuple[str, ...] | None) -> None:
+        if not self.config.cmd:
             raise _StartFailure("no command configured")
+        cmd = _placed(self.config.cmd, gpus)
         await self._check_port_is_free()
         marker = uuid.uuid4().hex
         try:
             process = await asyncio.create_subprocess_exec(
                 *resolve_console_script(cmd),
                 env=child_environment(
-                    self.config.env, marker, None if self.owner is None else f"{self.owner} {self.config.id}"
+                    self.config.env, marker, None if self.owner is None else f"{self.owner} {self.config.id}", gpus
                 ),
                 start_new_session=True,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -219,6 +225,7 @@ class ModelProcess:
         except OSError as exc:
             raise _StartFailure(f"could not run {cmd[0]}: {exc.strerror or exc}") from None
         self._process = process
+        self.gpus = gpus
         self.pid = process.pid
         self.pgid = process.pid  # start_new_session makes the child the leader of its own group
         self.started_at = time.time()
@@ -383,11 +390,11 @@ class ModelProcess:
     async def _ask_to_exit(self) -> asyncio.subprocess.Process | None:
         """Run cmdStop if configured, otherwise SIGTERM the group; returns the cmdStop process."""
         if self.config.cmd_stop:
-            cmd = [token.replace(PID_PLACEHOLDER, str(self.pid)) for token in self.config.cmd_stop]
+            cmd = [token.replace(PID_PLACEHOLDER, str(self.pid)) for token in _placed(self.config.cmd_stop, self.gpus)]
             try:
                 command = await asyncio.create_subprocess_exec(
                     *cmd,
-                    env=child_environment(self.config.env),
+                    env=child_environment(self.config.env, gpus=self.gpus),
                     start_new_session=True,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
@@ -440,6 +447,7 @@ class ModelProcess:
         self._process = None
         self._spawned = None
         self._output_copier = None
+        self.gpus = None
         self.pid = None
         self.pgid = None
         self.started_at = None
@@ -461,6 +469,13 @@ async def _exit_of(process: asyncio.subprocess.Process) -> int:
     while process.returncode is None:
         await asyncio.sleep(GROUP_POLL_INTERVAL_S)
     return process.returncode
+
+
+def _placed(argv: tuple[str, ...], gpus: tuple[str, ...] | None) -> tuple[str, ...]:
+    """`argv` with ${GPUS} filled in with the GPUs placement gave (left as written when not placed)."""
+    if gpus is None:
+        return argv
+    return tuple(token.replace(GPUS_REF, ",".join(gpus)) for token in argv)
 
 
 def describe_error(error: BaseException) -> str:

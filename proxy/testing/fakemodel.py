@@ -20,6 +20,10 @@ body included, so tests can check what the proxy forwarded.
 read a whole response always finds it. "start" carries ``in_flight``, the number of requests
 being served at that moment, itself included.
 
+``GET /health``, the echo answers and each "start" event carry ``cuda_visible_devices``: the
+``CUDA_VISIBLE_DEVICES`` the server was started with (null when it had none), so tests can see
+which GPUs placement gave it.
+
 ``--parallel N`` serves at most N requests at once, as llama-server does with ``-np N``: the
 others wait in arrival order for a free slot (a "queued" event records each one that has to),
 and one whose client leaves while it waits is dropped. GET requests never take a slot. Without
@@ -167,6 +171,7 @@ class FakeModelServer(ThreadingHTTPServer):
         self.events = events
         self.slots = Slots(parallel)
         self.loaded = threading.Event()
+        self.cuda_visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
         self._sequence = 0
         self._sequence_lock = threading.Lock()
 
@@ -359,10 +364,11 @@ class FakeModelHandler(BaseHTTPRequestHandler):
             self._websocket_echo()
             return
         if path == "/health":
+            devices = {"cuda_visible_devices": self.server.cuda_visible_devices}
             if self.server.loaded.is_set():
-                self._respond(200, {"status": "ok"})
+                self._respond(200, {"status": "ok", **devices})
             else:
-                self._respond(503, {"status": "loading"})
+                self._respond(503, {"status": "loading", **devices})
             return
         self._handle(body={})
 
@@ -419,7 +425,9 @@ class FakeModelHandler(BaseHTTPRequestHandler):
 
     def _serve(self, body: dict[str, Any], fake: dict[str, Any], event: dict[str, Any], in_flight: int | None) -> None:
         """Answer the request, which holds a slot if it needs one (`in_flight` counts it)."""
-        self.server.events.record("start", in_flight=in_flight, **event)
+        self.server.events.record(
+            "start", in_flight=in_flight, cuda_visible_devices=self.server.cuda_visible_devices, **event
+        )
         self._pending_end = event
         self.server.loaded.wait()
         try:
@@ -515,6 +523,7 @@ class FakeModelHandler(BaseHTTPRequestHandler):
             "method": self.command,
             "model": requested_model,
             "served_by": self.server.behaviour.model,
+            "cuda_visible_devices": self.server.cuda_visible_devices,
         }
 
     def _models(self) -> dict[str, Any]:

@@ -55,10 +55,11 @@ def wait_until(condition: Callable[[], Any], what: str) -> Any:
 
 @pytest.fixture
 def launch(tmp_path):
-    """Start `python -m proxy.testing.fakemodel --port 0 ARGS…` and return it once its port is open."""
+    """Start `python -m proxy.testing.fakemodel --port 0 ARGS…` and return it once its port is open; it gets
+    CUDA_VISIBLE_DEVICES only when `cuda_visible_devices` is given, whatever this machine sets."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def launch(*args: str, expect_listening: bool = True) -> FakeModel:
+    def launch(*args: str, expect_listening: bool = True, cuda_visible_devices: str | None = None) -> FakeModel:
         number = len(started)
         events_path = tmp_path / f"events-{number}.jsonl"
         stderr_path = tmp_path / f"stderr-{number}.log"
@@ -66,7 +67,11 @@ def launch(tmp_path):
             process = subprocess.Popen(
                 [sys.executable, "-m", "proxy.testing.fakemodel", "--port", "0", "--events", str(events_path), *args],
                 cwd=REPO_ROOT,
-                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                env={
+                    **{name: value for name, value in os.environ.items() if name != "CUDA_VISIBLE_DEVICES"},
+                    "PYTHONPATH": str(REPO_ROOT),
+                    **({} if cuda_visible_devices is None else {"CUDA_VISIBLE_DEVICES": cuda_visible_devices}),
+                },
                 stdout=subprocess.PIPE,
                 stderr=stderr,
             )
@@ -105,7 +110,7 @@ def chat(content: str = "hello there", **extra: Any) -> dict[str, Any]:
 def test_announces_its_model_and_port(launch):
     model = launch("--model", "tiny-llama")
     with model.client() as client:
-        assert client.get("/health").json() == {"status": "ok"}
+        assert client.get("/health").json() == {"status": "ok", "cuda_visible_devices": None}
         assert [entry["id"] for entry in client.get("/v1/models").json()["data"]] == ["tiny-llama"]
 
 
@@ -182,8 +187,19 @@ def test_other_paths_echo_path_method_requested_and_serving_model(launch):
         posted = client.post("/v1/rerank?x=1", json={"model": "r"}).json()
         got = client.get("/props?model=p").json()
     assert posted == {"path": "/v1/rerank?x=1", "method": "POST", "model": "r", "served_by": "server-a",
-                      "body": {"model": "r"}}
-    assert got == {"path": "/props?model=p", "method": "GET", "model": "p", "served_by": "server-a"}
+                      "cuda_visible_devices": None, "body": {"model": "r"}}
+    assert got == {"path": "/props?model=p", "method": "GET", "model": "p", "served_by": "server-a",
+                   "cuda_visible_devices": None}
+
+
+@pytest.mark.parametrize("devices", ["1,3", ""])
+def test_the_cuda_visible_devices_it_was_started_with_is_in_its_health_echo_and_start_events(launch, devices):
+    model = launch("--model", "placed", cuda_visible_devices=devices)
+    with model.client() as client:
+        assert client.get("/health").json() == {"status": "ok", "cuda_visible_devices": devices}
+        assert client.post("/v1/rerank", json={"model": "placed"}).json()["cuda_visible_devices"] == devices
+    [start] = [event for event in model.events() if event["event"] == "start"]
+    assert start["cuda_visible_devices"] == devices
 
 
 @pytest.mark.parametrize("method", ["PUT", "PATCH", "DELETE", "GET"])
@@ -194,7 +210,7 @@ def test_a_body_on_any_method_is_read_so_the_next_request_on_the_connection_is_i
         after = client.post("/v1/rerank", json={"model": "next"})
     assert answered.json()["method"] == method
     assert after.json() == {"path": "/v1/rerank", "method": "POST", "model": "next", "served_by": "server-a",
-                            "body": {"model": "next"}}
+                            "cuda_visible_devices": None, "body": {"model": "next"}}
 
 
 def test_invalid_requests_get_openai_errors(launch):
@@ -248,7 +264,7 @@ def test_load_delay_reports_loading_and_holds_requests_until_loaded(launch):
         loading = client.get("/health")
         answer = client.post("/v1/chat/completions", json=chat(fake={"tokens": 1}))
         after = client.get("/health")
-    assert (loading.status_code, loading.json()) == (503, {"status": "loading"})
+    assert (loading.status_code, loading.json()) == (503, {"status": "loading", "cuda_visible_devices": None})
     assert answer.json()["choices"][0]["message"]["content"] == "alpha"
     assert after.status_code == 200
 
