@@ -25,7 +25,7 @@ MIB = 2**20
 MAX_MIB = 2**40  # 1 EiB: far above any machine, far below what a 64-bit count of bytes holds
 UNIT_BYTES = {"mib": MIB, "gib": 2**30, "mb": 10**6, "gb": 10**9}
 MAX_DIGITS = 40  # a longer number is a typo, and exact arithmetic on it would only cost time
-_SIZE = re.compile(r"([+-]?)(\d*)(?:\.(\d*))?\s*([^\d\s.+-]*)")
+_SIZE = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?\s*([^0-9\s.+-]*)")
 SIZE_FIX = "write a whole number of MiB, or a number with MiB, GiB, MB or GB"
 GPUS_EXAMPLE = "gpus: [{id: 0, memory: 24GiB}]"
 

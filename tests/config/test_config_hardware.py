@@ -52,6 +52,7 @@ def test_sizes_are_whole_mib_rounded_up(written, mib):
         ("24G", 'has an unknown unit "G"'),
         ("lots", '"lots" is not a size'),
         ("GiB", '"GiB" is not a size'),
+        ("\u0661\u0662GiB", "is not a size"),  # digits other than 0-9
         ("1.5", '"1.5" is not a whole number of MiB'),
         (1.5, "1.5 is not a whole number of MiB"),
         (float("inf"), "inf is not a finite size"),
