@@ -24,6 +24,7 @@ class StartModel:
 
     model: str
     evict: tuple[str, ...]
+    gpus: tuple[str, ...] | None = None  # with `hardware:` described: the GPUs it goes on (() on the CPU)
 
 
 @dataclass(frozen=True)

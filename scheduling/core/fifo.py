@@ -21,6 +21,7 @@ from . import refusals
 from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, Refuse, StartModel, StopModel
 from .fleet import ModelFleet, ModelState
+from .placement import Hardware
 from .priority import INT64_MAX, INT64_MIN, Band, band_of
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
@@ -58,7 +59,9 @@ class _Swap:
 class FifoScheduler:
     name = "fifo"
 
-    def __init__(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings) -> None:
+    def __init__(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings,
+                 hardware: Hardware | None = None) -> None:
+        _no_placement(hardware)
         self._fleet = ModelFleet(models)
         self._policy = policy
         self._settings = settings  # unused by fifo; kept so snapshots look the same under both schedulers
@@ -225,7 +228,8 @@ class FifoScheduler:
         return []
 
     def reconfigure(
-        self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: Iterable[str], now: float
+        self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: Iterable[str], now: float,
+        hardware: Hardware | None = None,
     ) -> list[Effect]:
         """Adopt a reloaded config: new model table (limits, TTLs, priorities for new requests)
         and swap groups from now on.
@@ -236,6 +240,7 @@ class FifoScheduler:
         its start ends. Ids in `restart` that `models` lacks are ignored. Effects come in model
         id order.
         """
+        _no_placement(hardware)
         if self._shut_down:
             return []
         removed = set(self._fleet.reconfigure(models))
@@ -430,3 +435,9 @@ class FifoScheduler:
     def _stop(self, model: str, reason: str) -> StopModel:
         self._fleet.mark_stopping(model)
         return StopModel(model, reason)
+
+
+def _no_placement(hardware: Hardware | None) -> None:
+    """Memory placement is the serial scheduler's: llama-swap's order knows one model's start at a time."""
+    if hardware is not None:
+        raise ValueError("hardware placement needs the serial scheduler — set routing.scheduler.use: serial")

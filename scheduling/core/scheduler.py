@@ -8,6 +8,7 @@ from typing import Protocol
 from .decision import ScoreTerms
 from .effects import Effect
 from .fifo import FifoScheduler
+from .placement import Hardware
 from .serial import SerialScheduler
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
@@ -33,7 +34,8 @@ class Scheduler(Protocol):
     def next_deadline(self) -> float | None: ...
     def retune(self, settings: SerialSettings, now: float) -> list[Effect]: ...
     def reconfigure(
-        self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: Iterable[str], now: float
+        self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: Iterable[str], now: float,
+        hardware: Hardware | None = None,
     ) -> list[Effect]: ...
     def reprioritize(self, ticket_id: int, priority: int, now: float) -> list[Effect]: ...
     def shutdown(self, now: float) -> list[Effect]: ...
@@ -50,12 +52,13 @@ SCHEDULERS: dict[str, type[SerialScheduler] | type[FifoScheduler]] = {
 
 
 def build_scheduler(
-    name: str, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings
+    name: str, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings,
+    hardware: Hardware | None = None,
 ) -> Scheduler:
-    """The scheduler `routing.scheduler.use` names."""
+    """The scheduler `routing.scheduler.use` names (the serial one places models on described hardware)."""
     try:
         scheduler_class = SCHEDULERS[name]
     except KeyError:
         known = " or ".join(repr(n) for n in sorted(SCHEDULERS))
         raise ValueError(f"unknown scheduler {name!r} — use {known}") from None
-    return scheduler_class(models, policy, settings)
+    return scheduler_class(models, policy, settings, hardware)

@@ -23,19 +23,25 @@ from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, StartModel, StopModel
 from .fleet import ModelFleet, ModelState
 from .launches import Job, Launch, Round
+from .memory_book import MemoryBook
+from .placement import Hardware
 from .priority import Band, band_of
 from .queue import WaitQueue
+from .serial_reload import SerialReload
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
 from .swap import SwapPolicy
 from .ticket import ModelSpec, Ticket
 
 
-class SerialScheduler:
+class SerialScheduler(SerialReload):
     name = "serial"
 
-    def __init__(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings) -> None:
+    def __init__(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings,
+                 hardware: Hardware | None = None) -> None:
         self._fleet = ModelFleet(models)
+        # With `hardware:` described, memory also decides what runs together (see `_victims`).
+        self.memory = MemoryBook(hardware, models) if hardware is not None else None
         self._policy = policy
         self._settings = settings
         self._queue = WaitQueue(settings.aging_divisor)
@@ -55,6 +61,8 @@ class SerialScheduler:
         if refusal is not None:
             return [refusal]
         self._enqueue(ticket)
+        if self.memory is not None:
+            self.memory.arrived(ticket.model, ticket.priority, now)
         return self._dispatch(now)
 
     def submit_all(self, tickets: Iterable[Ticket], now: float) -> list[Effect]:
@@ -102,13 +110,13 @@ class SerialScheduler:
             elif ticket_id in self._jobs:
                 effects += self._end_job(ticket_id, now)
                 ended_job = freed = True
-        return effects + (self._start_launches() if ended_job else []) + (self._dispatch(now) if freed else [])
+        return effects + (self._start_launches(now) if ended_job else []) + (self._dispatch(now) if freed else [])
 
     def finished(self, ticket_id: int, now: float) -> list[Effect]:
         """The granted request ended, whatever the outcome. Unknown ids are ignored."""
         if ticket_id not in self._jobs:
             return []
-        return self._end_job(ticket_id, now) + self._start_launches() + self._dispatch(now)
+        return self._end_job(ticket_id, now) + self._start_launches(now) + self._dispatch(now)
 
     def _end_job(self, ticket_id: int, now: float) -> list[Effect]:
         """A running request is over: its slot is free, given out by the caller's dispatch."""
@@ -134,8 +142,10 @@ class SerialScheduler:
     def model_ready(self, model: str, now: float) -> list[Effect]:
         released = self._release_evicted(model)
         if self._fleet.state(model) is not ModelState.STARTING:
-            return self._start_launches() + self._dispatch(now) if released else []  # unloaded or shut down meanwhile
+            return self._start_launches(now) + self._dispatch(now) if released else []  # unloaded or shut down meanwhile
         self._fleet.mark_ready(model, now)
+        if self.memory is not None:
+            self.memory.ready(model, now)
         launch = self._launches.pop(model)
         effects: list[Effect] = []
         if launch.ticket is None:  # its client left during the start, or a reload replaces the model
@@ -143,16 +153,16 @@ class SerialScheduler:
         else:
             self._free_slot(model, launch.slot)
             effects.append(self._grant(launch.ticket, launch.decision, launch.slot))
-        return effects + (self._start_launches() if released else []) + self._dispatch(now)
+        return effects + (self._start_launches(now) if released else []) + self._dispatch(now)
 
     def model_failed(self, model: str, reason: str, now: float) -> list[Effect]:
         """The start failed: its request and every request waiting for the same model would hit
         the same failure, so all of them get it now."""
         released = self._release_evicted(model)
         if self._fleet.state(model) is not ModelState.STARTING:
-            return self._start_launches() + self._dispatch(now) if released else []
+            return self._start_launches(now) + self._dispatch(now) if released else []
         replaced_config = self._fleet.is_retiring(model)
-        self._fleet.mark_stopped(model)
+        self._mark_stopped(model)
         launch = self._launches.pop(model)
         effects: list[Effect] = []
         if launch.ticket is not None:
@@ -162,15 +172,15 @@ class SerialScheduler:
             for ticket in self._queue.tickets_for(model):
                 self._dequeue(ticket.id, now)
                 effects.append(refusals.start_failed(ticket.id, model, reason))
-        return effects + self._start_launches() + self._dispatch(now)
+        return effects + self._start_launches(now) + self._dispatch(now)
 
     def model_stopped(self, model: str, now: float) -> list[Effect]:
         """A stop finished, or a ready model exited on its own (its requests fail by themselves and
         the runtime then calls `finished` for each). A start reports through ready/failed instead."""
         if self._fleet.state(model) in (ModelState.STOPPED, ModelState.STARTING):
             return []
-        self._fleet.mark_stopped(model)
-        return self._start_launches() + self._dispatch(now)
+        self._mark_stopped(model)
+        return self._start_launches(now) + self._dispatch(now)
 
     def unload(self, models: Iterable[str] | None, now: float) -> list[Effect]:
         """Stop the given models (None: every running or starting one). A request whose model
@@ -194,11 +204,17 @@ class SerialScheduler:
         return effects + self._dispatch(now)
 
     def tick(self, now: float) -> list[Effect]:
-        """Unload models idle for longer than their TTL."""
-        return [self._stop(model, "ttl") for model in self._fleet.ttl_expired(now)]
+        """Unload models idle for longer than their TTL; with hardware described, a model's minResidency
+        may have ended, letting a request it blocked go."""
+        stops: list[Effect] = [self._stop(model, "ttl") for model in self._fleet.ttl_expired(now)]
+        if self.memory is None:
+            return stops
+        self.memory.advance(now)
+        return stops + self._start_launches(now) + self._dispatch(now)
 
     def next_deadline(self) -> float | None:
-        return self._fleet.next_ttl_deadline()
+        deadlines = [self._fleet.next_ttl_deadline(), self.memory.next_deadline() if self.memory else None]
+        return min((d for d in deadlines if d is not None), default=None)
 
     # -- operations ---------------------------------------------------------------------------
 
@@ -208,26 +224,6 @@ class SerialScheduler:
         self._settings = settings
         self._queue.retune(settings.aging_divisor)
         return self._dispatch(now)
-
-    def reconfigure(
-        self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: Iterable[str], now: float
-    ) -> list[Effect]:
-        """Adopt a reloaded config: new model table and swap groups from now on.
-
-        Requests for removed models are refused; requests for restarted models (whose command
-        changed) keep waiting and start them again once the old process has stopped. Either
-        kind of model stops at once when idle, else when its requests or start end. Ids in
-        `restart` that `models` lacks are ignored. Effects come in model id order.
-        """
-        if self._shut_down:
-            return []
-        removed = self._fleet.reconfigure(models)
-        self._policy = policy
-        replaced = sorted(set(removed) | (set(restart) & models.keys()))
-        effects: list[Effect] = []
-        for model in replaced:
-            effects += self._remove(model, now) if model in removed else self._restart(model)
-        return effects + self._start_launches() + self._dispatch(now)
 
     def shutdown(self, now: float) -> list[Effect]:
         """Refuse everything still waiting and stop every model; running requests are left to
@@ -351,6 +347,8 @@ class SerialScheduler:
         for target, ticket_id in round_.targets:
             if not self._may_start_beside(model, target, up):
                 return f"reserved for #{ticket_id}'s swap to {target}"
+        if self.memory is not None and (blocked := self.memory.blocked(model, self._others(model), self._in_use)):
+            return blocked
         victims = self._victims(model, up)
         busy = sorted(v for v in victims | {model} if self._in_use(v))
         if busy:  # wait for them to finish; meanwhile nothing below may add to their work
@@ -393,9 +391,9 @@ class SerialScheduler:
             self._free_slot(ticket.model, slot)
             return [self._grant(ticket, decision, slot)]
         self._launches[ticket.model] = Launch(ticket.model, decision, ticket, slot)
-        return self._start_launches()
+        return self._start_launches(now)
 
-    def _start_launches(self) -> list[Effect]:
+    def _start_launches(self, now: float) -> list[Effect]:
         """Send each pending StartModel once no model it depends on is still stopping or busy,
         and no model removed by a reload is still up."""
         effects: list[Effect] = []
@@ -410,12 +408,21 @@ class SerialScheduler:
                 continue  # so does the end of that work, or the stop or last job of the last removed model
             if self._evicted_by_start(launch.model) is not None:
                 continue  # and the end of the start that stops it
+            gpus = None
+            if self.memory is not None:
+                gpus = self.memory.gpus_for(launch.model, self._others(launch.model), victims, self._in_use)
+                if gpus is None:
+                    continue  # only stopping a pinned or leased model makes room: it waits for that to change
             for victim in victims:
                 self._fleet.mark_stopping(victim)
                 self._evicting[victim] = launch.model
+                if self.memory is not None:
+                    self.memory.gone(victim)
             self._fleet.mark_starting(launch.model)
+            if self.memory is not None:
+                self.memory.starting(launch.model, gpus, now)
             launch.started = True
-            effects.append(StartModel(launch.model, tuple(sorted(victims))))
+            effects.append(StartModel(launch.model, tuple(sorted(victims)), gpus))
         return effects
 
     def _evicted_by_start(self, model: str) -> str | None:
@@ -446,8 +453,14 @@ class SerialScheduler:
     def _victims(self, model: str, holding: tuple[str, ...]) -> frozenset[str]:
         """What of `holding` (see `_holding`) must stop before `model` starts. `model` itself is
         left out even when a slot is already taken for its launch: the matrix evicts nothing for a
-        running target."""
-        return self._policy.evictions(model, tuple(m for m in holding if m != model))
+        running target. With hardware described, also the least-cost set whose memory it needs."""
+        others = tuple(m for m in holding if m != model)
+        victims = self._policy.evictions(model, others)
+        room = self.memory.room(model, others, self._in_use, victims) if self.memory is not None else None
+        return victims | room.evict if room is not None else victims
+
+    def _others(self, model: str) -> tuple[str, ...]:
+        return tuple(m for m in self._holding() if m != model)
 
     def _in_use(self, model: str) -> bool:
         """Serving, starting, or holding a slot for a launch: not to be evicted."""
@@ -456,10 +469,14 @@ class SerialScheduler:
         )
 
     def _may_start_beside(self, model: str, target: str, up: tuple[str, ...]) -> bool:
-        """Whether starting `model` now leaves the reserved swap to `target` no more to evict."""
+        """Whether starting `model` now leaves the reserved swap to `target` no more to evict (with
+        hardware described: nor less room for it)."""
         before = self._policy.evictions(target, up)
-        after_start = (set(up) - self._policy.evictions(model, up)) | {model}
-        return self._policy.evictions(target, after_start) <= before
+        leaving = self._policy.evictions(model, up)
+        after_start = (set(up) - leaving) | {model}
+        if not self._policy.evictions(target, after_start) <= before:
+            return False
+        return self.memory is None or self.memory.leaves_room(model, leaving, target, before, up, self._in_use)
 
     @staticmethod
     def _decision_id(launch: Launch) -> int:
@@ -505,34 +522,14 @@ class SerialScheduler:
         self._fleet.begin_serving(ticket.model)
         return Grant(ticket.id, ticket.model, decision)
 
-    def _remove(self, model: str, now: float) -> list[Effect]:
-        """A model the reload dropped: refuse whoever waits for it, and stop it once idle. A start
-        under way is cut short, since nobody is left to use it."""
-        effects: list[Effect] = []
-        launch = self._launches.pop(model, None)
-        if launch is not None and launch.ticket is not None:
-            effects.append(refusals.removed(launch.ticket.id, model))
-            self._orphan(launch)
-        for ticket in self._queue.tickets_for(model):
-            self._dequeue(ticket.id, now)
-            effects.append(refusals.removed(ticket.id, model))
-        if self._fleet.state(model) is ModelState.STARTING or self._fleet.retire(model):
-            effects.append(self._stop(model, "reload"))
-        return effects
-
-    def _restart(self, model: str) -> list[Effect]:
-        """A model whose process the reload replaces. A start under way still runs on the old
-        config, so the request it was for waits again, for a start with the new one."""
-        launch = self._launches.get(model)
-        if launch is not None and launch.started and launch.ticket is not None:
-            ticket = launch.ticket
-            self._orphan(launch)
-            self._enqueue(ticket)
-        return [self._stop(model, "reload")] if self._fleet.retire(model) else []
-
     def _stop_if_retired(self, model: str) -> list[Effect]:
         """Stop a model a reload retired, now that its last request or its start has ended."""
         return [self._stop(model, "reload")] if self._fleet.due_for_retirement(model) else []
+
+    def _mark_stopped(self, model: str) -> None:
+        self._fleet.mark_stopped(model)
+        if self.memory is not None:
+            self.memory.gone(model)
 
     def _stop(self, model: str, reason: str) -> StopModel:
         self._fleet.mark_stopping(model)

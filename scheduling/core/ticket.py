@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .placement import MemoryNeed
+
 
 @dataclass(frozen=True)
 class Ticket:
@@ -24,6 +26,9 @@ class ModelSpec:
     ttl: float = 0.0  # idle seconds before unload, 0 = never
     concurrency_limit: int = 10
     fifo_priority: int = 0
+    memory: MemoryNeed | None = None  # with `hardware:` described: what it takes on each GPU it uses
+    pinned: bool = False  # never stopped to make room for another model
+    min_residency: float = 0.0  # seconds after it is ready before it may be stopped to make room
 
     def __post_init__(self) -> None:
         if self.ttl < 0:

@@ -1,0 +1,157 @@
+"""What the serial scheduler knows of memory when `hardware:` is described: where each model holding memory
+sits, what it costs to stop (its measured load time, its recent demand), what protects it, and from that
+which models a start must stop (`scheduling.core.placement` does the sums).
+
+Load times are measured here, from the start the scheduler sent to the model's readiness; a model never
+loaded yet is taken to load in the mean of the others' times (`UNKNOWN_LOAD_S` while none is known).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from .placement import Demand, Hardware, MemoryNeed, Resident, Room, assign, eviction_cost, make_room
+from .ticket import ModelSpec
+
+UNKNOWN_LOAD_S = 30.0
+
+
+class MemoryBook:
+    def __init__(self, hardware: Hardware, specs: Mapping[str, ModelSpec]) -> None:
+        self.hardware = hardware
+        self._specs = dict(specs)
+        self._gpus: dict[str, tuple[str, ...]] = {}  # models holding memory: their GPUs (() on the CPU)
+        self._started_at: dict[str, float] = {}
+        self._ready_at: dict[str, float] = {}
+        self._load_s: dict[str, float] = {}  # the last measured load of each model
+        self._leases: dict[str, str] = {}  # model -> what protects it ("lease #3")
+        self._demand = Demand()
+        self._now = 0.0
+
+    def reconfigure(self, specs: Mapping[str, ModelSpec], hardware: Hardware, holding: Iterable[str]) -> None:
+        """A reload: models running on before it keep their GPUs; one placed nowhere yet (it started before
+        `hardware:` was described) counts where it would go now, or on the CPU when it fits nowhere."""
+        self._specs = dict(specs)
+        self.hardware = hardware
+        for model in holding:
+            if model not in self._gpus and model in self._specs:
+                residents = [Resident(m, gpus, self.need(m).mib) for m, gpus in self._gpus.items() if m in self._specs]
+                self._gpus[model] = assign(hardware, self.need(model), residents) or ()
+
+    def need(self, model: str) -> MemoryNeed:
+        return self._specs[model].memory or MemoryNeed(0, 0)
+
+    # -- what happens -------------------------------------------------------------------------
+
+    def advance(self, now: float) -> None:
+        """Time moves on (a minResidency may have ended)."""
+        self._now = max(self._now, now)
+
+    def arrived(self, model: str, priority: int, now: float) -> None:
+        self._now = max(self._now, now)
+        self._demand.arrived(model, priority, now)
+
+    def starting(self, model: str, gpus: tuple[str, ...], now: float) -> None:
+        self._now = max(self._now, now)
+        self._gpus[model] = gpus
+        self._started_at[model] = now
+        self._ready_at.pop(model, None)
+
+    def ready(self, model: str, now: float) -> None:
+        self._now = max(self._now, now)
+        started = self._started_at.pop(model, None)
+        if started is not None:
+            self._load_s[model] = now - started
+        self._ready_at[model] = now
+
+    def gone(self, model: str) -> None:
+        """Stopped, failed to start, or evicted by a start (which counts it stopped at once)."""
+        self._gpus.pop(model, None)
+        self._started_at.pop(model, None)
+        self._ready_at.pop(model, None)
+
+    def lease(self, model: str, why: str | None) -> None:
+        """Protect `model` from being stopped to make room (None: no longer)."""
+        if why is None:
+            self._leases.pop(model, None)
+        else:
+            self._leases[model] = why
+
+    # -- what follows -------------------------------------------------------------------------
+
+    def gpus_of(self, model: str) -> tuple[str, ...] | None:
+        return self._gpus.get(model)
+
+    def placed(self) -> dict[str, tuple[str, ...]]:
+        return dict(self._gpus)
+
+    def load_s(self, model: str) -> float:
+        if model in self._load_s:
+            return self._load_s[model]
+        known = list(self._load_s.values())
+        return sum(known) / len(known) if known else UNKNOWN_LOAD_S
+
+    def cost(self, model: str, now: float | None = None) -> float:
+        return eviction_cost(self.load_s(model), self._demand.per_minute(model, self._now if now is None else now))
+
+    def protection(self, model: str, now: float | None = None) -> str:
+        """Why `model` may not be stopped to make room, or ""."""
+        now = self._now if now is None else now
+        spec = self._specs.get(model)
+        if spec is not None and spec.pinned:
+            return "pinned"
+        if model in self._leases:
+            return self._leases[model]
+        ready_at = self._ready_at.get(model)
+        if spec is not None and ready_at is not None and now < ready_at + spec.min_residency:
+            return f"minResidency for {ready_at + spec.min_residency - now:.0f} s more"
+        return ""
+
+    def next_deadline(self) -> float | None:
+        """When a model's minResidency ends (a request it blocked may then go)."""
+        ends = [at + self._specs[m].min_residency for m, at in self._ready_at.items()
+                if m in self._specs and self._specs[m].min_residency > 0 and at + self._specs[m].min_residency > self._now]
+        return min(ends, default=None)
+
+    def room(self, target: str, holding: Iterable[str], busy: Callable[[str], bool],
+             leaving: Iterable[str] = (), planned: Mapping[str, tuple[str, ...]] | None = None) -> Room | None:
+        """How `target` gets its memory beside `holding` (models holding memory or about to), of which
+        `leaving` stop anyway (free to take, at no cost); `planned` places models not started yet (busy
+        from then on). None: it never fits (a config error)."""
+        leaving, planned = set(leaving), planned or {}
+        placed = {**self._gpus, **planned}
+        residents = [
+            Resident(model, placed[model], self.need(model).mib,
+                     cost=0.0 if model in leaving else self.cost(model),
+                     busy=(busy(model) or model in planned) and model not in leaving,
+                     protected="" if model in leaving else self.protection(model))
+            for model in dict.fromkeys(holding) if model != target and model in placed and model in self._specs
+        ]
+        return make_room(self.hardware, self.need(target), residents)
+
+    def gpus_for(self, model: str, holding: Iterable[str], leaving: Iterable[str],
+                 busy: Callable[[str], bool]) -> tuple[str, ...] | None:
+        """Where `model` goes once `leaving` stop (None: only a protected model's stop would make room)."""
+        room = self.room(model, holding, busy, leaving)
+        return None if room is None or room.blocked_by else room.gpus
+
+    def blocked(self, model: str, holding: Iterable[str], busy: Callable[[str], bool]) -> str | None:
+        """Why `model` cannot start however long it waits for busy work: the protected models in its way."""
+        room = self.room(model, holding, busy)
+        if room is None or not room.blocked_by:
+            return None
+        protections = ", ".join(f"{m} ({self.protection(m)})" for m in room.blocked_by)
+        return f"model {model} fits only if {protections} stopped, which may not be stopped to make room"
+
+    def leaves_room(self, model: str, leaving: Iterable[str], target: str, target_leaving: frozenset[str],
+                    up: Iterable[str], busy: Callable[[str], bool]) -> bool:
+        """Whether starting `model` (stopping `leaving`) leaves the better swap to `target` (which stops
+        `target_leaving` anyway) as much room as before: it stops nothing, and takes no memory the swap needs."""
+        up = tuple(up)
+        own = self.room(model, tuple(m for m in up if m != model), busy, leaving)
+        if own is None or own.blocked_by or own.evict:
+            return own is None  # one that stops models may stop what the swap counts on
+        others = tuple(m for m in (*up, model) if m != target)
+        before = self.room(target, tuple(m for m in up if m != target), busy, target_leaving)
+        after = self.room(target, others, busy, target_leaving, planned={model: own.gpus})
+        return before is not None and after is not None and not after.blocked_by and after.evict <= before.evict

@@ -1,0 +1,124 @@
+"""Random interleavings against the serial scheduler placing models on described hardware (no groups: memory
+alone decides what runs together): each GPU's declared use never exceeds its memory; no busy, pinned or
+leased model is stopped to make room; each start's victims are the least-cost set (brute force); and the
+best waiting request never waits, while nothing is under way, for a model that would fit now."""
+
+import itertools
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, StartModel, SwapGroup, SwapPolicy
+from scheduling.core.placement import Hardware, MemoryNeed, Resident, assign, free_memory
+
+from .runtime_double import RuntimeDouble
+from .search_effort import property_settings
+
+MODELS = ("a", "b", "c", "d", "e")
+SIZES = st.sampled_from([4_000, 8_000, 12_000, 16_000])
+
+
+class PlacementMachine(RuleBasedStateMachine):
+    @initialize(gpus=st.lists(st.sampled_from([16_000, 24_000]), min_size=1, max_size=2),
+                needs=st.lists(st.tuples(SIZES, st.integers(0, 2), st.booleans()), min_size=5, max_size=5),
+                settings=st.builds(SerialSettings, st.sampled_from([0, 60]), st.sampled_from([0, 10])))
+    def start(self, gpus, needs, settings):
+        self.hardware = Hardware({str(i): size for i, size in enumerate(gpus)})
+        self.specs = {}
+        for model, (mib, count, pinned) in zip(MODELS, needs):
+            need = MemoryNeed(mib, min(count, len(gpus)))
+            if assign(self.hardware, need, ()) is None:
+                need = MemoryNeed(min(gpus), 1)
+            self.specs[model] = ModelSpec(model, memory=need, pinned=pinned and model == "e")
+        policy = SwapPolicy([SwapGroup("(placement)", MODELS, swap=False, exclusive=False)], MODELS)
+        self.scheduler = SerialScheduler(self.specs, policy, settings, self.hardware)
+        self.runtime = RuntimeDouble(self.scheduler)
+        self.leased: set[str] = set()
+
+    def observe(self, method, *args):
+        memory = self.scheduler.memory
+        starting = set(self.runtime.starts)
+        before = {model: memory.gpus_of(model) for model in self.specs if memory.gpus_of(model) is not None}
+        costs = {model: memory.cost(model) for model in before}
+        protected = {model for model in before if memory.protection(model)}
+        effects = getattr(self.runtime, method)(*args)
+        # Busy as the call left them: running a job, or a start under way before and after it.
+        busy = set(self.runtime.running.values()) | (starting & set(self.runtime.starts))
+        for start in (e for e in effects if isinstance(e, StartModel)):
+            assert not set(start.evict) & (busy | protected | self.leased), f"{start} stops a busy or protected model"
+            self.check_least_cost(start, before, costs, busy | protected)
+        return effects
+
+    def check_least_cost(self, start, placed, costs, untouchable):
+        residents = [Resident(m, gpus, self.specs[m].memory.mib, costs[m]) for m, gpus in placed.items()
+                     if m != start.model and m not in self.runtime.stops]
+        need = self.specs[start.model].memory
+        evictable = [r for r in residents if r.model not in untouchable]
+        chosen = sum(costs[m] for m in start.evict if m in costs)
+        for size in range(len(evictable) + 1):
+            for subset in itertools.combinations(evictable, size):
+                names = {r.model for r in subset}
+                if assign(self.hardware, need, [r for r in residents if r.model not in names]) is not None:
+                    assert chosen <= sum(r.cost for r in subset) + 1e-9, f"{start} cost {chosen}, {names} less"
+
+    @rule(model=st.sampled_from(MODELS), priority=st.sampled_from([-100, 0, 100]))
+    def submit(self, model, priority):
+        self.observe("call", "submit", self.runtime.new_ticket(model, priority))
+
+    @precondition(lambda self: self.runtime.running)
+    @rule(data=st.data())
+    def finish(self, data):
+        self.observe("finish", data.draw(st.sampled_from(sorted(self.runtime.running))))
+
+    @precondition(lambda self: self.runtime.starts)
+    @rule(data=st.data(), ok=st.booleans())
+    def start_outcome(self, data, ok):
+        self.observe("answer_start", data.draw(st.sampled_from(sorted(self.runtime.starts))), ok)
+
+    @precondition(lambda self: self.runtime.stops)
+    @rule(data=st.data())
+    def stop_done(self, data):
+        self.observe("answer_stop", data.draw(st.sampled_from(sorted(self.runtime.stops))))
+
+    @precondition(lambda self: self.runtime.up - self.runtime.stops)
+    @rule(data=st.data())
+    def crash(self, data):
+        self.observe("crash", data.draw(st.sampled_from(sorted(self.runtime.up - self.runtime.stops))))
+
+    @rule(model=st.sampled_from(MODELS), on=st.booleans())
+    def lease(self, model, on):
+        self.scheduler.memory.lease(model, "lease #1" if on else None)
+        (self.leased.add if on else self.leased.discard)(model)
+        self.observe("call", "tick")
+
+    @rule(seconds=st.sampled_from([1, 30, 600]))
+    def wait(self, seconds):
+        self.runtime.now += seconds
+        self.observe("call", "tick")
+
+    @invariant()
+    def no_gpu_holds_more_than_it_has(self):
+        memory = self.scheduler.memory
+        placed = [Resident(m, gpus, self.specs[m].memory.mib) for m, gpus in memory.placed().items()]
+        gpus, _ = free_memory(self.hardware, placed)
+        assert all(free >= 0 for free in gpus.values()), f"over capacity: {gpus} with {memory.placed()}"
+
+    @invariant()
+    def the_best_waiting_request_never_waits_for_room_it_has(self):
+        """Requests below it may be held back for it (its model's memory is kept free for it)."""
+        if self.runtime.starts or self.runtime.stops:
+            return
+        ranked = self.scheduler.ranked(self.runtime.now)
+        if not ranked:
+            return
+        memory = self.scheduler.memory
+        placed = [Resident(m, gpus, self.specs[m].memory.mib) for m, gpus in memory.placed().items()]
+        model = ranked[0][0].model
+        if model in memory.placed() or model in set(self.runtime.running.values()):
+            return  # loaded, or its crashed process's jobs are not reported ended yet
+        assert assign(self.hardware, self.specs[model].memory, placed) is None, (
+            f"#{ranked[0][0].id} for {model} waits though it fits beside {memory.placed()}")
+
+
+test_placement_properties = PlacementMachine.TestCase
+test_placement_properties.settings = property_settings(150, stateful_step_count=40)
