@@ -101,7 +101,7 @@ def over(layer: str) -> str:
 class LoadedModel:
     """The runtime's fleet: one model that starts at once and keeps running; nothing is behind it."""
 
-    async def swap_in(self, model: str, evict: tuple[str, ...]) -> None:
+    async def swap_in(self, model: str, evict: tuple[str, ...], gpus: tuple[str, ...] | None = None) -> None:
         return None
 
     async def stop(self, model: str) -> None:

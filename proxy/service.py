@@ -163,7 +163,8 @@ class ProxyService:
             self.recorder.start()
             self.fleet = ProcessFleet(config, self.recorder, on_crash=self._model_crashed)
             scheduler = build_scheduler(
-                config.scheduler.use, model_specs(config), swap_policy(config), serial_settings or config.scheduler.serial
+                config.scheduler.use, model_specs(config), swap_policy(config), serial_settings or config.scheduler.serial,
+                config.hardware,
             )
             self.runtime = SchedulerRuntime(
                 scheduler, self.fleet, self.recorder, first_ticket_id=first_ticket_id, ticket_ids=ticket_ids,
@@ -211,7 +212,7 @@ class ProxyService:
         captures.STORE.configure(config.capture_buffer_mb)
         if self.runtime is not None:
             self.fleet.apply(config, restart)
-            self.runtime.reconfigure(model_specs(config), swap_policy(config), restart)
+            self.runtime.reconfigure(model_specs(config), swap_policy(config), restart, config.hardware)
             self.runtime.retune(serial_settings)
         for model in set(old) | set(config.models):
             before, after = old.get(model), config.models.get(model)

@@ -227,7 +227,7 @@ def check_document(data, log: ProblemLog) -> Config:
     index = ModelIndex(models, log)
     routing = top.section("routing")
     router = read_router(top, routing, index)
-    scheduler = read_scheduler(routing, index)
+    scheduler = read_scheduler(routing, index, placing=hardware.given)
     if routing is not None:
         routing.warn_unread()
     api_keys = _read_api_keys(top)

@@ -132,14 +132,21 @@ def _read_group_map(groups: Section | None, index: ModelIndex) -> tuple[SwapGrou
     return tuple(result)
 
 
-def read_scheduler(routing: Section | None, index: ModelIndex) -> SchedulerConfig:
+def read_scheduler(routing: Section | None, index: ModelIndex, placing: bool = False) -> SchedulerConfig:
+    """`routing.scheduler`. With `hardware:` described (`placing`) the default is the serial scheduler, which
+    places models by memory; fifo, llama-swap's one-start-at-a-time order, cannot."""
+    default = "serial" if placing else DEFAULT_SCHEDULER
     scheduler = routing.section("scheduler") if routing else None
     if scheduler is None:
-        return SchedulerConfig()
-    use = scheduler.text("use", DEFAULT_SCHEDULER)
+        return SchedulerConfig(use=default)
+    use = scheduler.text("use", default)
     if use not in SCHEDULERS:
         scheduler.error("use", f'unknown scheduler "{use}" — valid schedulers are: {", ".join(SCHEDULERS)}')
-        use = DEFAULT_SCHEDULER
+        use = default
+    if placing and use == "fifo":
+        scheduler.error("use", "the fifo scheduler cannot place models by memory (hardware: is given) — "
+                               "use serial (the default with hardware), or remove hardware:")
+        use = default
     settings = scheduler.section("settings")
     serial_section = settings.section("serial") if settings else None
     fifo_section = settings.section("fifo") if settings else None

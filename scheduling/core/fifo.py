@@ -298,6 +298,9 @@ class FifoScheduler:
     def is_queued(self, ticket_id: int) -> bool:
         return any(item.ticket.id == ticket_id for item in self._queue)
 
+    def held_back_because(self, ticket_id: int) -> str:
+        return ""  # llama-swap's order: each waits for the one ahead of it
+
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Queued requests in queue order, scored by effective priority."""
         return [(item.ticket, ScoreTerms(item.effective_priority, 0, 0.0)) for item in self._queue]

@@ -140,8 +140,9 @@ class MemoryBook:
         room = self.room(model, holding, busy)
         if room is None or not room.blocked_by:
             return None
-        protections = ", ".join(f"{m} ({self.protection(m)})" for m in room.blocked_by)
-        return f"model {model} fits only if {protections} stopped, which may not be stopped to make room"
+        protections = " and ".join(f"{m} ({self.protection(m)})" for m in room.blocked_by)
+        verb = "is" if len(room.blocked_by) == 1 else "are"
+        return f"model {model} has room only if {protections} {verb} stopped, which is never done to make room"
 
     def leaves_room(self, model: str, leaving: Iterable[str], target: str, target_leaving: frozenset[str],
                     up: Iterable[str], busy: Callable[[str], bool]) -> bool:

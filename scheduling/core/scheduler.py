@@ -43,6 +43,8 @@ class Scheduler(Protocol):
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]: ...
     def is_queued(self, ticket_id: int) -> bool:
         """Whether the request still waits in the queue (not dispatched, not ended)."""
+    def held_back_because(self, ticket_id: int) -> str:
+        """Why a waiting request was last passed over while the GPU had room ("" if it was not, or unknown)."""
 
 
 SCHEDULERS: dict[str, type[SerialScheduler] | type[FifoScheduler]] = {

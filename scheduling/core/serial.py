@@ -271,6 +271,9 @@ class SerialScheduler(SerialReload):
     def is_queued(self, ticket_id: int) -> bool:
         return ticket_id in self._queue
 
+    def held_back_because(self, ticket_id: int) -> str:
+        return self._waited.get(ticket_id, "")
+
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Waiting requests best first, with the score each would get right now."""
         return self._queue.ranked(now, self._fleet.ready_for_work(), self._settings)

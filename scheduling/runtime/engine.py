@@ -174,9 +174,11 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         outlook = self.forecast(stale_ok=True).get(ticket_id)
         eta = None if outlook is None else outlook.eta_s
         expected = "" if eta is None else f"; it was expected to be sent in ~{math.ceil(eta)} s more"
+        because = self.scheduler.held_back_because(ticket_id)
         message = (
             f"not sent to model '{waiter.request.model}' within its maximum wait of "
-            f"{waiter.request.max_wait_s:g} s{expected}; retry later, or allow a longer wait"
+            f"{waiter.request.max_wait_s:g} s{expected}{f' (held back: {because})' if because else ''}; "
+            "retry later, or allow a longer wait"
         )
         retry_after = MAX_WAIT_RETRY_AFTER_S if eta is None else max(1, math.ceil(eta))
         self._refuse_waiting(ticket_id, Refused(503, "max_wait_exceeded", message, retry_after), RequestState.REJECTED)

@@ -9,6 +9,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Callable
 
 from scheduling.core import Band, Decision, ModelSpec, SerialSettings, StopModel, SwapPolicy, band_of
+from scheduling.core.placement import Hardware
 from scheduling.tickets import Outcome, Refused, RequestState, TicketRequest
 
 
@@ -48,10 +49,11 @@ class OperatorActions:
         now = self.now()
         self._run(lambda: self.scheduler.retune(settings, now))
 
-    def reconfigure(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: list[str]) -> None:
-        """A reloaded config: new model table and swap groups; `restart` models get a fresh process."""
+    def reconfigure(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: list[str],
+                    hardware: Hardware | None = None) -> None:
+        """A reloaded config: new model table, swap groups and hardware; `restart` models get a fresh process."""
         now = self.now()
-        self._run(lambda: self.scheduler.reconfigure(models, policy, restart, now))
+        self._run(lambda: self.scheduler.reconfigure(models, policy, restart, now, hardware))
 
     def ranked(self) -> list:
         return self.scheduler.ranked(self.now())

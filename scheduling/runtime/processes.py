@@ -17,7 +17,7 @@ log = logging.getLogger("llamaswap.scheduler")
 class Fleet(Protocol):
     """What the runtime needs from model-process management."""
 
-    async def swap_in(self, model: str, evict: tuple[str, ...]) -> None: ...  # raises on failure
+    async def swap_in(self, model: str, evict: tuple[str, ...], gpus: tuple[str, ...] | None = None) -> None: ...  # raises on failure
     async def stop(self, model: str) -> None: ...
     def upstream_url(self, model: str) -> str: ...
     def check_exited(self, model: str) -> bool: ...  # a dead process is reported as a crash at once
@@ -57,7 +57,7 @@ class ModelProcesses:
         started = self._starting_since[effect.model] = self.now()
         self._observer(ModelStateChanged(effect.model, ModelState.STARTING))
         try:
-            await self.fleet.swap_in(effect.model, tuple(effect.evict))
+            await self.fleet.swap_in(effect.model, tuple(effect.evict), effect.gpus)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any start failure is reported to the waiting requests, never raised

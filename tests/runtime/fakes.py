@@ -32,6 +32,7 @@ class Call:
     kind: str
     model: str
     evict: tuple[str, ...] = ()
+    gpus: tuple[str, ...] | None = None
     outcome: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     cancelled: bool = False
 
@@ -50,8 +51,8 @@ class FakeFleet:
         self._taken: set[Call] = set()  # calls `next_call` already handed to the test
         self._arrived = asyncio.Event()
 
-    async def swap_in(self, model: str, evict: tuple[str, ...]) -> None:
-        await self._carry_out(Call("swap_in", model, evict))
+    async def swap_in(self, model: str, evict: tuple[str, ...], gpus: tuple[str, ...] | None = None) -> None:
+        await self._carry_out(Call("swap_in", model, evict, gpus))
 
     async def stop(self, model: str) -> None:
         await self._carry_out(Call("stop", model))

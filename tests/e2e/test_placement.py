@@ -1,0 +1,79 @@
+"""Memory placement end to end: two 24 GiB GPUs described in `hardware:`, models of 20 GiB each, fake model servers
+that record the CUDA_VISIBLE_DEVICES they were started with. Memory alone decides what runs together (no groups):
+two run at once, each on its own GPU; a third stops the one cheapest to lose, never a pinned one; and a request
+whose only room is a pinned model's is refused at its maximum wait, naming the pin."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from tests.served import Served, fake_cmd
+
+pytestmark = pytest.mark.e2e
+
+
+def config(events, pinned: tuple[str, ...] = (), slow: str = "") -> str:
+    """Models a, b and c of 20 GiB; `slow` takes a second more to load (a wrapper script sleeps first)."""
+    def cmd(name: str) -> str:
+        return f"sh -c 'sleep 1; exec {fake_cmd(name, events)}'" if name == slow else fake_cmd(name, events)
+    models = "".join(f"""
+          {name}:
+            cmd: {cmd(name)}
+            memory: 20GiB
+            pinned: {str(name in pinned).lower()}""" for name in ("a", "b", "c"))
+    return f"""
+        healthCheckTimeout: 20
+        hardware:
+          gpus:
+            - {{id: 0, memory: 24GiB}}
+            - {{id: 1, memory: 24GiB}}
+        models:{models}
+    """
+
+
+def ask(served, model: str, **headers) -> httpx.Response:
+    return httpx.post(served.base + "/v1/chat/completions", headers=headers, timeout=30,
+                      json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+
+def loaded(served) -> set[str]:
+    return {m["model"] for m in httpx.get(served.base + "/running", timeout=10).json()["running"]}
+
+
+def devices(events) -> dict[str, list[str | None]]:
+    """Each model's CUDA_VISIBLE_DEVICES, request by request, from the fake servers' start events."""
+    seen: dict[str, list[str | None]] = {}
+    for line in events.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("event") == "start":
+            seen.setdefault(event["model"], []).append(event.get("cuda_visible_devices"))
+    return seen
+
+
+def test_two_models_run_at_once_on_their_own_gpus_and_a_third_stops_the_one_cheaper_to_load_again(tmp_path):
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events, slow="a")) as served:
+        assert ask(served, "a").status_code == 200
+        assert ask(served, "b").status_code == 200
+        assert loaded(served) == {"a", "b"}  # no groups: llama-swap would have run one at a time
+        assert devices(events) == {"a": ["0"], "b": ["1"]}
+        assert ask(served, "c").status_code == 200  # a takes over a second to load, b a fraction: b goes
+        assert loaded(served) == {"a", "c"}
+        assert devices(events)["c"] == ["1"]  # on the GPU b left
+
+
+def test_a_pinned_model_is_never_the_one_stopped_and_a_request_only_it_could_make_room_for_waits(tmp_path):
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events, pinned=("a", "b"))) as served:
+        assert ask(served, "a").status_code == 200
+        assert ask(served, "b").status_code == 200
+        refused = ask(served, "c", **{"X-LlamaSwap-Max-Wait": "1"})
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert re.search(r"model c has room only if [ab] \(pinned\) is stopped", message), message
+        assert loaded(served) == {"a", "b"}
+        assert "c" not in devices(events)
