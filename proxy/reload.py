@@ -12,6 +12,8 @@ import asyncio
 import logging
 import os
 
+from django.db import DatabaseError
+
 from proxy.config import ConfigError, load_config
 from proxy.config.config_dir import sources_signature
 from proxy.model_processes.fleet import process_changed
@@ -25,9 +27,18 @@ WATCH_INTERVAL_S = 2.0
 
 async def reload_config(service, path: str | None, config_dir: str | None = None) -> bool:
     """Load `path` (with `config_dir`'s files merged after it) and apply it to the running service; returns
-    whether it was applied."""
+    whether it was applied. Never raises: a SIGHUP's task and the file watcher go on after a failed reload."""
+    try:
+        return await _reload(service, path, config_dir)
+    except Exception:
+        log.exception("config reload failed; still serving what was in force before it")
+        return False
+
+
+async def _reload(service, path: str | None, config_dir: str | None) -> bool:
     from proxy.compat.active_profile import reset_active_profile
     from scheduling.operating.settings_store import stored_serial_settings
+    from scheduling.rows.connections import on_fresh_connection
 
     loop = asyncio.get_running_loop()
     try:
@@ -48,9 +59,19 @@ async def reload_config(service, path: str | None, config_dir: str | None = None
     for warning in new.warnings:
         log.warning("%s", warning)
     restart = sorted(m for m in new.models if m in old.models and process_changed(old.models[m], new.models[m]))
-    settings = await loop.run_in_executor(None, stored_serial_settings, new.scheduler.serial, new.models)
+    try:
+        settings = await loop.run_in_executor(
+            None, on_fresh_connection, stored_serial_settings, new.scheduler.serial, new.models,
+        )
+    except DatabaseError as exc:
+        log.warning("the admin's scheduler settings could not be read (%s); the reloaded config's apply until the "
+                    "next reload or edit", exc)
+        settings = new.scheduler.serial
     service.apply_config(new, restart, settings)
-    await loop.run_in_executor(None, reset_active_profile, new)  # a reload switches to the startup profile, or off
+    try:  # a reload switches to the startup profile, or off
+        await loop.run_in_executor(None, on_fresh_connection, reset_active_profile, new)
+    except DatabaseError as exc:
+        log.warning("the active profile could not be reset after the reload (%s); the one last read stays active", exc)
     apply_log_level(new.log_level)
     apply_log_output(new.log_output)
     added = sorted(set(new.models) - set(old.models))

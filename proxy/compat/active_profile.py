@@ -9,16 +9,22 @@ once. A config without profiles never reads it.
 
 from __future__ import annotations
 
+import logging
 import time
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from django.db import DatabaseError
 from django.utils import timezone
 
+from scheduling.door.outage_log import OutageLog
 from scheduling.models import ActiveProfile
+
+log = logging.getLogger("llamaswap.profiles")
 
 REFRESH_S = 1.0
 
 _cached: tuple[str, float] | None = None  # (name, when it was read, monotonic)
+_OUTAGE = OutageLog(log, "reading the active profile (the one last read stays active)")
 
 
 def _read() -> str:
@@ -37,7 +43,12 @@ async def active_profile(config) -> str:
         return ""
     now = time.monotonic()
     if _cached is None or now - _cached[1] >= REFRESH_S:
-        _cached = (await sync_to_async(_read)(), now)
+        try:
+            _cached = (await database_sync_to_async(_read)(), now)
+            _OUTAGE.worked()
+        except DatabaseError as exc:  # the database away: the profile last read (or the config's) stays active
+            _OUTAGE.failed(exc)
+            _cached = (config.startup_profile if _cached is None else _cached[0], now)
     name = _cached[0]
     return name if name in config.profiles else ""
 
@@ -45,7 +56,7 @@ async def active_profile(config) -> str:
 async def set_active_profile(name: str) -> None:
     """Make `name` (a configured profile, or "" for none) the active one, for every process."""
     global _cached
-    await sync_to_async(_write)(name)
+    await database_sync_to_async(_write)(name)
     _cached = (name, time.monotonic())
 
 

@@ -6,6 +6,7 @@ recorder's and the instance lock's lines alike)."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit, urlunsplit
@@ -139,3 +140,33 @@ def refused_at_the_bound(tmp_path, url: str, psycopg, peer: Peer) -> None:
                 x["state"] in TERMINAL_STATES for x in r) else None)(rows(url, psycopg)), 30, 0.1, "rows")
             assert [r["state"] for r in found] == ["completed"] * expected
             served.check_settled("m")  # normal again
+
+
+def test_after_a_database_blink_profiles_still_route_and_a_reload_still_applies(tmp_path, postgres):
+    """A config with profiles reads the active one from the database on requests; a reload reads the admin's
+    settings and resets the profile. After PostgreSQL blinked, both open a new connection instead of failing
+    on the one the blink broke (every request 500, every reload lost, until a restart)."""
+    url, _ = postgres
+    with_profiles = yaml.safe_load(config())
+    with_profiles["apiKeys"] = ["sk-first"]
+    with_profiles["profiles"] = {"night": {"pins": {"m": "m"}}}
+    key = {"Authorization": "Bearer sk-first"}
+    with Relay("127.0.0.1", urlsplit(url).port or 5432, name="postgres") as relay:
+        with Served(tmp_path, yaml.safe_dump(with_profiles), env={"DATABASE_URL": through(url, relay)}) as served:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            assert httpx.post(served.base + "/v1/chat/completions", json=body, headers=key, timeout=30).status_code == 200
+            relay.cut()
+            during = httpx.post(served.base + "/v1/chat/completions", json=body, headers=key, timeout=30)
+            time.sleep(1.5)  # past the profile's re-read interval, on the broken connection
+            relay.restore()
+            assert during.status_code == 200, during.text
+            after = [httpx.post(served.base + "/v1/chat/completions", json=body, headers=key, timeout=30)
+                     for _ in range(3)]
+            assert [a.status_code for a in after] == [200] * 3, [a.text for a in after]
+            with_profiles["apiKeys"].append("sk-second")
+            served.config_path.write_text(yaml.safe_dump(with_profiles))
+            served.proc.send_signal(signal.SIGHUP)
+            wait_until(lambda: "config reloaded" in served.log(), 15, 0.1, "the reload after the blink")
+            second = {"Authorization": "Bearer sk-second"}
+            assert httpx.post(served.base + "/v1/chat/completions", json=body, headers=second, timeout=30).status_code == 200
+            assert "internal_error" not in served.log() and "unexpected failure" not in served.log(), served.log()
