@@ -9,11 +9,14 @@ on the database when a burst outruns that fetch.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 from collections.abc import Callable
 
 from django.db import connection
 
 from scheduling.tickets import Refused
+
+log = logging.getLogger("llamaswap.tickets")
 
 SEQUENCE = "llamaswap_ticket_blocks"
 BLOCK = 100
@@ -27,8 +30,8 @@ def _unreachable(what: str) -> Refused:
 
 
 class TicketBlocks:
-    """Failure model: a block fetch that fails (the database away) is tried afresh by the next
-    request; one that takes longer than `wait_s` is left running for the next request to wait on.
+    """Failure model: a block fetch that fails (the database away), the prefetch included, is tried
+    afresh by the next request that needs it; one that takes longer than `wait_s` is left running for the next request to wait on.
     Either way this request is refused with a 503 rather than stall the event loop, and with it
     every stream and heartbeat this worker serves, for as long as the database is away."""
 
@@ -42,7 +45,9 @@ class TicketBlocks:
 
     def __call__(self) -> int:
         if self._next == self._end:  # a burst outran the prefetch: wait for it (Django's database calls need a thread)
-            fetch = self._prefetch or self._fetcher.submit(self._take)
+            fetch = self._prefetch
+            if fetch is None or (fetch.done() and fetch.exception() is not None):
+                fetch = self._fetcher.submit(self._take)  # a prefetch that failed while the database was away
             try:
                 block = fetch.result(timeout=self._wait_s)
             except concurrent.futures.TimeoutError:
@@ -50,7 +55,8 @@ class TicketBlocks:
                 raise _unreachable("did not answer") from None
             except Exception as exc:
                 self._prefetch = None
-                raise _unreachable(f"failed: {exc}") from None
+                log.warning("request ids could not be had from the database: %s", exc)
+                raise _unreachable("failed") from None
             self._prefetch = None
             self._next, self._end = self._ids(block)
         if self._prefetch is None and self._end - self._next <= self._size // 2:

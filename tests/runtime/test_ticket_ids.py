@@ -66,3 +66,17 @@ def test_a_database_that_does_not_answer_refuses_within_the_wait_instead_of_stal
     sequence.gate.set()
     after = take(blocks, 5)  # the fetch that hung is used, not doubled
     assert len(set(before + after)) == 9 and sequence.value == 3
+
+
+def test_a_prefetch_that_failed_while_the_database_was_away_is_fetched_again_once_it_is_back():
+    sequence = Sequence()
+    blocks = TicketBlocks(sequence, size=4, wait_s=5)
+    sequence.failing = True
+    first = take(blocks, 3)  # the prefetch of the next block starts here and fails
+    deadline = time.monotonic() + 5
+    while not (blocks._prefetch.done() and blocks._prefetch.exception()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sequence.failing = False  # the database is back before the block runs out
+    second = take(blocks, 5)  # no request is refused for the failure of a fetch made while it was away
+    ids = first + second
+    assert len(set(ids)) == len(ids) and ids == sorted(ids)
