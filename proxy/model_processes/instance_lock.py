@@ -161,6 +161,14 @@ def _lock_data_dir(data_dir: Path, scope: _Scope, standby: Callable[[str], None]
     return fd
 
 
+# The lock is held by a session: PostgreSQL ends it, and frees the lock for a standby, only once it finds the
+# holder gone. Its defaults (the kernel's: two hours of silence) would keep a powered-off or cut-off worker's
+# lock that long; these make the server probe the lock's connection after 5 s of silence and drop it after
+# about 11 s without an answer. (A stopped process on a live machine still answers: its kernel does.)
+LOCK_SESSION_OPTIONS = "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3 " \
+                       "-c tcp_user_timeout=10000"
+
+
 def _lock_database(database: dict, scope: _Scope, standby: Callable[[str], None] | None = None):
     """With PostgreSQL, a session advisory lock on a connection of our own; None for SQLite (the file lock covers it)."""
     if database["ENGINE"] != "django.db.backends.postgresql":
@@ -173,7 +181,8 @@ def _lock_database(database: dict, scope: _Scope, standby: Callable[[str], None]
     where = f"the PostgreSQL database {database['NAME']!r} at {database.get('HOST') or 'localhost'}:{database.get('PORT') or 5432}"
     def connect():
         return psycopg.connect(
-            **params, autocommit=True, connect_timeout=10,
+            **params, autocommit=True, connect_timeout=10, options=LOCK_SESSION_OPTIONS,
+            keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3, tcp_user_timeout=10_000,
             application_name=f"llamaswap {scope.role} pid {os.getpid()} on {socket.gethostname()}"[:APPLICATION_NAME_MAX],
         )
 

@@ -230,3 +230,24 @@ def test_a_model_id_beyond_its_column_still_gets_its_process_recorded(tmp_path, 
         recorded = wait_until(records, what="the model's process record")
         assert recorded[0][0] == long_id[:255]
         assert "could not record" not in served.log()
+
+
+def test_the_lock_session_is_probed_so_a_powered_off_holder_frees_it_in_seconds_not_hours(postgres):
+    """The server itself probes the lock's connection (its kernel default would wait two hours), so a standby
+    takes over from a worker whose box lost power about 11 s after it went silent."""
+    from urllib.parse import urlsplit
+
+    from proxy.model_processes.instance_lock import _lock_database, _scope
+
+    url, _ = postgres
+    parts = urlsplit(url)
+    database = {"ENGINE": "django.db.backends.postgresql", "NAME": parts.path.lstrip("/"), "HOST": parts.hostname,
+                "PORT": parts.port or 5432, "USER": parts.username or "postgres"}
+    connection = _lock_database(database, _scope("worker", ["m"]))
+    try:
+        shown = {name: connection.execute(f"SHOW {name}").fetchone()[0]
+                 for name in ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count", "tcp_user_timeout")}
+        assert shown == {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
+                         "tcp_user_timeout": "10000"}, shown
+    finally:
+        connection.close()
