@@ -31,7 +31,7 @@ from scheduling.models import (
 )
 from scheduling.tickets import RequestState
 from scheduling.door.questions import BusyModels, CancelWaiting, Processes, Queue, Reprioritize, Snapshot, Unload, Waiting
-from scheduling.operating.settings_store import as_text, ignored_slots, ignored_values, override_source, save_settings
+from scheduling.operating.settings_store import as_text, ignored_slot_lines, ignored_values, override_source, save_settings
 from scheduling.operating.whole_numbers import whole_number
 
 
@@ -314,10 +314,7 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
                 f"{SchedulerSettings.CONFIG_NAMES[field]}: {as_text(getattr(stored, field))} — {why}"
                 for field, why in ignored_values(stored).items()
             ],
-            "ignored_slots": [
-                f"{model}: {stored.slots[model]} — {why}"
-                for model, why in ignored_slots(stored.slots, config.models if config else None).items()
-            ],
+            "ignored_slots": ignored_slot_lines(stored.slots, config.models if config else None),
             "audit_url": _changelist_url(SettingsChange),
         }
 

@@ -158,7 +158,7 @@ class SchedulerSettingsForm(forms.ModelForm):
         if slots is None:
             return None
         config, _ = config_or_problem()
-        stored = self.instance.slots or {}
+        stored = self.instance.slots if isinstance(self.instance.slots, Mapping) else {}  # SQL may have stored a list
         stale = ignored_slots(stored, config.models) if config is not None else {}
         resolved: dict[str, object] = {}
         set_by: dict[str, str] = {}

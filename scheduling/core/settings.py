@@ -34,6 +34,7 @@ def _is_finite(value: int | float) -> bool:
 # Seconds per priority point beyond which aging is nil anyway; larger values would overflow the queue's
 # keys (priority × divisor) to infinity for large priorities.
 MAX_AGING_DIVISOR = 1e9
+MIN_AGING_DIVISOR = 0.001  # a point a millisecond; below it (denormals) a wait's score becomes infinite
 
 
 def _aging_divisor_problem(value: object) -> str | None:
@@ -44,6 +45,11 @@ def _aging_divisor_problem(value: object) -> str | None:
         return f"{_shown(value)} is not a finite number — {allowed}"
     if value < 0:
         return f"{_shown(value)} is negative — use 0 to disable aging, or seconds per priority point"
+    if 0 < value < MIN_AGING_DIVISOR:
+        return (
+            f"{_shown(value)} is below {MIN_AGING_DIVISOR:g} seconds per point (aging would swamp every priority at "
+            f"once, and scores stop being numbers) — use {MIN_AGING_DIVISOR:g} or more, or 0 to disable aging"
+        )
     if value > MAX_AGING_DIVISOR:
         return (
             f"{_shown(value)} is above {MAX_AGING_DIVISOR:.0e} seconds per point (31 years: no aging at all, and beyond "

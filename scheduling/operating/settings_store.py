@@ -26,7 +26,10 @@ log = logging.getLogger("llamaswap.settings")
 def ignored_slots(slots: Mapping[str, object] | None, models: Collection[str] | None) -> dict[str, str]:
     """Entries of a stored `slots` override the scheduler leaves out, with why: a model the config
     does not have (it applies again once that model is configured), or a count the config file
-    would refuse (an older admin took 2.0). Names are checked only when `models` is given."""
+    would refuse (an older admin took 2.0). Names are checked only when `models` is given. A stored value
+    that is no table at all (written with SQL) is ignored whole."""
+    if slots is not None and not isinstance(slots, Mapping):
+        return {repr(slots): "not a table of model: count; the config's slots apply"}
     ignored = {}
     for model, count in (slots or {}).items():
         problem = slot_count_problem(model, count)
@@ -35,6 +38,13 @@ def ignored_slots(slots: Mapping[str, object] | None, models: Collection[str] | 
         elif models is not None and model not in models:
             ignored[model] = "not a configured model; it applies again once the config has it"
     return ignored
+
+
+def ignored_slot_lines(slots: object, models: Collection[str] | None) -> list[str]:
+    """`ignored_slots` as the settings page lists it: "model: count — why"."""
+    if slots is not None and not isinstance(slots, Mapping):
+        return [f"{as_text(slots)} — {why}" for why in ignored_slots(slots, models).values()]
+    return [f"{model}: {slots[model]} — {why}" for model, why in ignored_slots(slots, models).items()]
 
 
 def ignored_values(stored: SchedulerSettings) -> dict[str, str]:
@@ -80,6 +90,9 @@ def with_overrides(config: SerialSettings, stored: SchedulerSettings, models: Co
     for field, why in ignored_values(stored).items():
         _log_once(f"ignoring the admin's {SchedulerSettings.CONFIG_NAMES[field]} override {overrides.pop(field)!r}, "
                   f"using the config's {getattr(config, field)!r}: {why}")
+    if "slots" in overrides and not isinstance(overrides["slots"], Mapping):  # written some other way (SQL)
+        _log_once(f"ignoring the admin's slots override {overrides.pop('slots')!r}, using the config's: it is not "
+                  "a table of model: count")
     if "slots" in overrides:
         ignored = ignored_slots(overrides["slots"], models)
         for model, why in ignored.items():

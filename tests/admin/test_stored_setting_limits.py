@@ -76,6 +76,8 @@ STORED = [
     ({"chat": 1025}, INT4_MAX, None, ["slots override chat: 1025", f"swapAffinityBonus override {INT4_MAX}"]),
     (None, -1, float("nan"), ["agingDivisor override nan", "swapAffinityBonus override -1"]),
     (None, None, 1e300, ["agingDivisor override 1e+300"]),
+    (None, None, 1e-320, ["agingDivisor override 1e-320"]),
+    ([1, 2], None, None, ["slots override [1, 2]"]),
 ]
 
 

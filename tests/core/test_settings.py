@@ -51,6 +51,12 @@ def test_a_divisor_so_large_that_scores_would_overflow_is_refused():
     assert "agingDivisor" in serial_settings_problems(10**400, 10)
 
 
+def test_a_divisor_so_small_that_a_wait_scores_infinity_is_refused_and_zero_still_means_no_aging():
+    assert serial_settings_problems(0.001, 10) == {} and serial_settings_problems(0, 10) == {}
+    problem = serial_settings_problems(1e-320, 10)["agingDivisor"]
+    assert problem.startswith("1e-320 is below 0.001 seconds per point") and "or 0 to disable aging" in problem
+
+
 def test_the_largest_divisor_with_the_most_extreme_priorities_still_ranks_them():
     models = {"m": ModelSpec("m")}
     scheduler = SerialScheduler(models, SwapPolicy([], ("m",)), SerialSettings(aging_divisor=1e9))
