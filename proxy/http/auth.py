@@ -9,10 +9,13 @@ from collections.abc import Iterable, Mapping
 
 # Headers that carry the proxy's own key: never forwarded upstream when apiKeys is set, never stored.
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
-# Every header that may carry a caller's secret: its key for this server, a hosted API's key as Azure
-# names it (`api-key`), cookies. A peer (another party) is sent none of them; captures store each as
+# Every header that may carry a caller's secret: its key for this server, a hosted API's key as the big
+# gateways name it (Azure's `api-key` and `Ocp-Apim-Subscription-Key`, Google's `X-Goog-Api-Key`, OpenStack's
+# and others' `X-Auth-Token`), cookies. A peer (another party) is sent none of them; captures store each as
 # [REDACTED]. One set, so what a peer never sees and what a capture never keeps cannot drift apart.
-SECRET_HEADERS = CREDENTIAL_HEADERS | {"api-key", "cookie", "set-cookie"}
+SECRET_HEADERS = CREDENTIAL_HEADERS | {
+    "api-key", "ocp-apim-subscription-key", "x-goog-api-key", "x-auth-token", "cookie", "set-cookie",
+}
 
 
 def presented_keys(headers: Mapping[str, str], *, basic: bool = True) -> list[str]:

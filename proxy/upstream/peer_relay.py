@@ -5,7 +5,7 @@ requests do not queue behind local models. They are still recorded like local on
 peer's ID) for the activity log, the request id header, and the request metrics.
 
 The caller's credentials are for this server, not the peer's: no header that may carry a secret
-(proxy.http.auth.SECRET_HEADERS: Authorization, x-api-key, Azure's api-key, Proxy-Authorization, cookies)
+(proxy.http.auth.SECRET_HEADERS: Authorization, x-api-key, hosted APIs' key headers, Proxy-Authorization, cookies)
 is forwarded; the peer's `apiKey`, when set, is sent instead, as `Authorization: Bearer <key>` and
 `x-api-key: <key>`.
 """

@@ -247,7 +247,9 @@ def test_userinfo_in_a_proxy_url_is_never_shown(setup):
 def test_no_header_a_capture_redacts_reaches_a_peer(setup):
     served, _, other = setup
     secrets = {"x-api-key": KEY, "api-key": "azure-caller-key", "cookie": "session=caller",
-               "proxy-authorization": "Basic Ym9iOnNlY3JldA==", "set-cookie": "id=caller"}
+               "proxy-authorization": "Basic Ym9iOnNlY3JldA==", "set-cookie": "id=caller",
+               "x-goog-api-key": "google-caller-key", "ocp-apim-subscription-key": "apim-caller-key",
+               "x-auth-token": "openstack-caller-token"}
     body = {"model": "other/shared", "messages": [], "fake": {"tokens": 1}}
     r = httpx.post(served.base + "/v1/chat/completions", json=body, timeout=30,
                    headers={"Authorization": f"Bearer {KEY}", **secrets, "X-Custom": "kept"})
