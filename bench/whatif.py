@@ -1,7 +1,7 @@
 """Replay's what-if against reality: traffic recorded under settings A, replayed under B, and run for
 real under B.
 
-    .venv/bin/python bench/whatif.py [--seconds 45] [--seeds 21 22 23 24 25]
+    .venv/bin/python bench/whatif.py [--seconds 45] [--seeds 21 22 ... 29]
 
 One workload (`bench/prediction.py`'s steady shape: Poisson arrivals, three bands, two fake models in
 one swap group, so swaps) is sent to a real `llamaswap serve` twice, at the same moments: once with
@@ -44,7 +44,7 @@ from tests.served import Served, fake_cmd, model_ports  # noqa: E402
 
 SETTING = "swapAffinityBonus"
 A, B = 0, 10
-SEEDS = (21, 22, 23, 24, 25)  # the workloads each figure's median is taken over
+SEEDS = tuple(range(21, 30))  # the workloads each figure's median is taken over (an odd count)
 TARGET = 0.2  # |replayed B − real B| ÷ real B, each figure
 # The floor a difference is judged against: a wait shorter than this (a short stream's wait for what is
 # left of a job) is within the noise of a shared 2-CPU machine, so its relative difference says little.
