@@ -285,6 +285,15 @@ class BeginRelayed(Question):
 
 
 @dataclass(frozen=True)
+class StillGranted(Question):
+    """Whether this worker still holds the grant it sent for the request a front end knows as `key`. Asked
+    of that worker alone, by a front end that was cut off from Redis for long enough to be taken for dead
+    (the worker then let its requests go) before it uses a grant it reads afterwards."""
+
+    key: str
+
+
+@dataclass(frozen=True)
 class EndRelayed(Question):
     """A relayed request ended `seconds` after it began: its row and metrics."""
 
@@ -380,6 +389,11 @@ def _queue_entry_of(question: QueueEntryOf, runtime, fleet) -> QueueEntry | None
 def _progress(question: Progress, runtime, fleet) -> QueueEntry | None:
     handle = question.handle
     return _entry_of(runtime, runtime.ticket_of(handle) if isinstance(handle, str) else handle)
+
+
+@answers(StillGranted)
+def _still_granted(question: StillGranted, runtime, fleet) -> bool:
+    return any(request.origin == question.key for _, (request, _, _) in runtime.running_requests())
 
 
 @answers(Processes)

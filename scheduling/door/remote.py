@@ -22,7 +22,7 @@ from typing import Any
 from scheduling import events
 from scheduling.core import band_of
 from scheduling.door.outage_log import OutageLog
-from scheduling.door.questions import BeginRelayed, EndRelayed, Question
+from scheduling.door.questions import BeginRelayed, EndRelayed, Question, StillGranted
 from scheduling.rows.recorder import Recorder
 from scheduling.rows.row_columns import request_columns
 from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
@@ -30,6 +30,7 @@ from scheduling.door.ticket_ids import TicketBlocks, take_block
 from scheduling.door.directory import WorkerDirectory
 from scheduling.door.wire import (
     ANNOUNCE_S,
+    FRONT_END_TIMEOUT_S,
     FRONT_ENDS_GROUP,
     HEARTBEAT_S,
     REDIS_FAILURES,
@@ -67,6 +68,8 @@ ROW_WAIT_S = 2.0
 # hears every live worker within one announcement round).
 ROUTE_WAIT_S = 2 * ANNOUNCE_S
 CLOSE_TIMEOUT_S = 5.0  # for the listener to take its stop message
+# Heartbeats failing this long may become a worker's FRONT_END_TIMEOUT_S of silence: grants are checked from then on.
+SUSPECT_SILENCE_S = 2 * HEARTBEAT_S
 
 log = logging.getLogger("llamaswap.frontend")
 
@@ -121,6 +124,10 @@ class ChannelLayerFrontDoor:
         self._answers: dict[str, asyncio.Future] = {}
         self._loop = asyncio.get_running_loop()
         self.refusals = RefusalRows(self._loop)
+        # When a heartbeat last went through, and when a silence long enough for a worker to take this front end
+        # for dead last ended: a grant read after such a silence may have been let go meanwhile (`_check_grant`).
+        self._beat_at = self._loop.time()
+        self._long_silence_ended_at = float("-inf")
 
     async def submit(self, request: TicketRequest, queued=None) -> Lease:
         arrived_at = time.time()
@@ -317,7 +324,17 @@ class ChannelLayerFrontDoor:
                 await drop_connections(self.layer)
         else:
             self._beats.worked()
+            now = self._loop.time()
+            if now - self._beat_at >= SUSPECT_SILENCE_S:
+                self._long_silence_ended_at = now
+            self._beat_at = now
         end_if_cancelled()
+
+    def _grants_suspect(self) -> bool:
+        """Whether this front end has been (or is) silent long enough that a worker may have let its requests
+        go: from a silence of `SUSPECT_SILENCE_S` until the worker's own limit has passed twice since it ended."""
+        now = self._loop.time()
+        return now - self._beat_at >= SUSPECT_SILENCE_S or now - self._long_silence_ended_at < 2 * FRONT_END_TIMEOUT_S
 
     async def _listen(self, reply: str) -> None:
         while True:
@@ -355,6 +372,10 @@ class ChannelLayerFrontDoor:
             waiting = self._waiting.pop(message.key, None)
             if waiting is None or waiting.done():
                 self._send_later(Release(message.key, LEFT_BEFORE_GRANT), message.worker)  # the client left as it was granted
+            elif self._grants_suspect():
+                task = self._loop.create_task(self._check_grant(message, waiting))
+                self._sends.add(task)
+                task.add_done_callback(self._sends.discard)
             else:
                 waiting.set_result(message)
         elif isinstance(message, TicketRefused):
@@ -374,6 +395,30 @@ class ChannelLayerFrontDoor:
                     held.lease.revoke(cut)
         else:
             log.warning("a front end does not take %s messages", type(message).__name__)
+
+    async def _check_grant(self, granted: Granted, waiting: asyncio.Future) -> None:
+        """A grant read after a long silence: the worker may have taken this front end for dead and let the
+        request go, giving its slot (even its model) to another; using the grant would then send a second job to
+        a one-slot model, or to one stopped meanwhile. Ask the worker; a grant it let go is asked for again, under
+        the request's own row, and waited for anew."""
+        key = granted.key
+        while not waiting.done():
+            try:
+                held = await self._ask_worker(granted.worker, StillGranted(key))
+                break
+            except (TimeoutError, RuntimeError, *REDIS_FAILURES) as exc:
+                log.warning("could not ask whether request %s is still granted (%s); asking again", key, exc)
+                await asyncio.sleep(SEND_RETRY_S)
+        else:
+            self._send_later(Release(key, LEFT_BEFORE_GRANT), granted.worker)  # the client left meanwhile
+            return
+        if held:
+            waiting.set_result(granted)
+            return
+        log.warning("request %s was let go while this front end was cut off from Redis: asking for it again", key)
+        self._waiting[key] = waiting
+        request, arrived_at, worker = self._submitted[key]
+        self._send_later(Submit(key, self._reply, request, arrived_at), worker)
 
     def _send_later(self, message: Message, worker: str) -> None:
         send_soon(self.layer, worker, message, self._sends)

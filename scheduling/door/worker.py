@@ -282,6 +282,8 @@ class SchedulerWorker:
     def _reopen_let_go(self, key: str) -> int | None:
         """The row of a request let go with its silent front end and now submitted again, queued once more."""
         ticket_id = self._let_go.pop(key, None)
+        if ticket_id is None and (granted := self._interrupted.pop(key, None)) is not None:
+            ticket_id = granted.ticket_id  # granted as its front end went silent: the front end never used the grant
         if ticket_id is not None:
             self.runtime.reopen(ticket_id, HEARD_AGAIN.format(silence=self.front_end_timeout_s))
         return ticket_id
@@ -329,8 +331,10 @@ class SchedulerWorker:
         if isinstance(message, Discover):
             send_soon(self.layer, message.reply, self._announcement(), self._sends)
         elif isinstance(message, Submit):
-            if message.key in self._remotes or message.key in self._answered or self._handing_over:
+            if message.key in self._remotes or self._handing_over:
                 return  # a repeated submit (the first one stands), or one for the worker that takes over
+            if message.key in self._answered and message.key not in self._interrupted:
+                return  # answered already; only a grant let go with its silent front end is asked for again
             request = dataclasses.replace(message.request, origin=message.key)
             if message.arrived_at is None and self._gathering is None:
                 self._start(message.key, _Remote(message.reply), self.runtime.submit(request))

@@ -15,7 +15,7 @@ from scheduling.door.wire import FRONT_END_TIMEOUT_S
 from tests.e2e.held import HeldRequest, model_events
 from tests.faults.cluster import MODEL, SERVING, Cluster
 from tests.faults.test_redis_outage import TimedStream
-from tests.served import wait_until
+from tests.served import read_events, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -114,5 +114,36 @@ def test_a_front_end_heard_from_again_by_the_worker_that_took_over_meanwhile_kee
             assert rows[0]["state"] == "failed" and rows[0]["error"], rows[0]
         assert (rows[1]["state"], rows[1]["output_tokens"]) == ("completed", 2), rows[1]
         assert model_events(cluster.events, "waiting") == ["start", "end"], "sent to the model once"
+    finally:
+        cluster.close()
+
+
+def test_a_grant_sent_while_its_front_end_was_cut_off_and_let_go_meanwhile_is_not_used(tmp_path, postgres, redis_url):
+    """The worker grants a cut-off front end's queued request (the grant waits in Redis), then takes the front
+    end for dead and gives the slot to another request. Back, the front end reads the grant: using it would
+    send a second job to the one-slot model. It asks the worker first, and waits for the slot again under the
+    request's own row."""
+    url, _ = postgres
+    cluster = Cluster(tmp_path, "distributed", url, redis_url).start()
+    try:
+        cut_off, other = cluster.front_ends
+        worker = cluster.workers[0]
+        ahead = HeldRequest(other.handle, MODEL, tokens=2 * TPS, tps=TPS, request_id="ahead")  # 2 s
+        wait_until(lambda: [row["state"] for row in other.handle.rows()] == ["dispatched"], 10, 0.05, "the first job")
+        waiting = HeldRequest(cut_off.handle, MODEL, tokens=2, tps=100, request_id="waiting")
+        wait_until(lambda: [row["state"] for row in other.handle.rows()] == ["dispatched", "queued"], 10, 0.05,
+                   "the cut-off front end's request waiting behind it")
+        cut_off.relays["redis"].cut()
+        assert ahead.result().status_code == 200  # its end grants the waiting request, into the cut-off channel
+        wait_until(lambda: "went silent" in worker.log(), FRONT_END_TIMEOUT_S + 5, 0.1, "the worker letting it go")
+        behind = HeldRequest(other.handle, MODEL, tokens=4 * TPS, tps=TPS, request_id="behind")  # 4 s, the slot
+        wait_until(lambda: "start" in model_events(cluster.events, "behind"), 10, 0.05, "the slot given away")
+        cut_off.relays["redis"].restore()
+        assert waiting.result().status_code == 200
+        assert behind.result().status_code == 200
+        starts = [e for e in read_events(cluster.events) if e.get("event") == "start" and e.get("id") in ("behind", "waiting")]
+        assert [e["id"] for e in starts] == ["behind", "waiting"] and max(e["in_flight"] for e in starts) == 1, starts
+        settled = other.handle.check_settled(MODEL)
+        assert [(row["state"], row["status_code"]) for row in settled] == [("completed", 200)] * 4, settled
     finally:
         cluster.close()

@@ -57,6 +57,7 @@ SAMPLES = [
     questions.Retune(SerialSettings(30, 5, {"a": 2})),
     questions.BeginRelayed(TicketRequest("m", "/v1/chat/completions", 0, client="c"), "box", 1.5, "relayed"),
     questions.EndRelayed(7, Outcome("completed", 200, usage={"__tuple__": [1], "n": {"k": 1}}), 2.0, None),
+    questions.StillGranted("front#3"),
 ]
 
 
