@@ -19,6 +19,12 @@ HIDDEN_USERINFO = "***"
 HIDDEN_VALUE = "***"
 # Command-line flags whose value is a credential: llama-server's --api-key, Hugging Face tokens and the like.
 _SECRET_FLAG = re.compile(r"--?([\w-]*[-_])?(api[-_]?key|token|password|passwd|secret)", re.IGNORECASE)
+# The same flags inside one argument that is a whole script (`sh -c "… --api-key K"`): the flag, what
+# separates it from its value, an opening quote, and the value.
+_SECRET_FLAG_IN_SCRIPT = re.compile(
+    r"(?<![\w-])(--?(?:[\w-]*[-_])?(?:api[-_]?key|token|password|passwd|secret))(=|\s+)(['\"]?)([^\s'\"]+)",
+    re.IGNORECASE,
+)
 
 
 def placeholder(key: str) -> str:
@@ -64,6 +70,9 @@ def hidden_values(argv: list[str] | tuple[str, ...]) -> tuple[bytes, ...]:
     for arg, shown in zip(argv, shown_argv(argv)):
         if shown == arg:
             continue
+        if _is_script(arg):
+            values.update(m.group(4).encode() for m in _SECRET_FLAG_IN_SCRIPT.finditer(arg) if len(m.group(4)) >= 4)
+            continue
         flag, equals, value = arg.partition("=")
         secret = value if equals and shown.startswith(flag + "=") else arg
         if len(secret) >= 4:  # shorter ones would mask ordinary output
@@ -91,6 +100,14 @@ def shown_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
         elif _SECRET_FLAG.fullmatch(flag):
             shown.append(f"{flag}={HIDDEN_VALUE}" if equals else arg)
             hide_next = not equals
+        elif _is_script(arg):
+            hidden = _SECRET_FLAG_IN_SCRIPT.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + HIDDEN_VALUE, arg)
+            shown.append(re.sub(r"(\w://)[^/?#\s@]*@", rf"\1{HIDDEN_USERINFO}@", hidden))
         else:
             shown.append(shown_url(arg) if "://" in arg else arg)
     return shown
+
+
+def _is_script(arg: str) -> bool:
+    """An argument with spaces in it: a shell script (`sh -c`), read word by word."""
+    return any(c.isspace() for c in arg)

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from proxy.config import ConfigError, load_config, parse_config
-from proxy.config.secrets import shown_argv
+from proxy.config.secrets import hidden_values, scrubbed, shown_argv
 
 SECRET = "sk-live-7f3a9c"
 MODEL = "models:\n  m: {cmd: run, proxy: 'http://127.0.0.1:9001'}\n"
@@ -105,3 +105,12 @@ def test_the_start_up_summary_shows_commands_without_their_keys():
     summary = parse_config("models:\n  m: {cmd: 'llama-server --api-key sk-up-77 --port ${PORT}'}\n",
                            "config.yaml").describe()
     assert "cmd:   llama-server --api-key '***' --port" in summary and "sk-up-77" not in summary
+
+
+def test_a_credential_inside_a_shell_script_argument_is_hidden_and_scrubbed_from_output():
+    argv = ["sh", "-c", "exec llama-server --api-key sk-abcdef --port 8080 --hf-token='hf_xyz123' -m http://u:pw@h/m"]
+    shown = shown_argv(argv)
+    assert shown[:2] == ["sh", "-c"]
+    assert shown[2] == "exec llama-server --api-key *** --port 8080 --hf-token='***' -m http://***@h/m", shown
+    assert set(hidden_values(argv)) == {b"sk-abcdef", b"hf_xyz123"}
+    assert scrubbed(b"error: bad --api-key sk-abcdef", hidden_values(argv)) == b"error: bad --api-key ***"
