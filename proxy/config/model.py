@@ -170,6 +170,11 @@ def read_model(
         pinned=section.boolean("pinned", False),
         min_residency=section.number("minResidency", 0.0, minimum=0, example="300"),
     )
+    if not defaults.hardware.given:
+        for key in ("pinned", "minResidency"):
+            if section.has(key):
+                section.log.warn(section.path(key), "takes effect with a top-level hardware: section (placement by memory); "
+                                  "without one the groups or matrix decide alone and this is ignored")
     section.warn_unread(MODEL_KEY_NOTES)
     return model
 

@@ -21,7 +21,7 @@ from . import refusals
 from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, Refuse, StartModel, StopModel
 from .fleet import ModelFleet, ModelState
-from .placement import Hardware
+from .placement import Hardware, Room
 from .priority import INT64_MAX, INT64_MIN, Band, band_of
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
@@ -300,6 +300,12 @@ class FifoScheduler:
 
     def held_back_because(self, ticket_id: int) -> str:
         return ""  # llama-swap's order: each waits for the one ahead of it
+
+    def placement(self) -> dict | None:
+        return None  # fifo places nothing by memory (see `_no_placement`)
+
+    def room_for(self, model: str) -> Room | None:
+        return None
 
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Queued requests in queue order, scored by effective priority."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from .placement import Demand, Hardware, MemoryNeed, Resident, Room, assign, eviction_cost, make_room
+from .placement import Demand, Hardware, MemoryNeed, Resident, Room, assign, eviction_cost, free_memory, make_room
 from .ticket import ModelSpec
 
 UNKNOWN_LOAD_S = 30.0
@@ -119,6 +119,8 @@ class MemoryBook:
         `leaving` stop anyway (free to take, at no cost); `planned` places models not started yet (busy
         from then on). None: it never fits (a config error)."""
         leaving, planned = set(leaving), planned or {}
+        if protected := sorted(m for m in leaving if self.protection(m)):  # the groups or matrix would stop them
+            return Room(blocked_by=tuple(protected))
         placed = {**self._gpus, **planned}
         residents = [
             Resident(model, placed[model], self.need(model).mib,
@@ -129,15 +131,33 @@ class MemoryBook:
         ]
         return make_room(self.hardware, self.need(target), residents)
 
+    def view(self, busy: Callable[[str], bool]) -> dict:
+        """Each GPU's memory, what the models on it declared, and those models; the CPU's likewise (for
+        `/api/placement`)."""
+        placed = {m: gpus for m, gpus in self._gpus.items() if m in self._specs}
+        residents = [Resident(m, gpus, self.need(m).mib) for m, gpus in placed.items()]
+        free, cpu_free = free_memory(self.hardware, residents)
+        gpus = [{"id": gpu, "memory_mib": mib, "declared_mib": mib - free[gpu],
+                 "models": sorted(m for m, on in placed.items() if gpu in on)} for gpu, mib in self.hardware.gpus.items()]
+        on_cpu = sorted(m for m, on in placed.items() if not on)
+        cpu = {"memory_mib": self.hardware.cpu_mib,
+               "declared_mib": sum(self.need(m).mib for m in on_cpu), "models": on_cpu}
+        models = {m: {"gpus": list(on), "declared_mib": self.need(m).mib, "busy": busy(m),
+                      "protected": self.protection(m) or None, "load_s": round(self.load_s(m), 3),
+                      "eviction_cost": round(self.cost(m), 3)} for m, on in sorted(placed.items())}
+        return {"gpus": gpus, "cpu": cpu, "models": models}
+
     def gpus_for(self, model: str, holding: Iterable[str], leaving: Iterable[str],
                  busy: Callable[[str], bool]) -> tuple[str, ...] | None:
         """Where `model` goes once `leaving` stop (None: only a protected model's stop would make room)."""
         room = self.room(model, holding, busy, leaving)
         return None if room is None or room.blocked_by else room.gpus
 
-    def blocked(self, model: str, holding: Iterable[str], busy: Callable[[str], bool]) -> str | None:
-        """Why `model` cannot start however long it waits for busy work: the protected models in its way."""
-        room = self.room(model, holding, busy)
+    def blocked(self, model: str, holding: Iterable[str], busy: Callable[[str], bool],
+                leaving: Iterable[str] = ()) -> str | None:
+        """Why `model` cannot start however long it waits for busy work: the protected models in its way (its
+        memory's, or `leaving`'s: those the groups or matrix would stop)."""
+        room = self.room(model, holding, busy, leaving)
         if room is None or not room.blocked_by:
             return None
         protections = " and ".join(f"{m} ({self.protection(m)})" for m in room.blocked_by)

@@ -8,7 +8,7 @@ from typing import Protocol
 from .decision import ScoreTerms
 from .effects import Effect
 from .fifo import FifoScheduler
-from .placement import Hardware
+from .placement import Hardware, Room
 from .serial import SerialScheduler
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
@@ -45,6 +45,10 @@ class Scheduler(Protocol):
         """Whether the request still waits in the queue (not dispatched, not ended)."""
     def held_back_because(self, ticket_id: int) -> str:
         """Why a waiting request was last passed over while the GPU had room ("" if it was not, or unknown)."""
+    def placement(self) -> dict | None:
+        """Each GPU's memory and models, with hardware described (None without)."""
+    def room_for(self, model: str) -> Room | None:
+        """How `model` would get its memory now, changing nothing (None: no hardware described)."""
 
 
 SCHEDULERS: dict[str, type[SerialScheduler] | type[FifoScheduler]] = {

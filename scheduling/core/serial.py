@@ -16,6 +16,7 @@ starts, so a swap is never interrupted by another pick. With one model at a time
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from . import refusals
@@ -24,7 +25,7 @@ from .effects import Dequeued, Effect, Grant, StartModel, StopModel
 from .fleet import ModelFleet, ModelState
 from .launches import Job, Launch, Round
 from .memory_book import MemoryBook
-from .placement import Hardware
+from .placement import Hardware, Room
 from .priority import Band, band_of
 from .queue import WaitQueue
 from .serial_reload import SerialReload
@@ -274,6 +275,17 @@ class SerialScheduler(SerialReload):
     def held_back_because(self, ticket_id: int) -> str:
         return self._waited.get(ticket_id, "")
 
+    def placement(self) -> dict | None:
+        return None if self.memory is None else self.memory.view(self._in_use)
+
+    def room_for(self, model: str) -> Room | None:
+        if self.memory is None or model not in self._fleet:
+            return None
+        others = self._others(model)
+        leaving = self._policy.evictions(model, others)
+        room = self.memory.room(model, others, self._in_use, leaving)
+        return room if room is None or room.blocked_by else replace(room, evict=room.evict | leaving)
+
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Waiting requests best first, with the score each would get right now."""
         return self._queue.ranked(now, self._fleet.ready_for_work(), self._settings)
@@ -350,7 +362,10 @@ class SerialScheduler(SerialReload):
         for target, ticket_id in round_.targets:
             if not self._may_start_beside(model, target, up):
                 return f"reserved for #{ticket_id}'s swap to {target}"
-        if self.memory is not None and (blocked := self.memory.blocked(model, self._others(model), self._in_use)):
+        others = self._others(model)
+        if self.memory is not None and (
+            blocked := self.memory.blocked(model, others, self._in_use, self._policy.evictions(model, others))
+        ):
             return blocked
         victims = self._victims(model, up)
         busy = sorted(v for v in victims | {model} if self._in_use(v))

@@ -285,6 +285,22 @@ class BeginRelayed(Question):
 
 
 @dataclass(frozen=True)
+class Placement(Listed):
+    """Each worker's hardware: its GPUs' memory, what the models on them declared, and those models."""
+
+
+@dataclass(frozen=True)
+class CanLoad(FirstFound):
+    """Whether `model` fits now, what its start would stop, and which pinned or leased models block it;
+    asked of the worker that serves it. Changes nothing."""
+
+    model: str
+
+    def workers(self, reach: Reach) -> list[str]:
+        return reach.serving([self.model])
+
+
+@dataclass(frozen=True)
 class StillGranted(Question):
     """Whether this worker still holds the grant it sent for the request a front end knows as `key`. Asked
     of that worker alone, by a front end that was cut off from Redis for long enough to be taken for dead
@@ -389,6 +405,21 @@ def _queue_entry_of(question: QueueEntryOf, runtime, fleet) -> QueueEntry | None
 def _progress(question: Progress, runtime, fleet) -> QueueEntry | None:
     handle = question.handle
     return _entry_of(runtime, runtime.ticket_of(handle) if isinstance(handle, str) else handle)
+
+
+@answers(Placement)
+def _placement(question: Placement, runtime, fleet) -> list[dict]:
+    view = runtime.scheduler.placement()
+    return [] if view is None else [view]
+
+
+@answers(CanLoad)
+def _can_load(question: CanLoad, runtime, fleet) -> dict:
+    room = runtime.scheduler.room_for(question.model)
+    if room is None:
+        return {"fits_now": None, "would_evict": [], "blocked_by": [], "placed_by_memory": False}
+    return {"fits_now": not room.evict and not room.blocked_by, "would_evict": sorted(room.evict),
+            "blocked_by": list(room.blocked_by), "gpus": list(room.gpus), "placed_by_memory": True}
 
 
 @answers(StillGranted)

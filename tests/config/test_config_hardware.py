@@ -100,11 +100,13 @@ def test_hardware_and_model_needs_load(load):
     assert config.warnings == ()
 
 
-def test_without_hardware_nothing_changes_but_pinned_and_min_residency_still_apply(load):
+def test_without_hardware_pinned_and_min_residency_are_read_and_warned_about_since_they_do_nothing(load):
     config = load("models: {m: {cmd: 'run --port ${PORT}', pinned: true, minResidency: 12.5}}")
     model = config.models["m"]
     assert config.hardware is None
     assert (model.memory, model.pinned, model.min_residency) == (None, True, 12.5)
+    warned = [w for w in config.warnings if "takes effect with a top-level hardware" in w]
+    assert len(warned) == 2 and "models.m.pinned" in warned[0] and "models.m.minResidency" in warned[1], config.warnings
 
 
 def test_cpu_memory_is_optional_and_then_not_counted(load):

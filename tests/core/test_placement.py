@@ -116,3 +116,16 @@ def test_the_room_made_is_the_least_cost_set_that_fits_and_never_holds_a_protect
     assert len(room.gpus) == need.gpus and all(gpus[g] >= need.mib for g in room.gpus)
     if need.gpus == 0 and cpu is not None:
         assert cpu >= need.mib
+
+
+def test_with_hardware_a_group_that_would_stop_a_pinned_model_makes_the_start_wait():
+    from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, StartModel, SwapGroup, SwapPolicy, Ticket
+
+    specs = {"a": ModelSpec("a", memory=MemoryNeed(1_000)), "b": ModelSpec("b", memory=MemoryNeed(1_000), pinned=True)}
+    scheduler = SerialScheduler(specs, SwapPolicy([SwapGroup("ab", ("a", "b"))], specs), SerialSettings(), TWO_24)
+    assert scheduler.submit(Ticket(1, "b", 0, 0.0), 0.0) == [StartModel("b", (), ("0",))]
+    scheduler.model_ready("b", 1.0)
+    scheduler.finished(1, 2.0)
+    assert scheduler.submit(Ticket(2, "a", 0, 3.0), 3.0) == []  # memory has room; the group would stop b
+    assert "b (pinned)" in scheduler.held_back_because(2)
+    assert scheduler.room_for("a").blocked_by == ("b",)

@@ -61,6 +61,18 @@ def test_two_models_run_at_once_on_their_own_gpus_and_a_third_stops_the_one_chea
         assert ask(served, "b").status_code == 200
         assert loaded(served) == {"a", "b"}  # no groups: llama-swap would have run one at a time
         assert devices(events) == {"a": ["0"], "b": ["1"]}
+        shown = httpx.get(served.base + "/api/placement", timeout=10).json()
+        assert shown["placed_by_memory"] and len(shown["boxes"]) == 1
+        gpus = shown["boxes"][0]["gpus"]
+        assert [(g["id"], g["memory_mib"], g["declared_mib"], g["models"]) for g in gpus] == [
+            ("0", 24_576, 20_480, ["a"]), ("1", 24_576, 20_480, ["b"])]
+        placed = shown["boxes"][0]["models"]
+        assert placed["a"]["load_s"] > placed["b"]["load_s"] and placed["a"]["eviction_cost"] > placed["b"]["eviction_cost"]
+        asked = httpx.get(served.base + "/api/placement/can-load/c", timeout=10).json()
+        assert asked == {"model": "c", "fits_now": False, "would_evict": ["b"], "blocked_by": [], "gpus": ["1"],
+                         "placed_by_memory": True}
+        assert loaded(served) == {"a", "b"}  # asking changed nothing
+        assert httpx.get(served.base + "/api/placement/can-load/nope", timeout=10).status_code == 404
         assert ask(served, "c").status_code == 200  # a takes over a second to load, b a fraction: b goes
         assert loaded(served) == {"a", "c"}
         assert devices(events)["c"] == ["1"]  # on the GPU b left
@@ -77,3 +89,18 @@ def test_a_pinned_model_is_never_the_one_stopped_and_a_request_only_it_could_mak
         assert re.search(r"model c has room only if [ab] \(pinned\) is stopped", message), message
         assert loaded(served) == {"a", "b"}
         assert "c" not in devices(events)
+        asked = httpx.get(served.base + "/api/placement/can-load/c", timeout=10).json()
+        assert (asked["fits_now"], asked["would_evict"], len(asked["blocked_by"])) == (False, [], 1), asked
+
+
+def test_without_hardware_nothing_is_placed_and_can_load_says_so(tmp_path):
+    events = tmp_path / "events.jsonl"
+    text = f"""
+        models:
+          a:
+            cmd: {fake_cmd("a", events)}
+    """
+    with Served(tmp_path, text) as served:
+        assert httpx.get(served.base + "/api/placement", timeout=10).json() == {"placed_by_memory": False, "boxes": []}
+        asked = httpx.get(served.base + "/api/placement/can-load/a", timeout=10).json()
+        assert asked == {"model": "a", "fits_now": None, "would_evict": [], "blocked_by": [], "placed_by_memory": False}

@@ -58,6 +58,7 @@ SAMPLES = [
     questions.BeginRelayed(TicketRequest("m", "/v1/chat/completions", 0, client="c"), "box", 1.5, "relayed"),
     questions.EndRelayed(7, Outcome("completed", 200, usage={"__tuple__": [1], "n": {"k": 1}}), 2.0, None),
     questions.StillGranted("front#3"),
+    questions.Placement(), questions.CanLoad("a"),
 ]
 
 
