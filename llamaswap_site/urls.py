@@ -5,7 +5,7 @@ from django.views.generic import RedirectView
 
 from proxy.compat import llama_swap_views, profile_views
 
-from proxy.api import placement_views, queue_views, views
+from proxy.api import lease_views, placement_views, queue_views, views
 from proxy.api.metrics_view import metrics_view
 from scheduling.admin import overview_page
 
@@ -30,6 +30,8 @@ urlpatterns = [
     path("api/events", views.api_events),
     path("api/profiles", profile_views.profiles),
     path("api/profiles/active", profile_views.activate_profile),
+    path("api/leases", lease_views.leases),
+    path("api/leases/<int:lease_id>", lease_views.lease),
     path("api/placement", placement_views.placement),
     path("api/placement/can-load/<path:model>", placement_views.can_load),
     path("api/queue", queue_views.queue),

@@ -24,6 +24,7 @@ from scheduling.forms import PriorityForm, SchedulerSettingsForm, config_or_prob
 from scheduling.rows.history import CappedCountPaginator, HistoryQuerySet, search_requests
 from scheduling.models import (
     ConfiguredModel,
+    ModelLease,
     QueuedRequest,
     SchedulerSettings,
     SettingsChange,
@@ -342,6 +343,25 @@ class SettingsChangeAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(ModelLease)
+class ModelLeaseAdmin(admin.ModelAdmin):
+    """Model leases (`POST /api/leases`): listed, and revoked by deleting them; made through the API, which also
+    loads the model."""
+
+    list_display = ("id", "model", "created_at", "expires_at", "in_force")
+    list_filter = ("model",)
+
+    @admin.display(boolean=True, description="in force")
+    def in_force(self, obj: ModelLease) -> bool:
+        return obj.expires_at > timezone.now()
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
 

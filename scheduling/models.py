@@ -240,3 +240,20 @@ class ActiveProfile(models.Model):
 
     class Meta:
         verbose_name = "active profile"
+
+
+class ModelLease(models.Model):
+    """`POST /api/leases`: keep `model` loaded until `expires_at` — it is not stopped to make room for another
+    (placement by memory) nor unloaded by its TTL. A row, so it holds across restarts and a worker takeover;
+    deleting it (the API or the admin) revokes it."""
+
+    model = models.CharField(max_length=255)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        verbose_name = "model lease"
+        ordering = ("expires_at",)
+
+    def __str__(self) -> str:
+        return f"lease #{self.pk} on {self.model}"

@@ -304,6 +304,9 @@ class FifoScheduler:
     def placement(self) -> dict | None:
         return None  # fifo places nothing by memory (see `_no_placement`)
 
+    def apply_leases(self, leases: Mapping[str, tuple[str, float]], now: float) -> list[Effect]:
+        return []
+
     def room_for(self, model: str) -> Room | None:
         return None
 

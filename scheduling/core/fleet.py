@@ -19,7 +19,7 @@ then is forgotten.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .ticket import ModelSpec
 
@@ -164,8 +164,9 @@ class ModelFleet:
             if (deadline := self._ttl_deadline(model)) is not None and deadline <= now
         )
 
-    def next_ttl_deadline(self) -> float | None:
-        deadlines = [d for model in self.loaded() if (d := self._ttl_deadline(model)) is not None]
+    def next_ttl_deadline(self, kept: Callable[[str], bool] = lambda model: False) -> float | None:
+        """The next TTL unload due, leaving out models `kept` (leased: their lease's end comes first)."""
+        deadlines = [d for model in self.loaded() if not kept(model) and (d := self._ttl_deadline(model)) is not None]
         return min(deadlines, default=None)
 
 

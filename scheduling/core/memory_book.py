@@ -9,6 +9,7 @@ loaded yet is taken to load in the mean of the others' times (`UNKNOWN_LOAD_S` w
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 
 from .placement import Demand, Hardware, MemoryNeed, Resident, Room, assign, eviction_cost, free_memory, make_room
 from .ticket import ModelSpec
@@ -24,7 +25,7 @@ class MemoryBook:
         self._started_at: dict[str, float] = {}
         self._ready_at: dict[str, float] = {}
         self._load_s: dict[str, float] = {}  # the last measured load of each model
-        self._leases: dict[str, str] = {}  # model -> what protects it ("lease #3")
+        self._leases: dict[str, tuple[str, float]] = {}  # model -> (which lease, "lease #3"; until when)
         self._demand = Demand()
         self._now = 0.0
 
@@ -70,12 +71,20 @@ class MemoryBook:
         self._started_at.pop(model, None)
         self._ready_at.pop(model, None)
 
-    def lease(self, model: str, why: str | None) -> None:
-        """Protect `model` from being stopped to make room (None: no longer)."""
+    def lease(self, model: str, why: str | None, until: float = float("inf")) -> None:
+        """Protect `model` from being stopped to make room, and from its TTL, until `until` (why None: no longer)."""
         if why is None:
             self._leases.pop(model, None)
         else:
-            self._leases[model] = why
+            self._leases[model] = (why, until)
+
+    def set_leases(self, leases: Mapping[str, tuple[str, float]]) -> None:
+        """The leases in force now, replacing those before (each model's longest, by the caller)."""
+        self._leases = dict(leases)
+
+    def leased(self, model: str, now: float | None = None) -> bool:
+        lease = self._leases.get(model)
+        return lease is not None and (self._now if now is None else now) < lease[1]
 
     # -- what follows -------------------------------------------------------------------------
 
@@ -100,17 +109,18 @@ class MemoryBook:
         spec = self._specs.get(model)
         if spec is not None and spec.pinned:
             return "pinned"
-        if model in self._leases:
-            return self._leases[model]
+        if self.leased(model, now):
+            return self._leases[model][0]
         ready_at = self._ready_at.get(model)
         if spec is not None and ready_at is not None and now < ready_at + spec.min_residency:
             return f"minResidency for {ready_at + spec.min_residency - now:.0f} s more"
         return ""
 
     def next_deadline(self) -> float | None:
-        """When a model's minResidency ends (a request it blocked may then go)."""
+        """When a model's minResidency or lease ends (a request it blocked may then go)."""
         ends = [at + self._specs[m].min_residency for m, at in self._ready_at.items()
                 if m in self._specs and self._specs[m].min_residency > 0 and at + self._specs[m].min_residency > self._now]
+        ends += [until for _, until in self._leases.values() if self._now < until < float("inf")]
         return min(ends, default=None)
 
     def room(self, target: str, holding: Iterable[str], busy: Callable[[str], bool],
@@ -146,6 +156,12 @@ class MemoryBook:
                       "protected": self.protection(m) or None, "load_s": round(self.load_s(m), 3),
                       "eviction_cost": round(self.cost(m), 3)} for m, on in sorted(placed.items())}
         return {"gpus": gpus, "cpu": cpu, "models": models}
+
+    def room_with(self, model: str, holding: Iterable[str], busy: Callable[[str], bool],
+                  leaving: frozenset[str]) -> Room | None:
+        """`room`, with `leaving` (what the groups or matrix stop for `model`) among what it stops."""
+        room = self.room(model, holding, busy, leaving)
+        return room if room is None or room.blocked_by else replace(room, evict=room.evict | leaving)
 
     def gpus_for(self, model: str, holding: Iterable[str], leaving: Iterable[str],
                  busy: Callable[[str], bool]) -> tuple[str, ...] | None:

@@ -47,6 +47,8 @@ class Scheduler(Protocol):
         """Why a waiting request was last passed over while the GPU had room ("" if it was not, or unknown)."""
     def placement(self) -> dict | None:
         """Each GPU's memory and models, with hardware described (None without)."""
+    def apply_leases(self, leases: Mapping[str, tuple[str, float]], now: float) -> list[Effect]:
+        """The model leases in force (model -> (which, until)): kept loaded, never stopped to make room."""
     def room_for(self, model: str) -> Room | None:
         """How `model` would get its memory now, changing nothing (None: no hardware described)."""
 

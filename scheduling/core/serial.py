@@ -16,7 +16,6 @@ starts, so a swap is never interrupted by another pick. With one model at a time
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from types import MappingProxyType
 
 from . import refusals
@@ -207,14 +206,16 @@ class SerialScheduler(SerialReload):
     def tick(self, now: float) -> list[Effect]:
         """Unload models idle for longer than their TTL; with hardware described, a model's minResidency
         may have ended, letting a request it blocked go."""
-        stops: list[Effect] = [self._stop(model, "ttl") for model in self._fleet.ttl_expired(now)]
         if self.memory is None:
-            return stops
+            return [self._stop(model, "ttl") for model in self._fleet.ttl_expired(now)]
         self.memory.advance(now)
+        stops: list[Effect] = [self._stop(m, "ttl") for m in self._fleet.ttl_expired(now) if not self.memory.leased(m)]
         return stops + self._start_launches(now) + self._dispatch(now)
 
     def next_deadline(self) -> float | None:
-        deadlines = [self._fleet.next_ttl_deadline(), self.memory.next_deadline() if self.memory else None]
+        if self.memory is None:
+            return self._fleet.next_ttl_deadline()
+        deadlines = [self._fleet.next_ttl_deadline(self.memory.leased), self.memory.next_deadline()]
         return min((d for d in deadlines if d is not None), default=None)
 
     # -- operations ---------------------------------------------------------------------------
@@ -278,13 +279,17 @@ class SerialScheduler(SerialReload):
     def placement(self) -> dict | None:
         return None if self.memory is None else self.memory.view(self._in_use)
 
+    def apply_leases(self, leases: Mapping[str, tuple[str, float]], now: float) -> list[Effect]:
+        if self.memory is None:
+            return []
+        self.memory.set_leases(leases)
+        return self.tick(now)  # a lease that ended lets its model's TTL, and requests it blocked, go
+
     def room_for(self, model: str) -> Room | None:
         if self.memory is None or model not in self._fleet:
             return None
         others = self._others(model)
-        leaving = self._policy.evictions(model, others)
-        room = self.memory.room(model, others, self._in_use, leaving)
-        return room if room is None or room.blocked_by else replace(room, evict=room.evict | leaving)
+        return self.memory.room_with(model, others, self._in_use, self._policy.evictions(model, others))
 
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Waiting requests best first, with the score each would get right now."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from datetime import datetime, timezone
 from collections.abc import Collection, Mapping
 from typing import Any, Callable
 
@@ -54,6 +55,15 @@ class OperatorActions:
         """A reloaded config: new model table, swap groups and hardware; `restart` models get a fresh process."""
         now = self.now()
         self._run(lambda: self.scheduler.reconfigure(models, policy, restart, now, hardware))
+
+    def apply_leases(self, leases: list[tuple[int, str, datetime]]) -> None:
+        """The model leases in force, as rows say them (id, model, when it expires): each model is kept loaded
+        until its latest one expires."""
+        now, wall = self.now(), datetime.now(timezone.utc)
+        kept: dict[str, tuple[str, float]] = {}
+        for lease_id, model, expires_at in sorted(leases, key=lambda lease: lease[2]):
+            kept[model] = (f"lease #{lease_id}", now + (expires_at - wall).total_seconds())
+        self._run(lambda: self.scheduler.apply_leases(kept, now))
 
     def ranked(self) -> list:
         return self.scheduler.ranked(self.now())

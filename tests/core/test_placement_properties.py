@@ -8,7 +8,7 @@ import itertools
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, StartModel, SwapGroup, SwapPolicy
+from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, StartModel, StopModel, SwapGroup, SwapPolicy
 from scheduling.core.placement import Hardware, MemoryNeed, Resident, assign, free_memory
 
 from .runtime_double import RuntimeDouble
@@ -29,21 +29,27 @@ class PlacementMachine(RuleBasedStateMachine):
             need = MemoryNeed(mib, min(count, len(gpus)))
             if assign(self.hardware, need, ()) is None:
                 need = MemoryNeed(min(gpus), 1)
-            self.specs[model] = ModelSpec(model, memory=need, pinned=pinned and model == "e")
+            self.specs[model] = ModelSpec(model, ttl=5 if model in "ab" else 0, memory=need, pinned=pinned and model == "e")
         policy = SwapPolicy([SwapGroup("(placement)", MODELS, swap=False, exclusive=False)], MODELS)
         self.scheduler = SerialScheduler(self.specs, policy, settings, self.hardware)
         self.runtime = RuntimeDouble(self.scheduler)
         self.leased: set[str] = set()
+        self.leases: dict[str, tuple[str, float]] = {}
 
     def observe(self, method, *args):
         memory = self.scheduler.memory
         starting = set(self.runtime.starts)
         before = {model: memory.gpus_of(model) for model in self.specs if memory.gpus_of(model) is not None}
         costs = {model: memory.cost(model) for model in before}
-        protected = {model for model in before if memory.protection(model)}
+        reasons = {model: memory.protection(model) for model in before}
         effects = getattr(self.runtime, method)(*args)
+        # Protected as the call left them: pinned, within minResidency, or leased still (a call may end a lease).
+        protected = {m for m, why in reasons.items() if why and (not why.startswith("lease") or memory.leased(m))}
         # Busy as the call left them: running a job, or a start under way before and after it.
         busy = set(self.runtime.running.values()) | (starting & set(self.runtime.starts))
+        leased_before = set(self.leased)
+        for stop in (e for e in effects if isinstance(e, StopModel) and e.reason == "ttl"):
+            assert stop.model not in leased_before, f"{stop}: a leased model unloaded by its TTL"
         for start in (e for e in effects if isinstance(e, StartModel)):
             assert not set(start.evict) & (busy | protected | self.leased), f"{start} stops a busy or protected model"
             self.check_least_cost(start, before, costs, busy | protected)
@@ -85,15 +91,24 @@ class PlacementMachine(RuleBasedStateMachine):
     def crash(self, data):
         self.observe("crash", data.draw(st.sampled_from(sorted(self.runtime.up - self.runtime.stops))))
 
-    @rule(model=st.sampled_from(MODELS), on=st.booleans())
-    def lease(self, model, on):
-        self.scheduler.memory.lease(model, "lease #1" if on else None)
-        (self.leased.add if on else self.leased.discard)(model)
-        self.observe("call", "tick")
+    @rule(model=st.sampled_from(MODELS), on=st.booleans(), seconds=st.sampled_from([5, 1e9]))
+    def lease(self, model, on, seconds):
+        if on:
+            self.leases[model] = ("lease #1", self.runtime.now + seconds)
+        else:
+            self.leases.pop(model, None)
+        self.leased = {m for m, (_, until) in self.leases.items() if self.runtime.now < until}
+        self.observe("call", "apply_leases", dict(self.leases))
+
+    @invariant()
+    def the_next_deadline_is_ahead(self):
+        deadline = self.scheduler.next_deadline()
+        assert deadline is None or deadline > self.runtime.now
 
     @rule(seconds=st.sampled_from([1, 30, 600]))
     def wait(self, seconds):
         self.runtime.now += seconds
+        self.leased = {m for m, (_, until) in self.leases.items() if self.runtime.now < until}
         self.observe("call", "tick")
 
     @invariant()

@@ -11,7 +11,7 @@ import re
 import httpx
 import pytest
 
-from tests.served import Served, fake_cmd
+from tests.served import Served, fake_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -104,3 +104,43 @@ def test_without_hardware_nothing_is_placed_and_can_load_says_so(tmp_path):
         assert httpx.get(served.base + "/api/placement", timeout=10).json() == {"placed_by_memory": False, "boxes": []}
         asked = httpx.get(served.base + "/api/placement/can-load/a", timeout=10).json()
         assert asked == {"model": "a", "fits_now": None, "would_evict": [], "blocked_by": [], "placed_by_memory": False}
+
+
+def test_a_lease_loads_its_model_keeps_it_through_a_restart_and_its_revocation_frees_it(tmp_path):
+    """a takes over a second to load, so it is the costlier to stop; leased, b is kept instead, across a
+    restart of the service (the lease is a row), until the lease is revoked."""
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events, slow="a")) as served:
+        made = httpx.post(served.base + "/api/leases", json={"model": "b", "seconds": 600}, timeout=10)
+        assert made.status_code == 201, made.text
+        lease = made.json()
+        assert lease["model"] == "b" and set(lease) == {"id", "model", "expires_at"}
+        wait_until(lambda: loaded(served) == {"b"}, 20, 0.1, "the leased model loaded by the lease")
+        assert httpx.get(served.base + "/api/leases", timeout=10).json() == {"leases": [lease]}
+        for bad in ({"model": "b"}, {"model": "b", "seconds": 0}, {"model": "b", "seconds": 10**9}, [], {"model": 3}):
+            assert httpx.post(served.base + "/api/leases", json=bad, timeout=10).status_code == 400, bad
+        assert httpx.post(served.base + "/api/leases", json={"model": "nope", "seconds": 5}, timeout=10).status_code == 404
+    with Served(tmp_path, config(events, slow="a")) as served:  # the same data dir: the lease's row is still there
+        wait_until(lambda: loaded(served) == {"b"}, 20, 0.1, "the leased model loaded again after the restart")
+        assert ask(served, "a").status_code == 200
+        assert ask(served, "c").status_code == 200  # b is cheaper to stop, but leased: a goes
+        assert loaded(served) == {"b", "c"}
+        assert httpx.get(served.base + "/api/placement", timeout=10).json()["boxes"][0]["models"]["b"]["protected"] == \
+            f"lease #{lease['id']}"
+        revoked = httpx.delete(served.base + f"/api/leases/{lease['id']}", timeout=10)
+        assert revoked.status_code == 200 and revoked.json()["revoked"], revoked.text
+        assert httpx.delete(served.base + f"/api/leases/{lease['id']}", timeout=10).status_code == 404
+        wait_until(lambda: httpx.get(served.base + "/api/placement", timeout=10).json()["boxes"][0]["models"]["b"][
+            "protected"] is None, 5, 0.1, "the revocation to reach the scheduler")
+        assert httpx.get(served.base + "/api/leases", timeout=10).json() == {"leases": []}
+
+
+def test_without_hardware_a_lease_is_refused_saying_why(tmp_path):
+    text = f"""
+        models:
+          a:
+            cmd: {fake_cmd("a", tmp_path / "events.jsonl")}
+    """
+    with Served(tmp_path, text) as served:
+        refused = httpx.post(served.base + "/api/leases", json={"model": "a", "seconds": 60}, timeout=10)
+        assert refused.status_code == 400 and "hardware:" in refused.json()["error"]["message"]

@@ -1,0 +1,32 @@
+"""Model leases as rows (`scheduling.models.ModelLease`): the ones in force, read by the process that runs the
+scheduler every `SYNC_S`, so a lease made or revoked through any front end, the API or the admin, a restart or a
+takeover, reaches the scheduler within that time."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from django.db import transaction
+
+from scheduling.models import ModelLease
+
+SYNC_S = 1.0
+MAX_SECONDS = 30 * 24 * 3600  # a month: longer is a pin (`pinned: true`), not a lease
+
+
+def leases_in_force() -> list[tuple[int, str, datetime]]:
+    """(id, model, expires_at) of every lease not expired yet, soonest to expire first."""
+    rows = ModelLease.objects.filter(expires_at__gt=datetime.now(timezone.utc))
+    return [(row.pk, row.model, row.expires_at) for row in rows]
+
+
+def take_lease(model: str, seconds: float) -> ModelLease:
+    now = datetime.now(timezone.utc)
+    with transaction.atomic():
+        ModelLease.objects.filter(expires_at__lte=now).delete()  # expired ones go as new ones come
+        return ModelLease.objects.create(model=model, created_at=now, expires_at=now + timedelta(seconds=seconds))
+
+
+def revoke_lease(lease_id: int) -> bool:
+    """Whether a lease in force was revoked."""
+    return ModelLease.objects.filter(pk=lease_id, expires_at__gt=datetime.now(timezone.utc)).delete()[0] > 0
