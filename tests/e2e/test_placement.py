@@ -1,7 +1,7 @@
 """Memory placement end to end: two 24 GiB GPUs described in `hardware:`, models of 20 GiB each, fake model servers
 that record the CUDA_VISIBLE_DEVICES they were started with. Memory alone decides what runs together (no groups):
 two run at once, each on its own GPU; a third stops the one cheapest to lose, never a pinned one; and a request
-whose only room is a pinned model's is refused at its maximum wait, naming the pin."""
+whose only room is a pinned model's is refused at its maximum wait, naming the pin; leases; distributed mode."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import re
 import httpx
 import pytest
 
-from tests.served import Served, fake_cmd, wait_until
+from tests.e2e.test_distributed import distributed  # noqa: F401 - the fixture
+from tests.served import Served, Worker, fake_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -144,3 +145,25 @@ def test_without_hardware_a_lease_is_refused_saying_why(tmp_path):
     with Served(tmp_path, text) as served:
         refused = httpx.post(served.base + "/api/leases", json={"model": "a", "seconds": 60}, timeout=10)
         assert refused.status_code == 400 and "hardware:" in refused.json()["error"]["message"]
+
+
+def test_in_distributed_mode_the_worker_places_and_a_front_end_shows_and_leases(tmp_path, distributed):
+    """The worker runs the placing scheduler; a front end's /api/placement and can-load ask it, and a lease made
+    through the front end (a row) reaches it."""
+    env, _ = distributed
+    events = tmp_path / "events.jsonl"
+    text = config(events)
+    with Worker(tmp_path / "worker", text, env):
+        (tmp_path / "fe").mkdir()
+        with Served(tmp_path / "fe", text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "fe" / "data")}) as front:
+            assert ask(front, "a").status_code == 200
+            assert ask(front, "b").status_code == 200
+            assert devices(events) == {"a": ["0"], "b": ["1"]}
+            shown = httpx.get(front.base + "/api/placement", timeout=10).json()
+            assert [g["models"] for g in shown["boxes"][0]["gpus"]] == [["a"], ["b"]]
+            lease = httpx.post(front.base + "/api/leases", json={"model": "b", "seconds": 60}, timeout=10).json()
+            wait_until(lambda: httpx.get(front.base + "/api/placement/can-load/c", timeout=10).json()["would_evict"]
+                       == ["a"], 5, 0.1, "the lease to reach the worker")
+            assert ask(front, "c").status_code == 200
+            assert devices(events)["c"] == ["0"]  # a's GPU: b is leased
+            assert httpx.delete(front.base + f"/api/leases/{lease['id']}", timeout=10).status_code == 200
