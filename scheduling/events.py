@@ -69,4 +69,12 @@ class ModelStateChanged:
     state: str
 
 
-RuntimeEvent = Queued | Dispatched | Finished | Unserved | ModelLoaded | ModelStateChanged
+@dataclass(frozen=True)
+class Evicted:
+    """A model stopped so that another could start: `reason` "memory" (placement) or "swap" (groups, matrix)."""
+
+    model: str
+    reason: str
+
+
+RuntimeEvent = Queued | Dispatched | Finished | Unserved | ModelLoaded | ModelStateChanged | Evicted

@@ -26,11 +26,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from scheduling.core import Band, ModelState, SchedulerSnapshot
-from scheduling.events import Dispatched, Finished, ModelLoaded, RuntimeEvent, Unserved
+from scheduling.events import Dispatched, Evicted, Finished, ModelLoaded, RuntimeEvent, Unserved
 from scheduling.tickets import RequestState
 
 log = logging.getLogger("llamaswap.metrics")
 
+MIB = 1024 * 1024
 BANDS = tuple(str(band) for band in Band)
 REORDER_TERMS = ("aging", "swap_affinity")
 MODEL_STATES = tuple(ModelState)
@@ -87,6 +88,12 @@ MODEL_LOAD_SECONDS = Histogram(
     "Time to swap a model in: stopping the evicted models, starting it, waiting until healthy.",
     ["model"],
     buckets=MODEL_LOAD_BUCKETS,
+)
+EVICTIONS = Counter(
+    "llamaswap_evictions_total",
+    "Models stopped so that another could start: for its memory (placement by hardware:) or by a swap group "
+    "or the matrix.",
+    ["reason"],
 )
 TOKENS = Counter(
     "llamaswap_tokens_total",
@@ -230,6 +237,35 @@ class ModelSlotsCollector(Collector):
         )
 
 
+class PlacementCollector(Collector):
+    """Each GPU's memory and what the models on it declared (with `hardware:` described), asked of the runtime
+    at scrape time: `llamaswap_gpu_memory_capacity_bytes` and `llamaswap_gpu_memory_declared_bytes`, by GPU id."""
+
+    def __init__(self, runtime=None) -> None:
+        self.runtime = runtime
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        capacity, declared = self._families()
+        view = None if self.runtime is None else self.runtime.from_thread(self.runtime.scheduler.placement)
+        for gpu in (view or {}).get("gpus", ()):
+            capacity.add_metric([gpu["id"]], gpu["memory_mib"] * MIB)
+            declared.add_metric([gpu["id"]], gpu["declared_mib"] * MIB)
+        yield capacity
+        yield declared
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("llamaswap_gpu_memory_capacity_bytes", "Each described GPU's memory (hardware:).",
+                              labels=["gpu"]),
+            GaugeMetricFamily("llamaswap_gpu_memory_declared_bytes",
+                              "What the models placed on each GPU declared they need there (memory:).", labels=["gpu"]),
+        )
+
+
 @dataclass
 class Export:
     """What this process's /metrics reports on: the served runtime and fleet, and `only` these series
@@ -238,13 +274,15 @@ class Export:
     scheduler: SchedulerCollector
     model_states: ModelStateCollector
     model_slots: ModelSlotsCollector
+    placement: PlacementCollector
     only: CollectorRegistry | None = None
 
 
-EXPORT = Export(SchedulerCollector(), ModelStateCollector(), ModelSlotsCollector())
+EXPORT = Export(SchedulerCollector(), ModelStateCollector(), ModelSlotsCollector(), PlacementCollector())
 REGISTRY.register(EXPORT.scheduler)
 REGISTRY.register(EXPORT.model_states)
 REGISTRY.register(EXPORT.model_slots)
+REGISTRY.register(EXPORT.placement)
 
 
 def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
@@ -258,6 +296,9 @@ def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
     EXPORT.model_states.models = tuple(config.models)
     EXPORT.model_slots.runtime = runtime
     EXPORT.model_slots.models = tuple(config.models)
+    EXPORT.placement.runtime = runtime
+    for reason in ("memory", "swap"):
+        EVICTIONS.labels(reason)
     for model in config.models:
         MODEL_LOADS.labels(model)
         MODEL_LOAD_SECONDS.labels(model)
@@ -295,8 +336,8 @@ def _registry_without(*left_out: Any) -> CollectorRegistry:
 
 # What the scheduler observes, and what the process that served a request observes.
 SCHEDULER_SERIES = (
-    DISPATCHED, REORDERS, QUEUE_WAIT, MODEL_LOADS, MODEL_LOAD_SECONDS, EXPORT.scheduler, EXPORT.model_states,
-    EXPORT.model_slots,
+    DISPATCHED, REORDERS, QUEUE_WAIT, MODEL_LOADS, MODEL_LOAD_SECONDS, EVICTIONS, EXPORT.scheduler,
+    EXPORT.model_states, EXPORT.model_slots, EXPORT.placement,
 )
 REQUEST_SERIES = (REQUESTS, REQUEST_DURATION, FIRST_BYTE, TOKENS)
 # A front end's /metrics: no queue or model series, which only the worker knows.
@@ -347,6 +388,10 @@ def _unserved(event: Unserved) -> None:
     REQUESTS.labels(event.model or UNKNOWN, event.route, str(event.status)).inc()
 
 
+def _evicted(event: Evicted) -> None:
+    EVICTIONS.labels(event.reason).inc()
+
+
 def _loaded(event: ModelLoaded) -> None:
     MODEL_LOADS.labels(event.model).inc()
     MODEL_LOAD_SECONDS.labels(event.model).observe(event.seconds)
@@ -357,6 +402,7 @@ _HANDLERS: dict[type, Callable[[Any], None]] = {
     Finished: _finished,
     Unserved: _unserved,
     ModelLoaded: _loaded,
+    Evicted: _evicted,
 }
 
 

@@ -54,6 +54,16 @@ class FakeRuntime:
     def oldest_wait_by_band(self) -> dict[Band, float]:
         return {band: self._oldest_now.get(band, 0.0) for band in Band}
 
+    @property
+    def scheduler(self):
+        return self  # placement(): no hardware described
+
+    def placement(self) -> None:
+        return None
+
+    def from_thread(self, fn, *args):
+        return fn(*args)
+
 
 class FakeFleet:
     def __init__(self, states: dict[str, str]):
@@ -370,6 +380,7 @@ SCHEDULER_NAMES = {
     "llamaswap_scheduler_dispatched_total", "llamaswap_scheduler_reorders_total",
     "llamaswap_scheduler_queue_wait_seconds_count", "llamaswap_model_state", "llamaswap_model_slots_in_use",
     "llamaswap_model_slots", "llamaswap_model_loads_total", "llamaswap_model_load_seconds_count",
+    "llamaswap_evictions_total",
 }
 REQUEST_NAMES = {
     "llamaswap_requests_total", "llamaswap_request_duration_seconds_count",

@@ -25,6 +25,7 @@ class StartModel:
     model: str
     evict: tuple[str, ...]
     gpus: tuple[str, ...] | None = None  # with `hardware:` described: the GPUs it goes on (() on the CPU)
+    for_memory: tuple[str, ...] = ()  # those of `evict` stopped for their memory (the others: the groups or matrix)
 
 
 @dataclass(frozen=True)

@@ -445,7 +445,8 @@ class SerialScheduler(SerialReload):
             if self.memory is not None:
                 self.memory.starting(launch.model, gpus, now)
             launch.started = True
-            effects.append(StartModel(launch.model, tuple(sorted(victims)), gpus))
+            by_policy = self._policy.evictions(launch.model, self._others(launch.model))
+            effects.append(StartModel(launch.model, tuple(sorted(victims)), gpus, tuple(sorted(victims - by_policy))))
         return effects
 
     def _evicted_by_start(self, model: str) -> str | None:

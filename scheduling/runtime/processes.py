@@ -8,7 +8,7 @@ import logging
 from typing import Protocol
 
 from scheduling.core import ModelState, StartModel, StopModel
-from scheduling.events import ModelLoaded, ModelStateChanged
+from scheduling.events import Evicted, ModelLoaded, ModelStateChanged
 from scheduling.tickets import Refused
 
 log = logging.getLogger("llamaswap.scheduler")
@@ -71,6 +71,7 @@ class ModelProcesses:
         self._observer(ModelStateChanged(effect.model, ModelState.READY))
         for model in effect.evict:
             self._observer(ModelStateChanged(model, ModelState.STOPPED))
+            self._observer(Evicted(model, "memory" if model in effect.for_memory else "swap"))
         self._run(lambda: self.scheduler.model_ready(effect.model, self.now()))
 
     async def _stop_model(self, effect: StopModel) -> None:

@@ -373,9 +373,12 @@ class CoexistMachine(RuleBasedStateMachine):
                 continue
             if model in runtime.starts or model in launching:
                 continue
-            if model in runtime.evicting():
-                continue  # a start under way (or cut short, until it reports) stops it first
             victims = self.rules.evictions(model, holding - {model})
+            if model in runtime.evicting():  # a start under way (or cut short, until it reports) stops it first:
+                for victim in victims | {model}:  # it goes once that start ends, and nothing below gets in first
+                    reserved.setdefault(victim, ticket.id)
+                targets.append((model, ticket.id))
+                continue
             if any(not self._leaves_alone(model, victims, target, holding) for target, _ in targets):
                 continue
             if (victims | {model}) & busy:

@@ -77,6 +77,11 @@ def test_two_models_run_at_once_on_their_own_gpus_and_a_third_stops_the_one_chea
         assert ask(served, "c").status_code == 200  # a takes over a second to load, b a fraction: b goes
         assert loaded(served) == {"a", "c"}
         assert devices(events)["c"] == ["1"]  # on the GPU b left
+        metrics = httpx.get(served.base + "/metrics", timeout=10).text
+        for line in ('llamaswap_gpu_memory_capacity_bytes{gpu="1"} 2.5769803776e+10',
+                     'llamaswap_gpu_memory_declared_bytes{gpu="1"} 2.147483648e+10',
+                     'llamaswap_evictions_total{reason="memory"} 1.0', 'llamaswap_evictions_total{reason="swap"} 0.0'):
+            assert line in metrics, [m for m in metrics.splitlines() if m.startswith(line.split("{")[0])]
 
 
 def test_a_pinned_model_is_never_the_one_stopped_and_a_request_only_it_could_make_room_for_waits(tmp_path):
