@@ -15,8 +15,9 @@ log = logging.getLogger("llamaswap.fleet")
 
 
 def process_changed(old, new) -> bool:
-    """Whether a reloaded model entry needs a new process (what it runs or where it listens changed)."""
-    fields = ("cmd", "cmd_stop", "proxy", "check_endpoint", "env")
+    """Whether a reloaded model entry needs a new process: what it runs, where it listens, or (with `hardware:`)
+    what it takes changed, so it is placed again and started on the GPUs that gives it."""
+    fields = ("cmd", "cmd_stop", "proxy", "check_endpoint", "env", "memory")
     return any(getattr(old, f) != getattr(new, f) for f in fields)
 
 

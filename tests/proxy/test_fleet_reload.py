@@ -40,3 +40,20 @@ def test_an_unchanged_model_keeps_its_process_under_the_new_entry_and_a_changed_
     assert kept.health_check_timeout == 3
     assert fleet.processes["changed"] is not changed  # stopped, so nothing is left to retire
     assert fleet.processes["changed"].config.cmd[-1] == "4" and fleet.processes["changed"].health_check_timeout == 3
+
+
+def test_with_hardware_a_model_whose_memory_or_gpu_count_changed_gets_a_new_process_placed_again(tmp_path):
+    def placed(name: str, memory: str, gpus: int):
+        path = tmp_path / name
+        path.write_text(
+            "hardware: {gpus: [{id: 0, memory: 24GiB}, {id: 1, memory: 24GiB}]}\n"
+            "models:\n"
+            "  same: {cmd: 'fakeserver --port ${PORT}', memory: 4GiB}\n"
+            f"  moved: {{cmd: 'fakeserver --port ${{PORT}}', memory: {memory}, gpus: {gpus}}}\n"
+        )
+        return load_config(path)
+
+    old = placed("old.yaml", "8GiB", 1)
+    for name, memory, gpus in (("more.yaml", "12GiB", 1), ("wider.yaml", "8GiB", 2)):
+        new = placed(name, memory, gpus)
+        assert [m for m in new.models if process_changed(old.models[m], new.models[m])] == ["moved"]
