@@ -249,7 +249,10 @@ class PlacementCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         capacity, declared = self._families()
-        view = None if self.runtime is None else self.runtime.from_thread(self.runtime.scheduler.placement)
+        try:  # on the runtime's loop; a runtime whose loop has ended (a process shutting down) has none to show
+            view = None if self.runtime is None else self.runtime.from_thread(self.runtime.scheduler.placement)
+        except (RuntimeError, TimeoutError):
+            view = None
         for gpu in (view or {}).get("gpus", ()):
             capacity.add_metric([gpu["id"]], gpu["memory_mib"] * MIB)
             declared.add_metric([gpu["id"]], gpu["declared_mib"] * MIB)
