@@ -6,19 +6,20 @@ best waiting request never waits, while nothing is under way, for a model that w
 import itertools
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, StartModel, StopModel, SwapGroup, SwapPolicy
 from scheduling.core.placement import Hardware, MemoryNeed, Resident, assign, free_memory
 
 from .runtime_double import RuntimeDouble
+from .runtime_rules import RuntimeAnswers
 from .search_effort import property_settings
 
 MODELS = ("a", "b", "c", "d", "e")
 SIZES = st.sampled_from([4_000, 8_000, 12_000, 16_000])
 
 
-class PlacementMachine(RuleBasedStateMachine):
+class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
     @initialize(gpus=st.lists(st.sampled_from([16_000, 24_000]), min_size=1, max_size=2),
                 needs=st.lists(st.tuples(SIZES, st.integers(0, 2), st.booleans()), min_size=5, max_size=5),
                 settings=st.builds(SerialSettings, st.sampled_from([0, 60]), st.sampled_from([0, 10])))
@@ -70,26 +71,6 @@ class PlacementMachine(RuleBasedStateMachine):
     @rule(model=st.sampled_from(MODELS), priority=st.sampled_from([-100, 0, 100]))
     def submit(self, model, priority):
         self.observe("call", "submit", self.runtime.new_ticket(model, priority))
-
-    @precondition(lambda self: self.runtime.running)
-    @rule(data=st.data())
-    def finish(self, data):
-        self.observe("finish", data.draw(st.sampled_from(sorted(self.runtime.running))))
-
-    @precondition(lambda self: self.runtime.starts)
-    @rule(data=st.data(), ok=st.booleans())
-    def start_outcome(self, data, ok):
-        self.observe("answer_start", data.draw(st.sampled_from(sorted(self.runtime.starts))), ok)
-
-    @precondition(lambda self: self.runtime.stops)
-    @rule(data=st.data())
-    def stop_done(self, data):
-        self.observe("answer_stop", data.draw(st.sampled_from(sorted(self.runtime.stops))))
-
-    @precondition(lambda self: self.runtime.up - self.runtime.stops)
-    @rule(data=st.data())
-    def crash(self, data):
-        self.observe("crash", data.draw(st.sampled_from(sorted(self.runtime.up - self.runtime.stops))))
 
     @rule(model=st.sampled_from(MODELS), on=st.booleans(), seconds=st.sampled_from([5, 1e9]))
     def lease(self, model, on, seconds):

@@ -25,6 +25,7 @@ from scheduling.core import (
 )
 
 from .runtime_double import RuntimeDouble
+from .runtime_rules import RuntimeAnswers
 from .scoring import best_first
 from .search_effort import property_settings
 
@@ -179,7 +180,7 @@ class CheckedRuntime(RuntimeDouble):
         super()._started(start)
 
 
-class CoexistMachine(RuleBasedStateMachine):
+class CoexistMachine(RuntimeAnswers, RuleBasedStateMachine):
     @initialize(
         rules=st.one_of(group_rules(), matrix_rules()),
         slots=SLOTS,
@@ -267,26 +268,6 @@ class CoexistMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def cancel(self, data):
         self.observe("cancel", data.draw(st.sampled_from(sorted(self.runtime.tickets))))
-
-    @precondition(lambda self: self.runtime.running)
-    @rule(data=st.data())
-    def finish(self, data):
-        self.observe("finish", data.draw(st.sampled_from(sorted(self.runtime.running))))
-
-    @precondition(lambda self: self.runtime.starts)
-    @rule(data=st.data(), ok=st.booleans())
-    def start_outcome(self, data, ok):
-        self.observe("answer_start", data.draw(st.sampled_from(sorted(self.runtime.starts))), ok)
-
-    @precondition(lambda self: self.runtime.stops)
-    @rule(data=st.data())
-    def stop_done(self, data):
-        self.observe("answer_stop", data.draw(st.sampled_from(sorted(self.runtime.stops))))
-
-    @precondition(lambda self: self.runtime.up - self.runtime.stops)
-    @rule(data=st.data())
-    def crash(self, data):
-        self.observe("crash", data.draw(st.sampled_from(sorted(self.runtime.up - self.runtime.stops))))
 
     @rule(seconds=st.sampled_from([0.25, 1, 10, 600]))
     def wait(self, seconds):

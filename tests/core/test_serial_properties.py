@@ -18,6 +18,7 @@ from scheduling.core import (
 
 from .harness import policy_within
 from .runtime_double import RuntimeDouble
+from .runtime_rules import RuntimeAnswers
 from .scoring import best_first
 from .search_effort import property_settings
 
@@ -33,7 +34,7 @@ PRIORITIES = st.sampled_from([-100, -99, -98, -1, 0, 1, 2, 100, 101])
 SETTINGS = st.builds(SerialSettings, st.sampled_from([0, 0.5, 1, 60]), st.sampled_from([0, 1, 10, 99]))
 
 
-class SerialMachine(RuleBasedStateMachine):
+class SerialMachine(RuntimeAnswers, RuleBasedStateMachine):
     @initialize(policy=st.sampled_from(sorted(POLICIES)), settings=SETTINGS, ttl=st.sampled_from([0, 5, 60]))
     def start(self, policy, settings, ttl):
         models = {"a": ModelSpec("a", ttl=ttl), "b": ModelSpec("b"), "c": ModelSpec("c", ttl=1)}
@@ -73,30 +74,10 @@ class SerialMachine(RuleBasedStateMachine):
     def cancel(self, data):
         self.observe("cancel", data.draw(st.sampled_from(sorted(self.runtime.tickets) + [10_000])))
 
-    @precondition(lambda self: self.runtime.running)
-    @rule(data=st.data())
-    def finish(self, data):
-        self.observe("finish", data.draw(st.sampled_from(sorted(self.runtime.running))))
-
     @rule(data=st.data())
     def finish_again_or_unknown(self, data):
         ticket_id = data.draw(st.sampled_from(sorted(self.runtime.ended) + [10_000]))
         assert self.runtime.finish(ticket_id) == []
-
-    @precondition(lambda self: self.runtime.starts)
-    @rule(data=st.data(), ok=st.booleans())
-    def start_outcome(self, data, ok):
-        self.observe("answer_start", data.draw(st.sampled_from(sorted(self.runtime.starts))), ok)
-
-    @precondition(lambda self: self.runtime.stops)
-    @rule(data=st.data())
-    def stop_done(self, data):
-        self.observe("answer_stop", data.draw(st.sampled_from(sorted(self.runtime.stops))))
-
-    @precondition(lambda self: self.runtime.up - self.runtime.stops)
-    @rule(data=st.data())
-    def crash(self, data):
-        self.observe("crash", data.draw(st.sampled_from(sorted(self.runtime.up - self.runtime.stops))))
 
     @rule(seconds=st.sampled_from([0.25, 1, 5, 60, 600, 6000]))
     def wait(self, seconds):
