@@ -176,6 +176,19 @@ async def send(client: httpx.AsyncClient, job: Job) -> tuple[int, float]:
                 int(response.headers["X-LlamaSwap-Queue-Wait-Ms"]) / 1000)
 
 
+async def send_all(served: Served, jobs: list[Job]) -> None:
+    """Send each job at its moment from the start, all at once in flight (the replay and what-if parts' traffic)."""
+    limits = httpx.Limits(max_connections=len(jobs) + 20, max_keepalive_connections=len(jobs) + 20)
+    async with httpx.AsyncClient(base_url=served.base, limits=limits, timeout=600) as client:
+        began = time.perf_counter()
+
+        async def arrive(job: Job) -> None:
+            await asyncio.sleep(max(0.0, began + job.at_s - time.perf_counter()))
+            await send(client, job)
+
+        await asyncio.gather(*(arrive(job) for job in jobs))
+
+
 async def poll(client: httpx.AsyncClient, first: dict[int, dict], stop: asyncio.Event) -> None:
     """Keep the first entry seen of each request waiting (queued, or its model starting for it)."""
     while not stop.is_set():

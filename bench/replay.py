@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -150,7 +149,7 @@ def measure_fidelity(seconds: float, seed: int = 11) -> Fidelity:
     with tempfile.TemporaryDirectory(prefix="llamaswap-bench-") as tmp:
         with Served(Path(tmp), prediction.config_text()) as served:
             jobs = prediction.workload(seconds, seed)
-            asyncio.run(_send_all(served, jobs))
+            asyncio.run(prediction.send_all(served, jobs))
             all_rows_terminal(served.data_dir, None, timeout=30)
 
             def replayed(*extra: str) -> dict:
@@ -163,18 +162,6 @@ def measure_fidelity(seconds: float, seed: int = 11) -> Fidelity:
 
             sweep = "swapAffinityBonus=" + ",".join(map(str, SWEEP))
             return Fidelity(len(jobs), replayed(), replayed("--sweep", sweep))
-
-
-async def _send_all(served: Served, jobs: list[prediction.Job]) -> None:
-    limits = httpx.Limits(max_connections=len(jobs) + 20, max_keepalive_connections=len(jobs) + 20)
-    async with httpx.AsyncClient(base_url=served.base, limits=limits, timeout=600) as client:
-        began = time.perf_counter()
-
-        async def arrive(job: prediction.Job) -> None:
-            await asyncio.sleep(max(0.0, began + job.at_s - time.perf_counter()))
-            await prediction.send(client, job)
-
-        await asyncio.gather(*(arrive(job) for job in jobs))
 
 
 def method() -> str:

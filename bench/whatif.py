@@ -25,12 +25,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -130,21 +128,9 @@ def _relative(replayed: float | None, real: float | None, floor: float) -> float
 def run_workload(bonus: int, jobs: list[prediction.Job], tmp: Path) -> tuple[Served, list[dict]]:
     served = Served(tmp, config_text(bonus))
     with served:
-        asyncio.run(_send_all(served, jobs))
+        asyncio.run(prediction.send_all(served, jobs))
         rows = all_rows_terminal(served.data_dir, len(jobs), timeout=60)
     return served, rows
-
-
-async def _send_all(served: Served, jobs: list[prediction.Job]) -> None:
-    limits = httpx.Limits(max_connections=len(jobs) + 20, max_keepalive_connections=len(jobs) + 20)
-    async with httpx.AsyncClient(base_url=served.base, limits=limits, timeout=600) as client:
-        began = time.perf_counter()
-
-        async def arrive(job: prediction.Job) -> None:
-            await asyncio.sleep(max(0.0, began + job.at_s - time.perf_counter()))
-            await prediction.send(client, job)
-
-        await asyncio.gather(*(arrive(job) for job in jobs))
 
 
 def replayed(served: Served) -> dict:
