@@ -402,6 +402,7 @@ class ChannelLayerFrontDoor:
         a one-slot model, or to one stopped meanwhile. Ask the worker; a grant it let go is asked for again, under
         the request's own row, and waited for anew."""
         key = granted.key
+        held = False
         while not waiting.done():
             try:
                 held = await self._ask_worker(granted.worker, StillGranted(key))
@@ -409,8 +410,8 @@ class ChannelLayerFrontDoor:
             except (TimeoutError, RuntimeError, *REDIS_FAILURES) as exc:
                 log.warning("could not ask whether request %s is still granted (%s); asking again", key, exc)
                 await asyncio.sleep(SEND_RETRY_S)
-        else:
-            self._send_later(Release(key, LEFT_BEFORE_GRANT), granted.worker)  # the client left meanwhile
+        if waiting.done():  # the client left meanwhile (before the answer, or while it was on its way)
+            self._send_later(Release(key, LEFT_BEFORE_GRANT), granted.worker)
             return
         if held:
             waiting.set_result(granted)
