@@ -12,6 +12,12 @@ replay takes as long as its n-th recorded start (cycling when the replay starts
 it more often). With the settings in force the replay then makes the same starts
 in the same order and reproduces the recording; a median would blur each start.
 
+With `hardware:` described (`Setup.hardware`), the replayed scheduler places models by memory as the
+service does: several at once where they fit, the cheapest idle ones stopped where they do not. A what-if
+may so try other hardware, other memory figures, or other groups. `loading_gpu_s` sums what the starts
+cost: each start's load time on each GPU it took (a start with no hardware described counts one GPU,
+one on the CPU none).
+
 What the recording cannot tell is handled in the open and counted, never
 dropped silently: a client that left leaves again at the same moment (while
 waiting, or cutting its job short), and so does a request an operator cancelled,
@@ -32,6 +38,7 @@ from statistics import median
 
 from .durations import DurationHistory, JobKind
 from .effects import Grant, Refuse, StartModel, StopModel
+from .placement import Hardware
 from .priority import Band, band_of
 from .scheduler import build_scheduler
 from .settings import SerialSettings
@@ -67,11 +74,12 @@ class Recorded:
 
 @dataclass(frozen=True)
 class Setup:
-    """What a replay runs with besides the settings: the config's scheduler, models and swap router."""
+    """What a replay runs with besides the settings: the config's scheduler, models, swap router and hardware."""
 
     scheduler: str
     models: Mapping[str, ModelSpec]
     policy: object  # SwapPolicy or MatrixPolicy
+    hardware: Hardware | None = None  # `hardware:`: the scheduler places models by memory
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,8 @@ class ReplayResult:
     reorders_aging: int  # picks aging changed (Decision.changed_by_aging)
     reorders_affinity: int  # picks swap affinity changed
     handling: Handling = field(default_factory=Handling)
+    loading_gpu_s: float = 0.0  # GPU-seconds spent starting models (see the module's docstring)
+    evicted_for_memory: int = 0  # models stopped to make room for another's memory
 
 
 def replay(
@@ -131,7 +141,7 @@ def replay(
 class _Replay:
     def __init__(self, records: Sequence[Recorded], setup: Setup, settings: SerialSettings) -> None:
         self.settings = settings
-        self.scheduler = build_scheduler(setup.scheduler, setup.models, setup.policy, settings)
+        self.scheduler = build_scheduler(setup.scheduler, setup.models, setup.policy, settings, setup.hardware)
         self.models = setup.models
         self.ttl = any(spec.ttl > 0 for spec in setup.models.values())
         self.records = {}
@@ -152,7 +162,9 @@ class _Replay:
         self.sim = Simulation(self.scheduler, self)
         self.results: dict[int, Replayed] = {}
         self.granted = 0
-        self.swaps = self.aging = self.affinity = 0
+        self.swaps = self.aging = self.affinity = self.for_memory = 0
+        self.drawn: dict[str, float] = {}  # each model's load time as last drawn
+        self.loading_gpu_s = 0.0
         self.active = 0  # jobs and loads running
         self.busy_since = self.busy = self.idle_since = 0.0
         self.ticks: set[float] = set()
@@ -184,22 +196,29 @@ class _Replay:
             reorders_aging=self.aging,
             reorders_affinity=self.affinity,
             handling=Handling(**self.counts),
+            loading_gpu_s=self.loading_gpu_s,
+            evicted_for_memory=self.for_memory,
         )
 
     def _warm(self, models: Sequence[str], at: float) -> None:
-        """Bring up the models that were up when the recording began, through the scheduler itself
-        (a request each, taking no time), so it knows them loaded; none of it counts."""
-        for n, model in enumerate(m for m in models if m in self.models):
-            ticket_id = -1 - n
-            effects = self.scheduler.submit(Ticket(ticket_id, model, 0, at), at)
+        """Bring up the models that were up when the recording began, through the scheduler itself (a
+        request each), one after another until `at`, each in its median recorded load, so the scheduler
+        knows them loaded and, placing by memory, what each costs to stop; none of it counts."""
+        models = [m for m in dict.fromkeys(models) if m in self.models]
+        loads = [median(self.loads[m]) if self.loads.get(m) else self.all_loads for m in models]
+        began = at - sum(loads)
+        for n, (model, load) in enumerate(zip(models, loads, strict=True)):
+            ticket_id, ready = -1 - n, began + load
+            effects = self.scheduler.submit(Ticket(ticket_id, model, 0, began), began)
             while effects:
                 effect = effects.pop(0)
                 if isinstance(effect, StartModel):
-                    effects += self.scheduler.model_ready(effect.model, at)
+                    effects += self.scheduler.model_ready(effect.model, ready)
                 elif isinstance(effect, StopModel):
-                    effects += self.scheduler.model_stopped(effect.model, at)
+                    effects += self.scheduler.model_stopped(effect.model, ready)
                 elif isinstance(effect, Grant) and effect.ticket_id == ticket_id:
-                    effects += self.scheduler.finished(ticket_id, at)
+                    effects += self.scheduler.finished(ticket_id, ready)
+            began = ready
 
     def _arrive(self, record: Recorded, now: float) -> None:
         left = "cancelled" if record.by_operator else "left"
@@ -235,6 +254,8 @@ class _Replay:
             elif isinstance(effect, StartModel):
                 self._busy(+1, now)
                 self.swaps += 1
+                self.for_memory += len(effect.for_memory)
+                self.loading_gpu_s += self.drawn[effect.model] * (1 if effect.gpus is None else len(effect.gpus))
             elif isinstance(effect, Refuse) and effect.ticket_id not in self.results:
                 record = self.records[effect.ticket_id]
                 band = record.kind.band
@@ -269,10 +290,12 @@ class _Replay:
         draws = self.loads.get(model)
         if not draws:
             self.counts["loads_assumed"] += 1
-            return self.all_loads
-        n = self.started.get(model, 0)
-        self.started[model] = n + 1
-        return draws[n % len(draws)]
+            self.drawn[model] = self.all_loads
+        else:
+            n = self.started.get(model, 0)
+            self.started[model] = n + 1
+            self.drawn[model] = draws[n % len(draws)]
+        return self.drawn[model]
 
     def _busy(self, change: int, now: float) -> None:
         if self.active == 0 and change > 0:

@@ -114,7 +114,7 @@ def _refusal(state: str, error: str, max_wait_s: float | None) -> str:
 
 
 def setup_of(config) -> Setup:
-    return Setup(config.scheduler.use, model_specs(config), swap_policy(config))
+    return Setup(config.scheduler.use, model_specs(config), swap_policy(config), config.hardware)
 
 
 def settings_in_force(config) -> SerialSettings:
@@ -122,15 +122,17 @@ def settings_in_force(config) -> SerialSettings:
     return stored_serial_settings(config.scheduler.serial, config.models)
 
 
-def replays(since: datetime, until: datetime, proposals: list[SerialSettings], config=None) -> Replays:
+def replays(since: datetime, until: datetime, proposals: list[SerialSettings], config=None, tried=None) -> Replays:
     """The window replayed with the settings in force and with each of `proposals`, and how faithful the
-    first is to the recording. `config`: the one in force (`frontdoor.current_config()` if None)."""
+    first is to the recording. `config`: the one in force (`frontdoor.current_config()` if None); `tried`:
+    another config the proposals run with (its hardware, models' memory, groups or matrix), else `config`."""
     if config is None:
         config = frontdoor.current_config()
     window = recorded_window(since, until)
     setup = setup_of(config)
+    other = setup if tried is None else setup_of(tried)
     before = replay(window.records, setup, settings_in_force(config), window.warm)
-    after = [replay(window.records, setup, proposed, window.warm) for proposed in proposals]
+    after = [replay(window.records, other, proposed, window.warm) for proposed in proposals]
     return Replays(window, fidelity(window.records, before), before, after)
 
 

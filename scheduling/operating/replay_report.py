@@ -33,6 +33,13 @@ def shown(settings: SerialSettings) -> str:
            f"slots={slots}"
 
 
+def hardware_text(hardware) -> str:
+    """`hardware:` in a few words: each GPU's memory, or that placement by memory is off."""
+    if hardware is None:
+        return "not described (groups or matrix alone)"
+    return ", ".join(f"GPU {gpu} {mib / 1024:g} GiB" for gpu, mib in hardware.gpus.items())
+
+
 def seconds(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
@@ -60,6 +67,8 @@ def comparison_rows(before: ReplayResult, after: ReplayResult, comparison: Compa
         rows.append((f"{band} wait p50/p95/max s", waits_text(ahead), waits_text(behind)))
     return rows + [
         ("swaps (model loads)", str(before.swaps), str(after.swaps)),
+        ("GPU-seconds loading models", f"{before.loading_gpu_s:.1f}", f"{after.loading_gpu_s:.1f}"),
+        ("models stopped for memory", str(before.evicted_for_memory), str(after.evicted_for_memory)),
         ("GPU busy share", f"{before.busy_share:.1%}", f"{after.busy_share:.1%}"),
         ("picks aging changed", str(before.reorders_aging), str(after.reorders_aging)),
         ("picks affinity changed", str(before.reorders_affinity), str(after.reorders_affinity)),
@@ -76,6 +85,8 @@ def handling_lines(before: ReplayResult, after: ReplayResult | None, peer_reques
     h = before.handling
     lines = [f"Left out: {h.failed_starts} refused for a failed start, {h.refused_recorded} refused otherwise, "
              f"{h.unconfigured} of models no longer configured, {peer_requests} relayed to peers"]
+    if after is not None and after.handling.unconfigured != h.unconfigured:
+        lines.append(f"Proposed: {after.handling.unconfigured} of models its config does not have, left out")
     for name, r in [("In force", before)] + ([("Proposed", after)] if after is not None else []):
         lines.append(f"{name}: {_count(r.handling.left, 'client')} left while waiting, "
                      f"{r.handling.cancelled} cancelled by an operator, "

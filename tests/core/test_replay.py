@@ -155,10 +155,10 @@ GROUPS = [
 class Recording:
     """The scheduler run by the runtime's rules, writing down what the service's rows would hold."""
 
-    def __init__(self, settings_: SerialSettings, loads: dict[str, list[float]]) -> None:
-        self.scheduler = SerialScheduler(specs(*MODELS), SwapPolicy(GROUPS, MODELS), settings_)
+    def __init__(self, settings_: SerialSettings, loads: dict[str, list[float]], scheduler=None) -> None:
+        self.scheduler = scheduler or SerialScheduler(specs(*MODELS), SwapPolicy(GROUPS, MODELS), settings_)
         self.loads = {m: list(draws) for m, draws in loads.items()}
-        self.started = dict.fromkeys(MODELS, 0)
+        self.started = dict.fromkeys(loads, 0)
         self.events: list = []
         self.order = itertools.count()
         self.service: dict[int, float] = {}

@@ -147,3 +147,76 @@ def test_peer_requests_and_operator_cancels_are_counted_as_what_they_were(config
     text = out.getvalue()
     assert "0 of models no longer configured, 1 relayed to peers" in text
     assert "In force: 1 client left while waiting, 1 cancelled by an operator" in text
+
+
+def placed_config(tmp_path, name: str, gpus: int) -> str:
+    """alpha and beta, 16 GiB each, placed by memory on `gpus` GPUs of 24 GiB."""
+    path = tmp_path / name
+    gpu_list = ", ".join(f"{{id: {n}, memory: 24GiB}}" for n in range(gpus))
+    path.write_text(textwrap.dedent(f"""
+        hardware:
+          gpus: [{gpu_list}]
+        models:
+          alpha:
+            cmd: /bin/true --port ${{PORT}}
+            memory: 16GiB
+          beta:
+            cmd: /bin/true --port ${{PORT}}
+            memory: 16GiB
+    """))
+    return str(path)
+
+
+@pytest.fixture
+def alternating():
+    """alpha and beta asked for in turn on one GPU, each start stopping the other: 4 s loads, 1 s jobs."""
+    for n in range(6):
+        model, arrived = ("alpha", "beta")[n % 2], 10 * n
+        row(n + 1, model, 100, arrived, sent=arrived + 4, decided=arrived, ran=1, swap=True)
+
+
+def test_another_config_with_a_second_gpu_is_tried_beside_the_one_in_force(tmp_path, alternating):
+    one, two = placed_config(tmp_path, "one.yaml", 1), placed_config(tmp_path, "two.yaml", 2)
+    result = replay(one, "--try-config", two)
+    in_force, proposed = result["in_force"], result["proposed"]
+    assert (in_force["config"], proposed["config"]) == (one, two)
+    assert (in_force["swaps"], in_force["evicted_for_memory"], in_force["loading_gpu_s"]) == (6, 5, 24.0)
+    assert (proposed["swaps"], proposed["evicted_for_memory"], proposed["loading_gpu_s"]) == (2, 0, 8.0)
+    assert in_force["waits"]["interactive"]["p50"] == 4.0 and proposed["waits"]["interactive"]["p50"] == 0.0
+    assert result["fidelity"]["wait_error_s"] == 0.0  # the one in force places as the recording did
+
+    out = io.StringIO()
+    call_command("replay", "--config", one, "--since", T.isoformat(), "--try-config", two, stdout=out)
+    text = out.getvalue()
+    assert one in text and two in text
+    assert "hardware" in text and "GPU 0 24 GiB, GPU 1 24 GiB" in text
+    assert "GPU-seconds loading models" in text and "models stopped for memory" in text
+
+
+def test_a_tried_config_without_hardware_is_one_model_at_a_time_as_llama_swap_runs(tmp_path, config, alternating):
+    two = placed_config(tmp_path, "two.yaml", 2)
+    result = replay(two, "--try-config", config)
+    assert result["in_force"]["swaps"] == 2 and result["proposed"]["swaps"] == 6
+
+
+def test_a_sweep_runs_with_the_tried_config(tmp_path, alternating):
+    one, two = placed_config(tmp_path, "one.yaml", 1), placed_config(tmp_path, "two.yaml", 2)
+    result = replay(one, "--try-config", two, "--sweep", "agingDivisor=30,60")
+    assert result["sweep"]["config"] == two and [run["swaps"] for run in result["sweep"]["runs"]] == [2, 2]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (None, "--try-config {path}: no such file"),
+    ("models: [oops", "--try-config {path}: the file does not load as a config:\n{path}"),
+    ("models:\n  alpha:\n    cmd: x --port ${PORT}\n    memory: 16GiB\n",
+     "--try-config {path}: the file does not load as a config:\n{path}: models.alpha.memory"),
+])
+def test_a_tried_config_that_does_not_load_is_refused_naming_the_file(tmp_path, config, text, message):
+    path = tmp_path / "other.yaml"
+    if text is not None:
+        path.write_text(text)
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_:
+        call_command("replay", "--config", config, "--try-config", str(path), stderr=err)
+    assert exit_.value.code == 2
+    assert err.getvalue().startswith(message.format(path=path))

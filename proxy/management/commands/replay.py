@@ -1,11 +1,13 @@
-"""`llamaswap replay [--since ISO] [--until ISO] [--set KEY=N ...] [--sweep KEY=N,N,...] [--json]`: what
-other scheduler settings would have done to the recorded traffic of a window, beside the settings in
-force, and how faithfully a replay reproduces the recording."""
+"""`llamaswap replay [--since ISO] [--until ISO] [--set KEY=N ...] [--sweep KEY=N,N,...] [--try-config FILE]
+[--json]`: what other scheduler settings, or another config file (its hardware, models' memory, groups or
+matrix), would have done to the recorded traffic of a window, beside the config and settings in force, and
+how faithfully a replay reproduces the recording."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from datetime import datetime, timedelta
 
@@ -17,7 +19,7 @@ from django.utils import timezone
 from scheduling.core import SerialSettings, serial_settings_problems
 from scheduling.core.replay import ReplayResult, compare, waits_by_band
 from scheduling.operating.replay_report import (
-    change_text, comparison_rows, fidelity_text, handling_lines, shown, typed_number, waits_text,
+    change_text, comparison_rows, fidelity_text, handling_lines, hardware_text, shown, typed_number, waits_text,
 )
 
 KEYS = "agingDivisor=N, swapAffinityBonus=N or slots.MODEL=N"
@@ -59,6 +61,8 @@ def run_json(result: ReplayResult) -> dict:
                      "swapAffinityBonus": result.settings.swap_affinity_bonus, "slots": dict(result.settings.slots)},
         "waits": {band: dataclasses.asdict(w) for band, w in waits_by_band(result).items()},
         "swaps": result.swaps,
+        "loading_gpu_s": result.loading_gpu_s,
+        "evicted_for_memory": result.evicted_for_memory,
         "busy_share": result.busy_share,
         "reorders": {"aging": result.reorders_aging, "affinity": result.reorders_affinity},
         "handling": dataclasses.asdict(result.handling),
@@ -75,6 +79,9 @@ class Command(BaseCommand):
         parser.add_argument("--set", action="append", default=[], metavar="KEY=N", help=f"a proposed value: {KEYS}")
         parser.add_argument("--sweep", metavar="KEY=N,N,...",
                             help="one replay per value, e.g. agingDivisor=15,30,60,120 (with any --set)")
+        parser.add_argument("--try-config", metavar="FILE",
+                            help="replay the proposal with this config file instead (its hardware, models' memory, "
+                            "groups or matrix, and settings), beside the one in force")
         parser.add_argument("--json", action="store_true", help="print JSON for scripts")
         parser.add_argument("--config", help="llama-swap config.yaml (default: LLAMASWAP_CONFIG)")
 
@@ -86,6 +93,7 @@ class Command(BaseCommand):
         if not path:
             self._fail("no config file: pass --config FILE (the one `llamaswap serve` runs with)")
         config = read_config(self, path, summary=False)
+        tried = self._tried(options["try_config"])
         until = self._moment("--until", options["until"]) or timezone.now()
         since = self._moment("--since", options["since"]) or until - timedelta(hours=24)
         if since >= until:
@@ -95,21 +103,39 @@ class Command(BaseCommand):
         except DatabaseError as exc:
             self._fail(f"cannot read the request history ({exc}): run this where `llamaswap serve` keeps its data "
                        "(LLAMASWAP_DATA_DIR or DATABASE_URL)")
+        proposing = config if tried is None else tried
         try:
-            proposed = in_force
+            proposed = in_force if tried is None else settings_in_force(tried)
             for assignment in options["set"]:
-                proposed = with_setting(proposed, "--set", assignment, config.models)
-            sweep = self._sweep(options["sweep"], proposed, config.models)
+                proposed = with_setting(proposed, "--set", assignment, proposing.models)
+            sweep = self._sweep(options["sweep"], proposed, proposing.models)
         except SettingError as exc:
             self._fail(str(exc))
+        # (path, config) of the run in force and of the proposal's
+        self.configs = ((path, config), (options["try_config"] or path, proposing))
         if sweep is None:
-            played = replays(since, until, [proposed], config)
+            played = replays(since, until, [proposed], config, tried)
             self._print_comparison(played.window, played.fidelity, played.before, played.after[0], options["json"])
         else:
             key, values = sweep
-            played = replays(since, until, [s for _, s in values], config)
+            played = replays(since, until, [s for _, s in values], config, tried)
             runs = [(value, result) for (value, _), result in zip(values, played.after, strict=True)]
             self._print_sweep(played.window, played.fidelity, played.before, key, runs, options["json"])
+
+    def _tried(self, path: str | None):
+        """The config `--try-config` names, loaded and checked; exit 2 naming the file when it does not load."""
+        from proxy.config import ConfigError, load_config
+
+        if path is None:
+            return None
+        if not os.path.isfile(path):
+            self._fail(f"--try-config {path}: no such file — give the path of the config file to try")
+        try:
+            return load_config(os.path.abspath(path))
+        except ConfigError as exc:
+            self._fail(f"--try-config {path}: the file does not load as a config:\n{exc}")
+        except OSError as exc:
+            self._fail(f"--try-config {path}: cannot read the file: {exc.strerror}")
 
     def _fail(self, message: str) -> None:
         self.stderr.write(message)
@@ -154,12 +180,16 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps({
                 "window": self._window_json(window),
                 "fidelity": dataclasses.asdict(measured),
-                "in_force": run_json(before),
-                "proposed": run_json(after),
+                "in_force": {"config": self.configs[0][0], **run_json(before)},
+                "proposed": {"config": self.configs[1][0], **run_json(after)},
                 "changed_most": [dataclasses.asdict(c) for c in comparison.changed_most],
             }, indent=2))
             return
         rows = comparison_rows(before, after, comparison)
+        (path, config), (tried_path, tried) = self.configs
+        if tried is not config:
+            rows[1:1] = [("config", path, tried_path), ("hardware", hardware_text(config.hardware),
+                                                         hardware_text(tried.hardware))]
         width = max(len(r[0]) for r in rows)
         middle = max(len(r[1]) for r in rows)
         lines = self._header(window, measured) + [""]
@@ -176,18 +206,23 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps({
                 "window": self._window_json(window),
                 "fidelity": dataclasses.asdict(measured),
-                "in_force": run_json(before),
-                "sweep": {"key": key, "runs": [{"value": typed_number(value), **run_json(r)} for value, r in runs]},
+                "in_force": {"config": self.configs[0][0], **run_json(before)},
+                "sweep": {"key": key, "config": self.configs[1][0], "runs": [{"value": typed_number(value), **run_json(r)} for value, r in runs]},
             }, indent=2))
             return
-        lines = self._header(window, measured) + ["", f"In force: {shown(before.settings)}", ""]
+        lines = self._header(window, measured) + ["", f"In force: {shown(before.settings)}"]
+        (_, config), (tried_path, tried) = self.configs
+        if tried is not config:
+            lines.append(f"Swept with {tried_path} (hardware: {hardware_text(tried.hardware)})")
+        lines.append("")
         bands = list(waits_by_band(before))
-        head = [key, *(f"{band} p50/p95/max s" for band in bands), "swaps", "GPU busy", "aging / affinity changed"]
+        head = [key, *(f"{band} p50/p95/max s" for band in bands), "swaps", "GPU-s loading", "GPU busy",
+                "aging / affinity changed"]
         table = [head]
         for value, result in [("in force", before), *runs]:
             by_band = waits_by_band(result)
             table.append([value, *(waits_text(by_band[band]) for band in bands), str(result.swaps),
-                          f"{result.busy_share:.1%}", f"{result.reorders_aging} / {result.reorders_affinity}"])
+                          f"{result.loading_gpu_s:.1f}", f"{result.busy_share:.1%}", f"{result.reorders_aging} / {result.reorders_affinity}"])
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
         lines += ["", *handling_lines(before, None, window.peer_requests)]
