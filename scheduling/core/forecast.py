@@ -7,6 +7,10 @@ picks the real one would make then, with the scores of that moment. So the
 prediction knows what the request competes with (slots, swaps, coexisting
 models), what is ahead of it, and which aging crossovers happen meanwhile,
 without a second model of the scheduler that could disagree with the first.
+With `hardware:` described the copy carries the scheduler's memory book, so it
+places every start it plays by memory as the live one would: a model that fits
+beside busy ones waits only for its load, one that does not waits for the jobs
+on the models placement stops for it.
 
 Requests keep arriving while one waits, and those that outrank it go first. The
 copy is not fed sample arrivals: a wait would then jump by a whole job whenever
