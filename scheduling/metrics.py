@@ -238,8 +238,10 @@ class ModelSlotsCollector(Collector):
 
 
 class PlacementCollector(Collector):
-    """Each GPU's memory and what the models on it declared (with `hardware:` described), asked of the runtime
-    at scrape time: `llamaswap_gpu_memory_capacity_bytes` and `llamaswap_gpu_memory_declared_bytes`, by GPU id."""
+    """Each GPU's memory, what the models on it declared and what they were measured to use (with `hardware:`
+    described; measured where nvidia-smi exists), asked of the runtime at scrape time, by GPU id:
+    `llamaswap_gpu_memory_capacity_bytes`, `_declared_bytes` and `_measured_bytes`, and each model's
+    measured use by GPU, `llamaswap_model_gpu_memory_measured_bytes`. A figure not measured is left out."""
 
     def __init__(self, runtime=None) -> None:
         self.runtime = runtime
@@ -248,7 +250,7 @@ class PlacementCollector(Collector):
         return list(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        capacity, declared = self._families()
+        capacity, declared, measured, per_model = self._families()
         try:  # on the runtime's loop; a runtime whose loop has ended (a process shutting down) has none to show
             view = None if self.runtime is None else self.runtime.from_thread(self.runtime.scheduler.placement)
         except (RuntimeError, TimeoutError):
@@ -256,16 +258,28 @@ class PlacementCollector(Collector):
         for gpu in (view or {}).get("gpus", ()):
             capacity.add_metric([gpu["id"]], gpu["memory_mib"] * MIB)
             declared.add_metric([gpu["id"]], gpu["declared_mib"] * MIB)
+            if gpu["measured_mib"] is not None:
+                measured.add_metric([gpu["id"]], gpu["measured_mib"] * MIB)
+        for model, placed in (view or {}).get("models", {}).items():
+            for gpu, mib in (placed["measured_per_gpu_mib"] or {}).items():
+                per_model.add_metric([model, gpu], mib * MIB)
         yield capacity
         yield declared
+        yield measured
+        yield per_model
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    def _families() -> tuple[GaugeMetricFamily, ...]:
         return (
             GaugeMetricFamily("llamaswap_gpu_memory_capacity_bytes", "Each described GPU's memory (hardware:).",
                               labels=["gpu"]),
             GaugeMetricFamily("llamaswap_gpu_memory_declared_bytes",
                               "What the models placed on each GPU declared they need there (memory:).", labels=["gpu"]),
+            GaugeMetricFamily("llamaswap_gpu_memory_measured_bytes",
+                              "What the models' processes use on each GPU, measured with nvidia-smi.", labels=["gpu"]),
+            GaugeMetricFamily("llamaswap_model_gpu_memory_measured_bytes",
+                              "What each model's processes use on each GPU, measured with nvidia-smi.",
+                              labels=["model", "gpu"]),
         )
 
 

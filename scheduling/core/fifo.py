@@ -307,6 +307,9 @@ class FifoScheduler:
     def apply_leases(self, leases: Mapping[str, tuple[str, float]], now: float) -> list[Effect]:
         return []
 
+    def memory_measured(self, model: str, use: Mapping[str, int]) -> str | None:
+        return None  # nothing placed by memory, so nothing to correct
+
     def room_for(self, model: str) -> Room | None:
         return None
 

@@ -4,6 +4,9 @@ which models a start must stop (`scheduling.core.placement` does the sums).
 
 Load times are measured here, from the start the scheduler sent to the model's readiness; a model never
 loaded yet is taken to load in the mean of the others' times (`UNKNOWN_LOAD_S` while none is known).
+GPU memory is measured where the processes run (`nvidia-smi`) and told here: a model found using more than
+it declared counts its highest measured figure from then on, so the next placement does not trust a
+declaration proven short.
 """
 
 from __future__ import annotations
@@ -26,12 +29,16 @@ class MemoryBook:
         self._ready_at: dict[str, float] = {}
         self._load_s: dict[str, float] = {}  # the last measured load of each model
         self._leases: dict[str, tuple[str, float]] = {}  # model -> (which lease, "lease #3"; until when)
+        self._measured: dict[str, dict[str, int]] = {}  # models holding memory: their latest use, MiB by GPU
+        self._highest: dict[str, int] = {}  # a model's highest use on one GPU, where above its declaration
         self._demand = Demand()
         self._now = 0.0
 
     def reconfigure(self, specs: Mapping[str, ModelSpec], hardware: Hardware, holding: Iterable[str]) -> None:
         """A reload: models running on before it keep their GPUs; one placed nowhere yet (it started before
         `hardware:` was described) counts where it would go now, or on the CPU when it fits nowhere."""
+        for model in [m for m in self._highest if m not in specs or specs[m].memory != self._specs[m].memory]:
+            del self._highest[model]  # a new declaration (or none) is trusted again until measured
         self._specs = dict(specs)
         self.hardware = hardware
         for model in holding:
@@ -40,6 +47,11 @@ class MemoryBook:
                 self._gpus[model] = assign(hardware, self.need(model), residents) or ()
 
     def need(self, model: str) -> MemoryNeed:
+        """What placement counts for `model`: its declaration, or its highest measured use where that is more."""
+        declared = self.declared(model)
+        return replace(declared, mib=max(declared.mib, self._highest.get(model, 0)))
+
+    def declared(self, model: str) -> MemoryNeed:
         return self._specs[model].memory or MemoryNeed(0, 0)
 
     # -- what happens -------------------------------------------------------------------------
@@ -65,9 +77,23 @@ class MemoryBook:
             self._load_s[model] = now - started
         self._ready_at[model] = now
 
+    def measured(self, model: str, use: Mapping[str, int]) -> str | None:
+        """What the processes of `model` (holding memory on GPUs) use now: MiB by GPU id. Returns a warning
+        when this is the first time, or a higher time, that it uses more on one GPU than it declared."""
+        if model not in self._gpus or model not in self._specs or not self.declared(model).gpus:
+            return None  # stopped since it was measured, or on the CPU, whose memory nvidia-smi does not see
+        self._measured[model] = dict(use)
+        highest, declared = max(use.values(), default=0), self.declared(model).mib
+        if highest <= max(declared, self._highest.get(model, 0)):
+            return None
+        self._highest[model] = highest
+        return (f"model {model} uses {highest} MiB of GPU memory, more than the {declared} MiB it declared "
+                f"(memory:); placement counts {highest} MiB for it from now on")
+
     def gone(self, model: str) -> None:
         """Stopped, failed to start, or evicted by a start (which counts it stopped at once)."""
         self._gpus.pop(model, None)
+        self._measured.pop(model, None)
         self._started_at.pop(model, None)
         self._ready_at.pop(model, None)
 
@@ -142,20 +168,30 @@ class MemoryBook:
         return make_room(self.hardware, self.need(target), residents)
 
     def view(self, busy: Callable[[str], bool]) -> dict:
-        """Each GPU's memory, what the models on it declared, and those models; the CPU's likewise (for
-        `/api/placement`)."""
+        """Each GPU's memory, what the models on it declared, what placement counts for them, what they use
+        (measured; None until measured), and those models; the CPU's likewise (for `/api/placement`)."""
         placed = {m: gpus for m, gpus in self._gpus.items() if m in self._specs}
         residents = [Resident(m, gpus, self.need(m).mib) for m, gpus in placed.items()]
         free, cpu_free = free_memory(self.hardware, residents)
-        gpus = [{"id": gpu, "memory_mib": mib, "declared_mib": mib - free[gpu],
-                 "models": sorted(m for m, on in placed.items() if gpu in on)} for gpu, mib in self.hardware.gpus.items()]
+        gpus = []
+        for gpu, mib in self.hardware.gpus.items():
+            on_it = sorted(m for m, on in placed.items() if gpu in on)
+            gpus.append({"id": gpu, "memory_mib": mib, "declared_mib": sum(self.declared(m).mib for m in on_it),
+                         "counted_mib": mib - free[gpu], "measured_mib": self._measured_on(gpu), "models": on_it})
         on_cpu = sorted(m for m, on in placed.items() if not on)
         cpu = {"memory_mib": self.hardware.cpu_mib,
-               "declared_mib": sum(self.need(m).mib for m in on_cpu), "models": on_cpu}
-        models = {m: {"gpus": list(on), "declared_mib": self.need(m).mib, "busy": busy(m),
+               "declared_mib": sum(self.declared(m).mib for m in on_cpu), "models": on_cpu}
+        models = {m: {"gpus": list(on), "declared_mib": self.declared(m).mib, "counted_mib": self.need(m).mib,
+                      "measured_mib": max(self._measured[m].values(), default=0) if m in self._measured else None,
+                      "measured_per_gpu_mib": dict(self._measured[m]) if m in self._measured else None, "busy": busy(m),
                       "protected": self.protection(m) or None, "load_s": round(self.load_s(m), 3),
                       "eviction_cost": round(self.cost(m), 3)} for m, on in sorted(placed.items())}
         return {"gpus": gpus, "cpu": cpu, "models": models}
+
+    def _measured_on(self, gpu: str) -> int | None:
+        """What the models holding memory use on `gpu`, measured (None: none of them measured there)."""
+        uses = [use[gpu] for use in self._measured.values() if gpu in use]
+        return sum(uses) if uses else None
 
     def room_with(self, model: str, holding: Iterable[str], busy: Callable[[str], bool],
                   leaving: frozenset[str]) -> Room | None:

@@ -24,9 +24,10 @@ from .effects import Dequeued, Effect, Grant, StartModel, StopModel
 from .fleet import ModelFleet, ModelState
 from .launches import Job, Launch, Round
 from .memory_book import MemoryBook
-from .placement import Hardware, Room
+from .placement import Hardware
 from .priority import Band, band_of
 from .queue import WaitQueue
+from .serial_memory import SerialMemory
 from .serial_reload import SerialReload
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
@@ -34,7 +35,7 @@ from .swap import SwapPolicy
 from .ticket import ModelSpec, Ticket
 
 
-class SerialScheduler(SerialReload):
+class SerialScheduler(SerialReload, SerialMemory):
     name = "serial"
 
     def __init__(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings,
@@ -275,21 +276,6 @@ class SerialScheduler(SerialReload):
 
     def held_back_because(self, ticket_id: int) -> str:
         return self._waited.get(ticket_id, "")
-
-    def placement(self) -> dict | None:
-        return None if self.memory is None else self.memory.view(self._in_use)
-
-    def apply_leases(self, leases: Mapping[str, tuple[str, float]], now: float) -> list[Effect]:
-        if self.memory is None:
-            return []
-        self.memory.set_leases(leases)
-        return self.tick(now)  # a lease that ended lets its model's TTL, and requests it blocked, go
-
-    def room_for(self, model: str) -> Room | None:
-        if self.memory is None or model not in self._fleet:
-            return None
-        others = self._others(model)
-        return self.memory.room_with(model, others, self._in_use, self._policy.evictions(model, others))
 
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Waiting requests best first, with the score each would get right now."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Protocol
 
 from scheduling.core import ModelState, StartModel, StopModel
@@ -38,6 +39,13 @@ class ModelProcesses:
         now = self.now()
         self._observer(ModelStateChanged(model, ModelState.STOPPED))
         self._run(lambda: self.scheduler.model_stopped(model, now))
+
+    def memory_measured(self, model: str, use: Mapping[str, int]) -> None:
+        """What `model`'s processes use on each GPU (MiB by GPU id), measured where they run: the core shows it
+        and counts it where it is more than declared, which is said here."""
+        warning = self.scheduler.memory_measured(model, use)
+        if warning is not None:
+            log.warning("%s", warning)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = self._loop.create_task(coro)

@@ -1,0 +1,33 @@
+"""What the serial scheduler tells of memory placement, and learns of it from the machine: the placement view,
+the leases in force, the room a model would get, and what its processes are measured to use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .effects import Effect
+from .placement import Room
+
+
+class SerialMemory:
+    """Part of `SerialScheduler` (its `memory` is a `MemoryBook`, or None without `hardware:`)."""
+
+    def placement(self) -> dict | None:
+        return None if self.memory is None else self.memory.view(self._in_use)
+
+    def apply_leases(self, leases: Mapping[str, tuple[str, float]], now: float) -> list[Effect]:
+        if self.memory is None:
+            return []
+        self.memory.set_leases(leases)
+        return self.tick(now)  # a lease that ended lets its model's TTL, and requests it blocked, go
+
+    def room_for(self, model: str) -> Room | None:
+        if self.memory is None or model not in self._fleet:
+            return None
+        others = self._others(model)
+        return self.memory.room_with(model, others, self._in_use, self._policy.evictions(model, others))
+
+    def memory_measured(self, model: str, use: Mapping[str, int]) -> str | None:
+        """What `model`'s processes use on each GPU now (MiB by GPU id); a warning to log when it is more
+        than the model declared, which its next placement then counts (see `MemoryBook.measured`)."""
+        return None if self.memory is None else self.memory.measured(model, use)
