@@ -19,7 +19,7 @@ from django.utils.html import format_html
 
 from scheduling.door import frontdoor
 
-from scheduling.operating import overview, settings_preview
+from scheduling.operating import overview, placement_page, settings_preview
 from scheduling.forms import PriorityForm, SchedulerSettingsForm, config_or_problem
 from scheduling.rows.history import CappedCountPaginator, HistoryQuerySet, search_requests
 from scheduling.models import (
@@ -200,18 +200,22 @@ class ConfiguredModelAdmin(LivePageAdmin):
     template_name = "admin/scheduling/configuredmodel/models.html"
 
     def page_context(self, request: HttpRequest, door: frontdoor.FrontDoor) -> dict:
-        states = door.ask_now(Processes())
+        try:
+            states, unanswered = door.ask_now(Processes()), ""
+        except (TimeoutError, RuntimeError) as exc:  # the configured models are still worth listing
+            states, unanswered = {}, str(exc) or _NO_ANSWER
         rows = [
             {
                 "id": model_id,
                 "model": model,
-                "state": states.get(model_id, "no worker"),  # distributed mode: its box's worker is down
+                # "no worker": in distributed mode, its box's worker is down
+                "state": states.get(model_id, "no answer" if unanswered else "no worker"),
                 "last_used": _last_used(model_id),
                 "history_url": f"{_changelist_url(QueuedRequest)}?model={model_id}",
             }
             for model_id, model in door.config.models.items()
         ]
-        return {"rows": rows}
+        return {"rows": rows, "unanswered": unanswered, **placement_page.section(door, unanswered, _NO_ANSWER)}
 
     def act(self, request: HttpRequest, door: frontdoor.FrontDoor) -> HttpResponse:
         wanted = request.POST.getlist("model")

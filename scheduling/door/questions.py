@@ -11,6 +11,7 @@ re-rank, unload, retune, a relayed request's row) are asked the same way.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -286,7 +287,8 @@ class BeginRelayed(Question):
 
 @dataclass(frozen=True)
 class Placement(Listed):
-    """Each worker's hardware: its GPUs' memory, what the models on them declared, and those models."""
+    """Each worker's hardware: its host (`box`), its GPUs' memory, what the models on them declared, and those
+    models."""
 
 
 @dataclass(frozen=True)
@@ -410,7 +412,7 @@ def _progress(question: Progress, runtime, fleet) -> QueueEntry | None:
 @answers(Placement)
 def _placement(question: Placement, runtime, fleet) -> list[dict]:
     view = runtime.scheduler.placement()
-    return [] if view is None else [view]
+    return [] if view is None else [{"box": socket.gethostname(), **view}]  # which box, where several answer
 
 
 @answers(CanLoad)
