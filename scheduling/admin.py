@@ -195,7 +195,8 @@ class WaitingRequestAdmin(LivePageAdmin):
 
 @admin.register(ConfiguredModel)
 class ConfiguredModelAdmin(LivePageAdmin):
-    """The configured models with their process state and last use; unload them."""
+    """The configured models with their process state and last use, and with `hardware:` where they sit
+    (`placement_page`); unload them."""
 
     template_name = "admin/scheduling/configuredmodel/models.html"
 
