@@ -84,13 +84,19 @@ def free_memory(hardware: Hardware, residents: Iterable[Resident]) -> tuple[dict
 def assign(hardware: Hardware, need: MemoryNeed, residents: Iterable[Resident]) -> tuple[str, ...] | None:
     """The GPUs `need` gets beside `residents`: the `need.gpus` with the most free memory that each hold
     `need.mib` (ties in the config's order), sorted in that order; () on the CPU; None when it does not fit."""
-    gpus, cpu = free_memory(hardware, residents)
+    return _assign_free(hardware, need, *free_memory(hardware, residents))
+
+
+def _assign_free(hardware: Hardware, need: MemoryNeed, gpus: Mapping[str, int], cpu: int | None
+                 ) -> tuple[str, ...] | None:
+    """`assign`, given each GPU's free memory and the CPU's."""
     if need.gpus == 0:
         return () if cpu is None or cpu >= need.mib else None
-    order = {gpu: index for index, gpu in enumerate(hardware.gpus)}
-    roomy = sorted((gpu for gpu, free in gpus.items() if free >= need.mib), key=lambda gpu: (-gpus[gpu], order[gpu]))
+    roomy = [gpu for gpu, free in gpus.items() if free >= need.mib]
     if len(roomy) < need.gpus:
         return None
+    order = {gpu: index for index, gpu in enumerate(hardware.gpus)}
+    roomy.sort(key=lambda gpu: (-gpus[gpu], order[gpu]))
     return tuple(sorted(roomy[:need.gpus], key=order.__getitem__))
 
 
@@ -123,32 +129,47 @@ def make_room(hardware: Hardware, need: MemoryNeed, residents: Iterable[Resident
 def _cheapest_set(hardware: Hardware, need: MemoryNeed, residents: tuple[Resident, ...],
                   candidates: list[Resident]) -> frozenset[str] | None:
     """The set of `candidates` whose stop lets `need` fit, least by (busy ones, summed cost, names):
-    depth-first over the candidates, a branch left once it cannot beat the best found."""
-    stays = {r.model: r for r in residents}
-    best: list = [None, None]  # (key, set)
+    depth-first over the candidates, a branch left once it cannot beat the best found. The candidates come
+    least (busy, cost) first, so once adding one makes a set worse than the best, adding any later one
+    would too: the rest of that branch's candidates are skipped."""
+    gpus, cpu = free_memory(hardware, residents)  # as the search stops candidates, what they held comes free
+    best: list = [None, None]  # ((busy, cost), names), set
     budget = [SEARCH_BUDGET]
 
-    def key(chosen: list[Resident]) -> tuple:
-        return sum(r.busy for r in chosen), sum(r.cost for r in chosen), tuple(sorted(r.model for r in chosen))
+    def free(resident: Resident, sign: int) -> None:
+        nonlocal cpu
+        for gpu in resident.gpus:
+            gpus[gpu] += sign * resident.mib
+        if not resident.gpus and cpu is not None:
+            cpu += sign * resident.mib
 
-    def visit(start: int, chosen: list[Resident]) -> None:
+    def beats(busy: int, cost: float, chosen: list[Resident]) -> bool:
+        if best[0] is None or (busy, cost) < best[0][0]:
+            return True
+        return (busy, cost) == best[0][0] and tuple(sorted(r.model for r in chosen)) < best[0][1]
+
+    def visit(start: int, chosen: list[Resident], busy: int, cost: float) -> None:
         budget[0] -= 1
-        if best[0] is not None and key(chosen) >= best[0]:
-            return
-        if assign(hardware, need, stays.values()) is not None:
-            best[0], best[1] = key(chosen), frozenset(r.model for r in chosen)
+        if _assign_free(hardware, need, gpus, cpu) is not None:
+            best[0], best[1] = ((busy, cost), tuple(sorted(r.model for r in chosen))), frozenset(r.model for r in chosen)
             return  # adding more only costs more
-        if budget[0] <= 0:
-            return
         for index in range(start, len(candidates)):
+            if budget[0] <= 0:
+                return
             resident = candidates[index]
-            del stays[resident.model]
+            more_busy, more_cost = busy + resident.busy, cost + resident.cost
             chosen.append(resident)
-            visit(index + 1, chosen)
+            if not beats(more_busy, more_cost, chosen):
+                chosen.pop()
+                if best[0] is not None and (more_busy, more_cost) > best[0][0]:
+                    return  # every later candidate costs at least as much
+                continue
+            free(resident, +1)
+            visit(index + 1, chosen, more_busy, more_cost)
             chosen.pop()
-            stays[resident.model] = resident
+            free(resident, -1)
 
-    visit(0, [])
+    visit(0, [], 0, 0.0)
     return best[1]
 
 
