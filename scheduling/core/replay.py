@@ -143,7 +143,8 @@ class _Replay:
         self.settings = settings
         self.scheduler = build_scheduler(setup.scheduler, setup.models, setup.policy, settings, setup.hardware)
         self.models = setup.models
-        self.ttl = any(spec.ttl > 0 for spec in setup.models.values())
+        # Deadlines the scheduler must be ticked at: a TTL's end, or a minResidency's (a start it held back may go)
+        self.deadlines = any(spec.ttl > 0 or spec.min_residency > 0 for spec in setup.models.values())
         self.records = {}
         skipped = {"failed_starts": 0, "refused_recorded": 0, "unconfigured": 0}
         for record in records:
@@ -185,7 +186,7 @@ class _Replay:
                 index += 1
                 now = record.arrival_s
                 self._arrive(record, now)
-            if self.ttl:
+            if self.deadlines:
                 self._arm_tick()
         span = self.idle_since - first  # to the last job's end
         return ReplayResult(

@@ -106,3 +106,12 @@ def test_replaying_a_history_the_core_placed_with_its_hardware_reproduces_it(dra
         rid: sent for rid, (sent, _) in recording.sent.items()
     }
     assert fidelity(records, result).wait_error_s == 0.0
+
+
+def test_a_start_held_back_by_a_min_residency_goes_when_it_ends():
+    records = [
+        Recorded(1, "a", NORMAL, 0.0, service_s=1.0, load_s=2.0, dispatched_s=2.0),
+        Recorded(2, "b", NORMAL, 10.0, service_s=1.0, load_s=2.0, dispatched_s=102.0),
+    ]
+    result = replay(records, placed({"a": 16, "b": 16}, gpus=1, min_residency=100.0), SerialSettings())
+    assert result.requests[2].outcome == "served" and result.requests[2].dispatched_s == 104.0  # a ready at 2 s
