@@ -21,6 +21,7 @@ from proxy.upstream import captures
 
 from proxy.api import system_metrics
 from proxy.http.errors import ProxyError
+from proxy.model_processes import gpu_memory
 from proxy.model_processes.fleet import ProcessFleet
 from proxy.upstream.peer_relay import PeerRelays
 from proxy.upstream.upstream_names import leading_names
@@ -194,8 +195,19 @@ class ProxyService:
         if self.runtime is not None:  # a front end's machine runs no model: the worker exports its machine's
             system_metrics.SAMPLER.configure(self.config.performance)
             self._background.add(loop.create_task(self._sync_leases()))
+            self._measure_gpu_memory()
         if self.config.preload:
             self._background.add(loop.create_task(self.load(*self.config.preload, why="preload")))
+
+    def _measure_gpu_memory(self) -> None:
+        """Measure what the models use of GPU memory where nvidia-smi exists (see `gpu_memory`)."""
+        command = gpu_memory.nvidia_smi_command()
+        if command is None:
+            if self.config.hardware is not None:
+                log.info("no nvidia-smi (on PATH, or %s): GPU memory is not measured", gpu_memory.COMMAND_SETTING)
+            return
+        watch = gpu_memory.GpuMemoryWatch(command, self.fleet, self.runtime.memory_measured)
+        self._background.add(asyncio.get_running_loop().create_task(watch.run()))
 
     def start_loading(self, model: str, why: str) -> None:
         """Load `model` in the background (a new lease's)."""

@@ -12,8 +12,9 @@ from scheduling.door.questions import CanLoad, Placement
 @api_key_required
 @allow_methods("GET")
 async def placement(request: HttpRequest, service) -> JsonResponse:
-    """Each box's GPUs (memory, declared use, models), its CPU's, and each placed model's GPUs, protection and
-    eviction cost. `placed_by_memory` is false without a `hardware:` section (then there are no boxes)."""
+    """Each box's GPUs (memory, declared, counted and measured use, models), its CPU's, and each placed model's
+    GPUs, declared and measured memory, protection and eviction cost. `placed_by_memory` is false without a
+    `hardware:` section (then there are no boxes)."""
     boxes = await service.door.ask(Placement())
     return JsonResponse({"placed_by_memory": service.config.hardware is not None, "boxes": boxes})
 

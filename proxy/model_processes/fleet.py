@@ -88,6 +88,11 @@ class ProcessFleet:
         models = dict.fromkeys([*self._retiring, *self.processes])
         return [m for m in models if self._current(m).state != ModelState.STOPPED]
 
+    def ready_pids(self) -> dict[str, int]:
+        """Each ready model's process (the one started; see `proxy.model_processes.gpu_memory`), by model."""
+        ready = {m: self._current(m) for m in self.running()}
+        return {m: process.pid for m, process in ready.items() if process.state == ModelState.READY and process.pid}
+
     async def swap_in(self, model: str, evict: tuple[str, ...], gpus: tuple[str, ...] | None = None) -> None:
         """Stop the evicted models (in parallel), then start `model` and wait until it is healthy; `gpus`
         (placement's, () for the CPU) become its CUDA_VISIBLE_DEVICES and its cmd's ${GPUS}."""

@@ -83,6 +83,30 @@ def group_members(pgid: int, *, exiting: bool = True) -> list[int] | None:
     return sorted(members)
 
 
+def family(pid: int) -> set[int] | None:
+    """`pid`, what it started and they started (by parent), and the rest of the process group it leads (a
+    child that daemonized left its parent but kept its group): everything a model started as, say,
+    `sh -c 'exec server'` or a wrapper script runs as. None where there is no /proc."""
+    try:
+        entries = os.listdir(PROC)
+    except OSError:
+        return None
+    children: dict[int, list[int]] = {}
+    found = {pid}
+    for entry in entries:
+        if entry.isdigit() and (fields := _stat_fields(int(entry))) is not None and fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            if int(fields[2]) == pid:
+                found.add(int(entry))
+    unseen = list(found)
+    while unseen:
+        for child in children.get(unseen.pop(), ()):
+            if child not in found:
+                found.add(child)
+                unseen.append(child)
+    return found
+
+
 def group_of(pid: int) -> int | None:
     """The process group of `pid` (stat field 5); None when the process is gone."""
     fields = _stat_fields(pid)

@@ -29,6 +29,10 @@ others wait in arrival order for a free slot (a "queued" event records each one 
 and one whose client leaves while it waits is dropped. GET requests never take a slot. Without
 it every request is served at once.
 
+``--gpu-memory MIB`` makes the server "use" MIB of GPU memory on each GPU of its ``CUDA_VISIBLE_DEVICES``
+(GPU 0 without one), for the fake ``nvidia-smi`` (``proxy.testing.fake_nvidia_smi``) to report: it writes
+``<pid>.json`` into the directory ``LLAMASWAP_FAKE_GPU_DIR`` names.
+
 A GET with ``Upgrade: websocket`` on any path opens an echo WebSocket (see ``_websocket_echo``), for
 the passthrough's tests; its events are "websocket" lines with ``state`` "open" or "closed".
 """
@@ -65,6 +69,7 @@ WORDS = (
 PROMPT_TOKENS_PER_SECOND = 2000.0
 EMBEDDING_DIMENSIONS = 16
 CRASH_EXIT_STATUS = 3
+GPU_DIR_VARIABLE = "LLAMASWAP_FAKE_GPU_DIR"  # where --gpu-memory is written for the fake nvidia-smi
 
 ERROR_TYPES = {
     400: ("invalid_request_error", "bad_request"),
@@ -680,7 +685,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--parallel", type=int, default=0, metavar="N", help="serve at most N requests at once (0: no limit)"
     )
     parser.add_argument("--events", metavar="FILE", help="append one JSON line per request start/end/disconnect")
+    parser.add_argument("--gpu-memory", type=int, metavar="MIB", help="GPU memory to report as used (fake nvidia-smi)")
     return parser.parse_args(argv)
+
+
+def announce_gpu_memory(mib: int) -> None:
+    """Tell the fake nvidia-smi this process uses `mib` on each of its GPUs (see the module docstring)."""
+    directory = os.environ.get(GPU_DIR_VARIABLE)
+    if not directory:
+        sys.stderr.write(f"fakemodel: --gpu-memory needs {GPU_DIR_VARIABLE}; no GPU memory is reported\n")
+        return
+    state = {"pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "mib": mib}
+    path = os.path.join(directory, f"{os.getpid()}.json")
+    with open(path + ".tmp", "w") as state_file:
+        json.dump(state, state_file)
+    os.replace(path + ".tmp", path)  # whole or absent to a reader
 
 
 def install_sigterm_handler(ignore: bool) -> None:
@@ -704,6 +723,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         return args.exit_at_start
     install_sigterm_handler(args.ignore_sigterm)
+    if args.gpu_memory is not None:
+        announce_gpu_memory(args.gpu_memory)
     behaviour = Behaviour(
         model=args.model, tps=args.tps, tokens=args.tokens, crash_after_tokens=args.crash_after_tokens
     )
