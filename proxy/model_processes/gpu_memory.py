@@ -53,7 +53,7 @@ def parse_compute_apps(text: str) -> dict[int, dict[str, int]]:
     apps: dict[int, dict[str, int]] = {}
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.split(",")]
-        if len(cells) != 3 or not cells[0].isdigit() or not cells[1] or not cells[2].isdigit():
+        if len(cells) != 3 or not _whole(cells[0]) or not cells[1] or not _whole(cells[2]):
             continue
         on = apps.setdefault(int(cells[0]), {})
         on[cells[1]] = on.get(cells[1], 0) + int(cells[2])
@@ -65,9 +65,14 @@ def parse_gpu_indexes(text: str) -> dict[str, str]:
     indexes = {}
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.split(",")]
-        if len(cells) == 2 and cells[0].isdigit() and cells[1]:
+        if len(cells) == 2 and _whole(cells[0]) and cells[1]:
             indexes[cells[1]] = cells[0]
     return indexes
+
+
+def _whole(cell: str) -> bool:
+    """Whether a cell is a whole number as nvidia-smi writes one (not "[N/A]"; `str.isdigit` also takes "²")."""
+    return cell.isascii() and cell.isdigit()
 
 
 def use_of(pids: Iterable[int], apps: Mapping[int, Mapping[str, int]], indexes: Mapping[str, str],
@@ -139,9 +144,6 @@ class GpuMemoryWatch:
             indexes = parse_gpu_indexes(await ask(self.command, GPU_INDEXES, self.timeout)) if apps else {}
         except (OSError, RuntimeError) as exc:
             self._say_once(f"GPU memory is not measured ({exc}); placement counts the declared figures")
-            return {}
-        if apps and not indexes:
-            self._say_once(f"{self.command} {' '.join(GPU_INDEXES)} listed no GPU: GPU memory is not measured")
             return {}
         gpu_ids = tuple(self.fleet.config.hardware.gpus) if self.fleet.config.hardware is not None else ()
         families = await asyncio.to_thread(lambda: {m: proctable.family(pid) or {pid} for m, pid in pids.items()})

@@ -13,6 +13,7 @@ import textwrap
 import time
 
 import pytest
+from hypothesis import given, strategies as st
 
 from proxy.model_processes import gpu_memory, proctable
 from proxy.model_processes.gpu_memory import (
@@ -40,9 +41,16 @@ def test_compute_apps_give_each_process_its_mib_by_gpu_and_leave_out_what_is_not
 
 
 @pytest.mark.parametrize("text", ["", "No running processes found\n", "garbage\n\x00\xff, ,\n", "1,2\n", "a, b, c\n",
-                                  "12, GPU-x, 3072 MiB\n", "12, , 30\n"])
+                                  "12, GPU-x, 3072 MiB\n", "12, , 30\n", "², GPU-x, 3\n", "1, GPU-x, ³\n"])
 def test_output_that_is_no_compute_app_row_is_nothing(text):
     assert parse_compute_apps(text) == {}
+
+
+@given(st.text(alphabet=st.sampled_from("0123456789²³, \n[]/NAGPU-x\x00")) | st.text())
+def test_no_output_breaks_the_readers_and_what_they_keep_is_figures(text):
+    for uses in parse_compute_apps(text).values():
+        assert uses and all(isinstance(mib, int) and mib >= 0 for mib in uses.values())
+    assert all(index.isascii() and index.isdigit() for index in parse_gpu_indexes(text).values())
 
 
 def test_gpu_indexes_by_uuid_and_nonsense_left_out():
