@@ -180,6 +180,23 @@ def test_the_watch_measures_a_model_once_ready_then_again_only_after_its_period(
     assert runs.read_text().count("run") == 2  # the compute apps, then the GPUs' indexes: once
 
 
+def test_a_loaded_model_is_measured_again_each_period(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_memory, "CHECK_EVERY_S", 0.01)
+    tool = executable(tmp_path / "nvidia-smi", f'echo "{os.getpid()}, GPU-a, 700"\n')
+    fleet = Fleet()
+    fleet.ready = {"m": os.getpid()}
+    told = []
+
+    async def scenario():
+        watch = asyncio.create_task(GpuMemoryWatch(tool, fleet, report=lambda m, use: told.append(use), every=0.05).run())
+        while len(told) < 3:
+            await asyncio.sleep(0.01)
+        watch.cancel()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert all(set(use) == {"GPU-a"} for use in told)  # the index query answered nothing: named by its UUID
+
+
 class Fleet:
     """The part of `ProcessFleet` the watch reads."""
 
