@@ -188,7 +188,10 @@ class ChannelLayerFrontDoor:
         tries = 0
         while True:
             try:
-                return await asyncio.wait_for(attempt(), max(deadline - self._loop.time(), SEND_RETRY_S))
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancel that comes as the send
+                # completes, and a client that left would then wait on for a grant nobody releases.
+                async with asyncio.timeout(max(deadline - self._loop.time(), SEND_RETRY_S)):
+                    return await attempt()
             except (*REDIS_FAILURES, TimeoutError) as exc:
                 tries += 1
                 if tries == 1:
