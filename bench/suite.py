@@ -8,7 +8,8 @@ same requests again with LiteLLM's proxy (the peer, installed into `.bench-venv/
 in the rotation, all three in front of one fake model; interactive wait under batch saturation
 (serial, then fifo); swap thrash (swapAffinityBonus 10, then 0); the wait prediction's error (each
 waiting request's predicted wait against its actual one, three bands, two models swapping); the replay
-of recorded traffic (requests replayed per second, fidelity to a recorded run); models
+of recorded traffic (requests replayed per second, fidelity to a recorded run); memory placement against
+hand-written groups on one trace, and one placement decision's cost; models
 that coexist and models with several slots (embeddings beside a batch job, concurrent streams on
 slots, service CPU per streamed chunk); llama-swap parity (a chat relayed to a peer beside one through the
 scheduler, a WebSocket message through the passthrough, captures on against off, llama-swap's activity API on a
@@ -43,8 +44,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import (distributed, interactive, llama_swap_parity, load, peer, prediction, prediction_core,  # noqa: E402
-                   proxy, replay, scheduler_core, slots, streaming, thrash, whatif)
+from bench import (distributed, interactive, llama_swap_parity, load, peer, placement, prediction,  # noqa: E402
+                   prediction_core, proxy, replay, scheduler_core, slots, streaming, thrash, whatif)
 from bench.common import REPO, Stats, added, direct_base, load_average, machine, stats, versions  # noqa: E402
 
 BEGIN = "<!-- bench:results -->"
@@ -352,6 +353,29 @@ def whatif_part(report: Report, quick: bool) -> None:
                    whatif.method(seconds, seeds, runs), [whatif.HEADER, *whatif.rows(result)])
 
 
+def placement_part(report: Report, quick: bool) -> None:
+    """Memory placement against hand-written groups and one swap group on one trace, and one decision's cost."""
+    seed, hours, samples = placement.SEED, 1.0 if quick else placement.HOURS, 100 if quick else 300
+    c = placement.compare(seed, hours)
+    what = (f"memory placement against the best hand-written groups, 6 models on 2 GPUs, {c.requests:,} requests "
+            f"over {hours:g} h (core replay)")
+    report.judge(what, "GPU-seconds loading; interactive wait p99", "fewer than the groups'; no worse",
+                 f"{c.placement.loading_gpu_s:,.0f} against {c.best.loading_gpu_s:,.0f}; "
+                 f"{c.placement.interactive_p99:.1f} s against {c.best.interactive_p99:.1f} s", c.met())
+    report.figure(f"{what}: hand-written groupings placement beats on both figures",
+                  f"{c.beaten} of {c.groupings}; beating placement on both: {len(c.beating)}")
+    decisions = placement.measure_decisions(samples)
+    worst = placement.decision_worst_p99(decisions)
+    report.judge(f"placement decision with {placement.DECISION_LOADED} models loaded on {placement.DECISION_GPUS} "
+                 f"GPUs, a request that needs models stopped, {samples} a case (core only)",
+                 "scheduler submit p99, worse case", f"≤ {placement.TARGET_DECISION_MS:g} ms", f"{worst:.2f} ms",
+                 worst <= placement.TARGET_DECISION_MS)
+    report.section(f"Memory placement: one trace of {c.requests:,} requests over {hours:g} h, and one decision's cost",
+                   placement.method(seed, hours, samples),
+                   [placement.COMPARISON_HEADER, *placement.comparison_rows(c)], placement.verdict_lines(c),
+                   [placement.DECISION_HEADER, *placement.decision_rows(decisions)])
+
+
 def slots_part(report: Report, sizes: Sizes) -> None:
     """Embeddings beside a batch job, concurrent streams on slots, and the service's CPU per chunk."""
     beside = slots.measure_embeddings(sizes.embeddings, sizes.embeddings_blocks, sizes.single_slot_rounds)
@@ -613,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         "replay": lambda: replay_part(report, sizes),
         "wait prediction over seeds": lambda: prediction_seeds_part(report, args.quick),
         "replay what-if": lambda: whatif_part(report, args.quick),
+        "memory placement": lambda: placement_part(report, args.quick),
         "coexisting models and slots": lambda: slots_part(report, sizes),
         "llama-swap parity": lambda: parity_part(report, sizes),
         "queue capacity": lambda: capacity_part(report, sizes),
