@@ -220,3 +220,13 @@ def test_a_tried_config_that_does_not_load_is_refused_naming_the_file(tmp_path, 
         call_command("replay", "--config", config, "--try-config", str(path), stderr=err)
     assert exit_.value.code == 2
     assert err.getvalue().startswith(message.format(path=path))
+
+
+def test_requests_for_models_the_tried_config_lacks_are_left_out_of_its_run_and_counted(tmp_path, config, alternating):
+    alone = tmp_path / "alpha-only.yaml"
+    alone.write_text("models:\n  alpha:\n    cmd: /bin/true --port ${PORT}\n")
+    result = replay(config, "--try-config", str(alone))
+    assert result["in_force"]["handling"]["unconfigured"] == 0 and result["proposed"]["handling"]["unconfigured"] == 3
+    out = io.StringIO()
+    call_command("replay", "--config", config, "--since", T.isoformat(), "--try-config", str(alone), stdout=out)
+    assert "Proposed: 3 of models its config does not have, left out" in out.getvalue()
