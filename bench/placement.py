@@ -1,6 +1,6 @@
 """Memory placement against hand-written groups, on one recorded trace; and what one placement decision costs.
 
-    .venv/bin/python bench/placement.py [--seed 11] [--hours 2] [--samples 300]
+    .venv/bin/python bench/placement.py [--seed 11] [--hours 2] [--samples 300] [--other-seeds 12 13 14 15]
 
 Trace, the core alone (`scheduling.core.replay`, the replay `llamaswap replay` runs): six models of different
 sizes and load times on two GPUs of 24 GiB (64 GiB of models on 48 GiB: not all fit at once), and a seeded
@@ -17,8 +17,9 @@ The same trace is replayed under three configs, each with the default scheduler 
   Without `hardware:` the scheduler knows nothing of memory, so these are all it may run together;
 - **one swap group**: llama-swap's default, one model at a time.
 
-A fourth row, not judged, shows placement with `minResidency: 300` on every model, the knob against thrash:
-what it saves in loads and costs in interactive waits.
+A last row, not judged, shows placement with `minResidency: 300` on every model, the knob against thrash: what it
+saves in loads and costs in interactive waits. The same comparison on four other seeds (other traces of the same
+shape) follows, not judged, so that one trace's verdict is not read as the rule.
 
 Figures per config: GPU-seconds spent loading models (each start's load time on each GPU it takes), model
 starts, interactive wait p99 (arrival to being sent to its model, nearest rank), batch wait p50. The best
@@ -86,6 +87,7 @@ BURSTS = (
     ("chat-32b", 3600.0, 2400.0, 20, 30.0),
 )
 SEED, HOURS = 11, 2.0
+OTHER_SEEDS = (12, 13, 14, 15)  # the same comparison on other traces, shown, not judged
 MIN_RESIDENCY_S = 300.0
 TARGET_DECISION_MS = 1.0
 DECISION_GPUS, DECISION_LOADED, DECISION_BUSY = 8, 20, 5
@@ -236,6 +238,16 @@ def verdict_lines(c: Comparison) -> list[str]:
     return lines
 
 
+SEEDS_HEADER = ("| seed | requests | placement GPU-s loading | best groups' GPU-s loading | placement interactive p99 s | "
+                "best groups' interactive p99 s | groupings beating placement on both |\n|--:|--:|--:|--:|--:|--:|--:|")
+
+
+def seed_rows(comparisons: dict[int, Comparison]) -> list[str]:
+    return [f"| {seed} | {c.requests:,} | {c.placement.loading_gpu_s:,.0f} | {c.best.loading_gpu_s:,.0f} | "
+            f"{c.placement.interactive_p99:.1f} | {c.best.interactive_p99:.1f} | {len(c.beating)} |"
+            for seed, c in comparisons.items()]
+
+
 # -- one decision -----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -338,11 +350,12 @@ def decision_rows(results: list[Decisions]) -> list[str]:
     return rows
 
 
-def method(seed: int, hours: float, samples: int) -> str:
+def method(seed: int, hours: float, samples: int, others: tuple[int, ...]) -> str:
     """The module's description of both measurements, with the command that reruns them and the models."""
     sizes = ", ".join(f"{m} {gib} GiB / {load:g} s" for m, (gib, load) in MODELS.items())
     return "\n\n".join([
-        f"Rerun: `.venv/bin/python bench/placement.py --seed {seed} --hours {hours:g} --samples {samples}`. "
+        f"Rerun: `.venv/bin/python bench/placement.py --seed {seed} --hours {hours:g} --samples {samples} "
+        f"--other-seeds {' '.join(map(str, others))}`. "
         f"Models (memory / load time): {sizes}; GPUs: 2 × 24 GiB.",
         *__doc__.split("\n\n")[2:],
     ])
@@ -353,20 +366,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--hours", type=float, default=HOURS)
     parser.add_argument("--samples", type=int, default=300, help="decisions timed per case")
+    parser.add_argument("--other-seeds", type=int, nargs="*", default=list(OTHER_SEEDS),
+                        help="the comparison again on these traces, not judged")
     args = parser.parse_args(argv)
     load_before = load_average()
     comparison = compare(args.seed, args.hours)
+    others = {seed: compare(seed, args.hours) for seed in args.other_seeds}
     decisions = measure_decisions(args.samples)
     print(f"machine: {machine()}")
     print(f"load average (1/5/15 min) before: {load_before}, after: {load_average()}")
     print(f"command: .venv/bin/python bench/placement.py --seed {args.seed} --hours {args.hours:g} "
-          f"--samples {args.samples}")
+          f"--samples {args.samples} --other-seeds {' '.join(map(str, args.other_seeds))}")
     print(f"\n{comparison.requests} requests over {args.hours:g} h\n")
     print(COMPARISON_HEADER)
     print("\n".join(comparison_rows(comparison)))
     print("\n" + "\n".join(verdict_lines(comparison)))
     print(f"target (fewer GPU-seconds loading than the best grouping, interactive p99 no worse): "
           f"{'met' if comparison.met() else 'MISSED'}\n")
+    if others:
+        print(SEEDS_HEADER)
+        print("\n".join(seed_rows(others)) + "\n")
     print(DECISION_HEADER)
     print("\n".join(decision_rows(decisions)))
     worst = decision_worst_p99(decisions)

@@ -364,6 +364,8 @@ def placement_part(report: Report, quick: bool) -> None:
                  f"{c.placement.interactive_p99:.1f} s against {c.best.interactive_p99:.1f} s", c.met())
     report.figure(f"{what}: hand-written groupings placement beats on both figures",
                   f"{c.beaten} of {c.groupings}; beating placement on both: {len(c.beating)}")
+    others = () if quick else placement.OTHER_SEEDS
+    seeds = {seed: placement.compare(seed, hours) for seed in others}
     decisions = placement.measure_decisions(samples)
     worst = placement.decision_worst_p99(decisions)
     report.judge(f"placement decision with {placement.DECISION_LOADED} models loaded on {placement.DECISION_GPUS} "
@@ -371,8 +373,9 @@ def placement_part(report: Report, quick: bool) -> None:
                  "scheduler submit p99, worse case", f"≤ {placement.TARGET_DECISION_MS:g} ms", f"{worst:.2f} ms",
                  worst <= placement.TARGET_DECISION_MS)
     report.section(f"Memory placement: one trace of {c.requests:,} requests over {hours:g} h, and one decision's cost",
-                   placement.method(seed, hours, samples),
+                   placement.method(seed, hours, samples, others),
                    [placement.COMPARISON_HEADER, *placement.comparison_rows(c)], placement.verdict_lines(c),
+                   *([[placement.SEEDS_HEADER, *placement.seed_rows(seeds)]] if seeds else []),
                    [placement.DECISION_HEADER, *placement.decision_rows(decisions)])
 
 
