@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -21,6 +20,8 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from proxy.model_processes.gpu_memory import COMMAND_SETTING, nvidia_smi_command, whole_number
 
 log = logging.getLogger("llamaswap.performance")
 
@@ -92,7 +93,7 @@ def parse_meminfo(text: str) -> Memory:
     for line in text.splitlines():
         name, _, rest = line.partition(":")
         parts = rest.split()
-        if parts and parts[0].isdigit():
+        if parts and whole_number(parts[0]):
             kib[name] = int(parts[0]) * 1024
     total = kib.get("MemTotal", 0)
     free = kib.get("MemFree", 0)
@@ -146,7 +147,7 @@ def parse_nvidia_smi(text: str) -> tuple[Gpu, ...]:
     gpus = []
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.split(",")]
-        if len(cells) != len(NVIDIA_SMI_FIELDS) or not cells[0].isdigit():
+        if len(cells) != len(NVIDIA_SMI_FIELDS) or not whole_number(cells[0]):
             continue
         row = dict(zip(NVIDIA_SMI_FIELDS, cells, strict=True))
         values = {}
@@ -274,9 +275,9 @@ class SystemSampler:
         return cpu_percent(before, now)
 
     def _gpus(self) -> tuple[Gpu, ...]:
-        executable = shutil.which("nvidia-smi")
+        executable = nvidia_smi_command()
         if executable is None:
-            self._once.info("no nvidia-smi on PATH: no GPU series in /metrics")
+            self._once.info(f"no nvidia-smi (on PATH, or as {COMMAND_SETTING} names): no GPU series in /metrics")
             return ()
         try:
             return parse_nvidia_smi(query_nvidia_smi(executable))

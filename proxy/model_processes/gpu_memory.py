@@ -53,7 +53,7 @@ def parse_compute_apps(text: str) -> dict[int, dict[str, int]]:
     apps: dict[int, dict[str, int]] = {}
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.split(",")]
-        if len(cells) != 3 or not _whole(cells[0]) or not cells[1] or not _whole(cells[2]):
+        if len(cells) != 3 or not whole_number(cells[0]) or not cells[1] or not whole_number(cells[2]):
             continue
         on = apps.setdefault(int(cells[0]), {})
         on[cells[1]] = on.get(cells[1], 0) + int(cells[2])
@@ -65,12 +65,12 @@ def parse_gpu_indexes(text: str) -> dict[str, str]:
     indexes = {}
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.split(",")]
-        if len(cells) == 2 and _whole(cells[0]) and cells[1]:
+        if len(cells) == 2 and whole_number(cells[0]) and cells[1]:
             indexes[cells[1]] = cells[0]
     return indexes
 
 
-def _whole(cell: str) -> bool:
+def whole_number(cell: str) -> bool:
     """Whether a cell is a whole number as nvidia-smi writes one (not "[N/A]"; `str.isdigit` also takes "²")."""
     return cell.isascii() and cell.isdigit()
 

@@ -90,6 +90,8 @@ def test_nvidia_smi_csv_gives_each_gpus_values_in_bytes_and_leaves_out_what_it_d
 
 def test_nvidia_smi_lines_that_are_not_gpu_rows_are_skipped():
     assert parse_nvidia_smi("No devices were found\n") == ()
+    # A digit that is not an ASCII one ("²".isdigit() holds, int("²") raises) is no GPU index.
+    assert parse_nvidia_smi(NVIDIA_SMI.replace("0,", "\u00b2,", 1))[0].id == 1
 
 
 def exported(sample: Sample) -> dict:
@@ -163,6 +165,15 @@ def test_the_sampler_reads_proc_files_and_a_gpu_tool_on_path(tmp_path, monkeypat
     assert sample.cpu_percent == (0.0, 0.0)  # /proc/stat did not move during the first window
     assert sample.load == (1.5, 1.0, 0.5) and sample.memory.total == 16_000_000 * 1024
     assert [gpu.name for gpu in sample.gpus] == ["NVIDIA H200", "NVIDIA GeForce RTX 4090"]
+
+
+def test_the_sampler_runs_the_gpu_tool_the_setting_names_and_none_when_it_is_empty(tmp_path, monkeypatch):
+    tool = fake_tool(tmp_path, f"cat <<'CSV'\n{NVIDIA_SMI}CSV\n")
+    monkeypatch.setenv("LLAMASWAP_NVIDIA_SMI", tool)  # not on PATH
+    assert [gpu.id for gpu in SystemSampler(tmp_path / "no-proc").sample().gpus] == [0, 1]
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("LLAMASWAP_NVIDIA_SMI", "")
+    assert SystemSampler(tmp_path / "no-proc").sample().gpus == ()
 
 
 def test_without_proc_or_gpu_tool_the_sample_is_empty_and_said_once(tmp_path, monkeypatch, caplog):
