@@ -8,6 +8,8 @@ indexed orderings.
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
@@ -212,7 +214,7 @@ class ConfiguredModelAdmin(LivePageAdmin):
                 # "no worker": in distributed mode, its box's worker is down
                 "state": states.get(model_id, "no answer" if unanswered else "no worker"),
                 "last_used": _last_used(model_id),
-                "history_url": f"{_changelist_url(QueuedRequest)}?model={model_id}",
+                "history_url": f"{_changelist_url(QueuedRequest)}?{urlencode({'model': model_id})}",
             }
             for model_id, model in door.config.models.items()
         ]

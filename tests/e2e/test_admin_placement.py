@@ -86,6 +86,8 @@ def test_the_models_page_shows_each_gpu_and_the_gpu_a_request_loaded_its_model_o
         assert float(chat.find_element(By.CLASS_NAME, "eviction-cost").text) > 0
         SCREENSHOT.parent.mkdir(exist_ok=True)
         browser.save_screenshot(str(SCREENSHOT))
+        history = {link.text: link.get_attribute("href") for link in browser.find_elements(By.CSS_SELECTOR, "td.model-id a")}
+        assert history[ODD].endswith("?model=%3Cb%3Eodd%3C%2Fb%3E"), "a model's history link carries its ID encoded"
         chat.find_element(By.CSS_SELECTOR, ".lease a").click()  # to the lease in the admin's lease list
         wait_until(lambda: "/admin/scheduling/modellease/" in browser.current_url, what="the lease list")
         assert [row.find_element(By.CSS_SELECTOR, ".field-id").text
