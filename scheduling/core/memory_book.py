@@ -7,6 +7,9 @@ loaded yet is taken to load in the mean of the others' times (`UNKNOWN_LOAD_S` w
 GPU memory is measured where the processes run (`nvidia-smi`) and told here: a model found using more than
 it declared counts its highest measured figure from then on, so the next placement does not trust a
 declaration proven short.
+
+A decision asks for room several times (is the request blocked, what would it stop, where does it go) while
+nothing changes: each answer is kept until the book changes (every change bumps `_version`) or time moves on.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ class MemoryBook:
         self._highest: dict[str, int] = {}  # a model's highest use on one GPU, where above its declaration
         self._demand = Demand()
         self._now = 0.0
+        self._version = 0  # bumped by every change that room() reads
+        self._kept_at: tuple[int, float] = (-1, 0.0)  # (version, now) the kept facts and rooms hold for
+        self._facts: dict[str, tuple[int, float, str]] = {}  # model -> (MiB counted, cost, protection)
+        self._rooms: dict[tuple, Room | None] = {}
+
+    def _changed(self) -> None:
+        self._version += 1
 
     def reconfigure(self, specs: Mapping[str, ModelSpec], hardware: Hardware, holding: Iterable[str]) -> None:
         """A reload: models running on before it keep their GPUs; one placed nowhere yet (it started before
@@ -41,6 +51,7 @@ class MemoryBook:
             del self._highest[model]  # a new declaration (or none) is trusted again until measured
         self._specs = dict(specs)
         self.hardware = hardware
+        self._changed()
         for model in holding:
             if model not in self._gpus and model in self._specs:
                 residents = [Resident(m, gpus, self.need(m).mib) for m, gpus in self._gpus.items() if m in self._specs]
@@ -63,12 +74,14 @@ class MemoryBook:
     def arrived(self, model: str, priority: int, now: float) -> None:
         self._now = max(self._now, now)
         self._demand.arrived(model, priority, now)
+        self._changed()
 
     def starting(self, model: str, gpus: tuple[str, ...], now: float) -> None:
         self._now = max(self._now, now)
         self._gpus[model] = gpus
         self._started_at[model] = now
         self._ready_at.pop(model, None)
+        self._changed()
 
     def ready(self, model: str, now: float) -> None:
         self._now = max(self._now, now)
@@ -76,6 +89,7 @@ class MemoryBook:
         if started is not None:
             self._load_s[model] = now - started
         self._ready_at[model] = now
+        self._changed()
 
     def measured(self, model: str, use: Mapping[str, int]) -> str | None:
         """What the processes of `model` (holding memory on GPUs) use now: MiB by GPU id. Returns a warning
@@ -87,6 +101,7 @@ class MemoryBook:
         if highest <= max(declared, self._highest.get(model, 0)):
             return None
         self._highest[model] = highest
+        self._changed()
         return (f"model {model} uses {highest} MiB of GPU memory, more than the {declared} MiB it declared "
                 f"(memory:); placement counts {highest} MiB for it from now on")
 
@@ -96,6 +111,7 @@ class MemoryBook:
         self._measured.pop(model, None)
         self._started_at.pop(model, None)
         self._ready_at.pop(model, None)
+        self._changed()
 
     def lease(self, model: str, why: str | None, until: float = float("inf")) -> None:
         """Protect `model` from being stopped to make room, and from its TTL, until `until` (why None: no longer)."""
@@ -103,10 +119,12 @@ class MemoryBook:
             self._leases.pop(model, None)
         else:
             self._leases[model] = (why, until)
+        self._changed()
 
     def set_leases(self, leases: Mapping[str, tuple[str, float]]) -> None:
         """The leases in force now, replacing those before (each model's longest, by the caller)."""
         self._leases = dict(leases)
+        self._changed()
 
     def leased(self, model: str, now: float | None = None) -> bool:
         lease = self._leases.get(model)
@@ -154,18 +172,35 @@ class MemoryBook:
         """How `target` gets its memory beside `holding` (models holding memory or about to), of which
         `leaving` stop anyway (free to take, at no cost); `planned` places models not started yet (busy
         from then on). None: it never fits (a config error)."""
-        leaving, planned = set(leaving), planned or {}
+        leaving, planned = frozenset(leaving), planned or {}
+        if self._kept_at != (self._version, self._now):
+            self._kept_at, self._facts, self._rooms = (self._version, self._now), {}, {}
+        placed = {**self._gpus, **planned} if planned else self._gpus
+        models = tuple(m for m in dict.fromkeys(holding) if m != target and m in placed and m in self._specs)
+        key = (target, models, tuple(busy(m) for m in models), leaving, tuple(sorted(planned.items())))
+        if key not in self._rooms:
+            self._rooms[key] = self._room(target, models, key[2], leaving, planned, placed)
+        return self._rooms[key]
+
+    def _room(self, target: str, models: tuple[str, ...], busy: tuple[bool, ...], leaving: frozenset[str],
+              planned: Mapping[str, tuple[str, ...]], placed: Mapping[str, tuple[str, ...]]) -> Room | None:
+        """`room`, worked out."""
         if protected := sorted(m for m in leaving if self.protection(m)):  # the groups or matrix would stop them
             return Room(blocked_by=tuple(protected))
-        placed = {**self._gpus, **planned}
-        residents = [
-            Resident(model, placed[model], self.need(model).mib,
-                     cost=0.0 if model in leaving else self.cost(model),
-                     busy=(busy(model) or model in planned) and model not in leaving,
-                     protected="" if model in leaving else self.protection(model))
-            for model in dict.fromkeys(holding) if model != target and model in placed and model in self._specs
-        ]
+        residents = []
+        for model, is_busy in zip(models, busy, strict=True):
+            mib, cost, protection = self._facts_of(model)
+            stops = model in leaving
+            residents.append(Resident(model, placed[model], mib, cost=0.0 if stops else cost,
+                                      busy=(is_busy or model in planned) and not stops,
+                                      protected="" if stops else protection))
         return make_room(self.hardware, self.need(target), residents)
+
+    def _facts_of(self, model: str) -> tuple[int, float, str]:
+        """What placement counts for `model` now: (MiB, cost, protection), kept while nothing changes."""
+        if model not in self._facts:
+            self._facts[model] = (self.need(model).mib, self.cost(model), self.protection(model))
+        return self._facts[model]
 
     def view(self, busy: Callable[[str], bool]) -> dict:
         """Each GPU's memory, what the models on it declared, what placement counts for them, what they use
