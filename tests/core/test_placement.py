@@ -129,3 +129,26 @@ def test_with_hardware_a_group_that_would_stop_a_pinned_model_makes_the_start_wa
     assert scheduler.submit(Ticket(2, "a", 0, 3.0), 3.0) == []  # memory has room; the group would stop b
     assert "b (pinned)" in scheduler.held_back_because(2)
     assert scheduler.room_for("a").blocked_by == ("b",)
+
+
+def test_the_memory_book_keeps_an_answer_only_while_nothing_it_reads_changes():
+    from scheduling.core import ModelSpec
+    from scheduling.core.memory_book import MemoryBook
+
+    book = MemoryBook(TWO_24, {m: ModelSpec(m, memory=MemoryNeed(20_000)) for m in "abc"})
+    book.starting("a", ("0",), 0.0)
+    book.ready("a", 10.0)  # loads in 10 s
+    book.starting("b", ("1",), 10.0)
+    book.ready("b", 40.0)  # in 30 s
+    idle = lambda model: False  # noqa: E731
+    first = book.room("c", ("a", "b"), idle)
+    assert first.evict == {"a"}
+    assert book.room("c", ("a", "b"), idle) is first  # asked again, nothing changed: the kept answer
+    assert book.room("c", ("a", "b"), lambda model: model == "a").evict == {"b"}  # who is busy is read each time
+    for _ in range(20):
+        book.arrived("a", 100, 40.0)  # a in demand now (time stands still): 10 s × (1 + 4) against b's 30
+    assert book.room("c", ("a", "b"), idle).evict == {"b"}
+    book.lease("b", "lease #1")
+    assert book.room("c", ("a", "b"), idle).evict == {"a"}
+    book.gone("a")
+    assert book.room("c", ("a", "b"), idle).evict == frozenset()
