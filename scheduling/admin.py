@@ -20,6 +20,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from scheduling.door import frontdoor
+from scheduling.keys import admin as key_admin  # noqa: F401  (registers the API keys' pages)
 
 from scheduling.operating import overview, placement_page, settings_preview
 from scheduling.forms import PriorityForm, SchedulerSettingsForm, config_or_problem
@@ -413,7 +414,7 @@ class QueuedRequestAdmin(admin.ModelAdmin):
         (
             "Request",
             {"fields": ("id", "model", "requested_model", "selector", "peer", "method", "path", "stream", "client",
-                        "priority", "band", "state", "status_code", "error")},
+                        "api_key", "asked_priority", "priority", "band", "state", "status_code", "error")},
         ),
         (
             "Decision",

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
+from django.utils import timezone
 
 from scheduling.core import SerialSettings, serial_settings_problems
+from scheduling.core.priority import INT64_MAX, INT64_MIN
+from scheduling.keys.scope import globs_from_text
 from scheduling.tickets import TERMINAL_STATES, RequestState
 
 
@@ -40,7 +44,11 @@ class QueuedRequest(models.Model):
     selector = models.CharField(max_length=255, blank=True)
     # A peer's requests are relayed to another server, never queued: its ID (`model` is then `<peer>/<model>`).
     peer = models.CharField(max_length=255, blank=True)
-    priority = models.BigIntegerField(default=0)
+    priority = models.BigIntegerField(default=0)  # the applied one: the key's maximum and default are in it
+    # The API key row's name ("" for a config file apiKey or none) and the header's priority before the
+    # key's clamp (null: no header). Never the secret.
+    api_key = models.CharField(max_length=100, blank=True)
+    asked_priority = models.BigIntegerField(null=True, blank=True)
     band = models.CharField(max_length=12, choices=BandChoice.choices, default=BandChoice.NORMAL)
     state = models.CharField(max_length=12, choices=RequestState.choices, default=RequestState.QUEUED)
     scheduler = models.CharField(max_length=10, blank=True)
@@ -257,3 +265,61 @@ class ModelLease(models.Model):
 
     def __str__(self) -> str:
         return f"lease #{self.pk} on {self.model}"
+
+
+def _limit(help_text: str) -> models.BigIntegerField:
+    """A quota field: a whole number from 1, or blank for none."""
+    return models.BigIntegerField(null=True, blank=True, help_text=help_text,
+                                  validators=[MinValueValidator(1), MaxValueValidator(2**53 - 1)])
+
+
+def _priority(help_text: str) -> models.BigIntegerField:
+    return models.BigIntegerField(null=True, blank=True, help_text=help_text,
+                                  validators=[MinValueValidator(INT64_MIN), MaxValueValidator(INT64_MAX)])
+
+
+class ApiKey(models.Model):
+    """An API key: its secret is shown once when it is made and stored only hashed (`scheduling.keys.secrets`);
+    `prefix` names it in lists. Disabling one (or its expiry) refuses it on every front end within 2 s.
+
+    rpm, tpm, concurrency and weight are stored for quotas and fair share, not enforced yet."""
+
+    name = models.CharField(max_length=100, unique=True, validators=[RegexValidator(
+        r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", "letters, digits and . _ @ - (starting with a letter or digit)")])
+    prefix = models.CharField(max_length=16, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    enabled = models.BooleanField(default=True, help_text="Untick to revoke the key.")
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Refused from then on. Blank: never.")
+    allowed_models = models.TextField(
+        "models", blank=True, help_text="Model ID globs (* ? [..]), one per line; blank: every model.")
+    operator = models.BooleanField(
+        default=False, help_text="May unload, cancel, switch profiles, take leases, read /logs and captures.")
+    read_only = models.BooleanField(default=False, help_text="Reads /api/*, /running and /metrics; sends no inference.")
+    max_priority = _priority("The highest X-LlamaSwap-Priority its requests get (a higher header is lowered). Blank: no limit.")
+    default_priority = _priority("The priority of its requests that send no header. Blank: 0.")
+    rpm = _limit("Requests per minute (stored, not enforced yet).")
+    tpm = _limit("Tokens per minute (stored, not enforced yet).")
+    concurrency = _limit("Requests at once (stored, not enforced yet).")
+    weight = models.PositiveIntegerField(default=1, help_text="Fair-share weight (stored, not enforced yet).",
+                                         validators=[MinValueValidator(1), MaxValueValidator(1_000_000)])
+
+    class Meta:
+        verbose_name = "API key"
+        ordering = ("name",)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    def model_globs(self) -> tuple[str, ...]:
+        return globs_from_text(self.allowed_models)
+
+    def clean(self) -> None:
+        self.allowed_models = "\n".join(self.model_globs())
+        if (self.max_priority is not None and self.default_priority is not None
+                and self.default_priority > self.max_priority):
+            raise ValidationError({"default_priority": f"the default priority {self.default_priority} is above "
+                                                       f"the maximum {self.max_priority}"})
+        if self.operator and self.read_only:
+            raise ValidationError({"read_only": "an operator key changes things: it cannot be read-only too"})

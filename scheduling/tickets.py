@@ -55,6 +55,8 @@ class TicketRequest:
     origin: str = ""  # distributed mode: the front end's key for it (see QueuedRequest.origin)
     max_wait_s: float | None = None  # refused if not granted this long after it arrived (the caller's limit)
     selector: str = ""  # the selector (a virtual model ID) that picked `model`, if one did
+    api_key: str = ""  # the API key row's name (never its secret); "" for a config file apiKey or none
+    asked_priority: int | None = None  # the priority header before the key's clamp (None: no header)
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,9 @@ class ActivityWatch:
 class EventStream:
     """What one connection has been sent, and the envelopes that bring it up to date."""
 
-    def __init__(self, service) -> None:
+    def __init__(self, service, *, with_logs: bool = True) -> None:
         self.service = service
+        self.with_logs = with_logs  # the models' log text is an operator's (as `/logs`)
         self.log_cursors: dict[str, str] = {}
         self.models: list[dict[str, Any]] | None = None
         self.inflight: dict[int, dict[str, Any]] = {}
@@ -161,7 +162,9 @@ class EventStream:
 
     async def _logs(self) -> list[str]:
         """New text of each log, as `logData` from the model it belongs to."""
-        pieces = []
+        pieces: list[str] = []
+        if not self.with_logs:
+            return pieces
         for name, piece in (await self.service.door.ask(LogsSince(self.log_cursors))).items():
             self.log_cursors[name] = piece.cursor
             if piece.text:
@@ -238,10 +241,10 @@ def _queue_changed(sent: list[dict[str, Any]] | None, queue: list[dict[str, Any]
     return False
 
 
-async def events(service, *, tick_s: float = TICK_S, keepalive_s: float = KEEPALIVE_S):
+async def events(service, *, with_logs: bool = True, tick_s: float = TICK_S, keepalive_s: float = KEEPALIVE_S):
     """The response body: the first payload, then changes; ends when the client leaves (Django
     cancels the response's task then, which cancels the sleep or query this is waiting in)."""
-    stream = EventStream(service)
+    stream = EventStream(service, with_logs=with_logs)
     yield await stream.first()
     quiet_since = time.monotonic()
     while True:

@@ -10,7 +10,8 @@ from django.views.decorators.csrf import csrf_exempt
 from django_prometheus.exports import ExportToDjangoView
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from proxy.http.auth import is_authorized
+from proxy.http.access import Denied
+from proxy.http.key_cache import caller_of_now
 from proxy.http.errors import error_body
 from proxy.http.responses import allow_methods
 from proxy.service import load_configured
@@ -36,13 +37,12 @@ def refusal(headers: Mapping[str, str]) -> bytes | None:
     """The 401 body for a scrape without a valid API key while `metricsRequireApiKey` is on, else None.
     A worker's metrics port applies the same rule (`proxy.api.worker_metrics`); `headers` have lower-case names."""
     config = _served_config()
-    if config is None or not config.metrics_require_api_key or is_authorized(headers, config.api_keys):
+    if config is None or not config.metrics_require_api_key:
         return None
-    return error_body(
-        401,
-        "/metrics needs an API key (metricsRequireApiKey is on): send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-        "invalid_api_key",
-    )
+    caller = caller_of_now(headers, config.api_keys)
+    if not isinstance(caller, Denied):
+        return None
+    return error_body(401, f"/metrics needs an API key (metricsRequireApiKey is on): {caller.message}", caller.code)
 
 
 def _served_config():

@@ -12,7 +12,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from proxy.api import events_stream
 from proxy.compat.active_profile import active_profile
-from proxy.http.auth import is_authorized
+from proxy.http.access import Denied, Need, route_refusal
+from proxy.http.key_cache import caller_of
 from proxy.config.secrets import shown_argv, shown_url
 from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
 from proxy.compat.model_listing import add_capabilities, alias_entries
@@ -29,36 +30,48 @@ LOG_POLL_S = 0.25
 
 
 def api_key_required(view):
-    """Protect a view with the configured apiKeys (no keys configured: open). It goes above
-    `allow_methods`: a caller without the key learns nothing, not even which methods a route takes."""
+    """Protect a view with the API keys (the config's and the rows; none at all: open); any valid key reads.
+    The caller is `request.caller`. It goes above `allow_methods`: a caller without the key learns nothing,
+    not even which methods a route takes."""
 
     @functools.wraps(view)
     async def wrapper(request: HttpRequest, *args, **kwargs):
         service = get_service()
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        if not is_authorized(headers, service.config.api_keys):
-            return json_error(
-                401,
-                "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                "invalid_api_key",
-                WWW_Authenticate='Basic realm="llamaswap"',
-            )
+        caller = await caller_of({k.lower(): v for k, v in request.headers.items()}, service.config.api_keys)
+        if isinstance(caller, Denied):
+            return _denied(caller)
+        request.caller = caller
         return await view(request, service, *args, **kwargs)
 
     return csrf_exempt(wrapper)
 
 
+def operator_only(view):
+    """A view only an operator key (or a config file apiKey) may call, whatever the method. It goes below
+    `api_key_required`."""
+
+    @functools.wraps(view)
+    async def wrapper(request: HttpRequest, service, *args, **kwargs):
+        if denied := route_refusal(request.caller, Need.OPERATOR):
+            return _denied(denied)
+        return await view(request, service, *args, **kwargs)
+
+    return wrapper
+
+
 def changes_state(*methods: str):
-    """A view that changes something when called with `methods`: from a page on another origin, those
-    need the key shown as Bearer or x-api-key, not the browser's saved Basic credentials (proxy.http.cross_site).
-    It goes below `api_key_required`."""
+    """A view that changes something when called with `methods`: those need an operator key and, from a page
+    on another origin, the key shown as Bearer or x-api-key, not the browser's saved Basic credentials
+    (proxy.http.cross_site). It goes below `api_key_required`."""
 
     def decorate(view):
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, service, *args, **kwargs):
             if request.method in methods:
+                if denied := route_refusal(request.caller, Need.OPERATOR):
+                    return _denied(denied)
                 headers = {k.lower(): v for k, v in request.headers.items()}
-                refusal = cross_site_refusal(headers, service.config.api_keys)
+                refusal = cross_site_refusal(headers, request.caller)
                 if refusal is not None:
                     return json_error(403, refusal, CROSS_SITE_CODE)
             return await view(request, service, *args, **kwargs)
@@ -66,6 +79,11 @@ def changes_state(*methods: str):
         return wrapper
 
     return decorate
+
+
+def _denied(denied: Denied) -> HttpResponse:
+    return json_error(denied.status, denied.message, denied.code,
+                      **{name.replace("-", "_"): value for name, value in denied.headers().items()})
 
 
 @csrf_exempt  # machines probe it; an unsafe method gets a 405, not the CSRF page
@@ -102,11 +120,18 @@ async def list_models(request: HttpRequest, service) -> JsonResponse:
     data += listed_peer_models(service.config, created)
     profile = await active_profile(service.config)
     data += listed_choices(service.config, profile, states, created, {entry["id"] for entry in data})
+    data = [entry for entry in data if request.caller.scope.allows_model(_listed_model(entry))]
     data.sort(key=lambda entry: entry["id"])  # as llama-swap lists them
     response = JsonResponse({"object": "list", "data": data})
     if "Origin" in request.headers:  # a web page on another origin may read the list, as with llama-swap
         response["Access-Control-Allow-Origin"] = request.headers["Origin"]
     return response
+
+
+def _listed_model(entry: dict) -> str:
+    """The model ID an entry of `/v1/models` reaches: an alias's model, else the entry's own ID."""
+    meta = entry.get("meta", {}).get("llamaswap", {})
+    return meta.get("modelID", entry["id"]) if meta.get("type") == "alias" else entry["id"]
 
 
 @api_key_required
@@ -157,12 +182,14 @@ async def unload_model(request: HttpRequest, service, model: str) -> HttpRespons
 
 
 @api_key_required
+@operator_only
 @allow_methods("GET")
 async def logs(request: HttpRequest, service) -> HttpResponse:
     return HttpResponse(await service.door.ask(Logs()), content_type="text/plain; charset=utf-8")
 
 
 @api_key_required
+@operator_only
 @allow_methods("GET")
 async def logs_stream(request: HttpRequest, service, model: str | None = None) -> HttpResponse:
     model_id = None
@@ -213,8 +240,10 @@ async def _logs_stream(door, model: str | None, model_id: str | None, history: b
 @api_key_required
 @allow_methods("GET")
 async def api_events(request: HttpRequest, service) -> HttpResponse:
-    """`GET /api/events`: llama-swap's Server-Sent Events (see proxy.api.events_stream)."""
-    response = StreamingHttpResponse(events_stream.events(service), content_type="text/event-stream")
+    """`GET /api/events`: llama-swap's Server-Sent Events (see proxy.api.events_stream); the models' log
+    text only for an operator key, as `/logs`."""
+    events = events_stream.events(service, with_logs=request.caller.scope.operator)
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a proxy in front must pass each event on as it comes
     return response

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from proxy.upstream.captures import STORE
 from proxy.http.responses import allow_methods, json_error
 from proxy.version import build_info
-from proxy.api.views import api_key_required
+from proxy.api.views import api_key_required, operator_only
 from scheduling.rows.llama_swap_activity import (
     LlamaSwapActivityQuery, LlamaSwapQueryError, llama_swap_activity_page, activity_stats, model_names,
 )
@@ -16,6 +16,7 @@ from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_numbe
 
 
 @api_key_required
+@operator_only
 @allow_methods("GET")
 async def capture(request: HttpRequest, service, capture_id: str) -> HttpResponse:
     """`GET /api/captures/<id>`: a request and its response as this process relayed them."""

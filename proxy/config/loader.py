@@ -120,7 +120,7 @@ class Config:
                 _ttl_text(self.global_ttl),
                 self.unload_timeout,
                 self.start_port,
-                len(self.api_keys) or "none (auth off)",
+                len(self.api_keys) or "none in the file (`llamaswap keys list` shows the rest)",
             ),
         ]
         if self.preload:

@@ -1,13 +1,13 @@
-"""API keys: `Authorization: Bearer`, `x-api-key` or Basic (the password part), compared in constant time."""
+"""Where a caller shows an API key: `Authorization: Bearer`, `x-api-key` or Basic (the password part), and the
+headers that carry one. Which key it is, and what it may do: `proxy.http.access`."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-# Headers that carry the proxy's own key: never forwarded upstream when apiKeys is set, never stored.
+# Headers that carry the proxy's own key: never forwarded upstream when keys guard the server, never stored.
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
 # Every header that may carry a caller's secret: its key for this server, a hosted API's key as the big
 # gateways name it (Azure's `api-key` and `Ocp-Apim-Subscription-Key`, Google's `X-Goog-Api-Key`, OpenStack's
@@ -38,18 +38,3 @@ def presented_keys(headers: Mapping[str, str], *, basic: bool = True) -> list[st
         if sep and password:
             keys.append(password)
     return keys
-
-
-def is_authorized(headers: Mapping[str, str], api_keys: Iterable[str], *, basic: bool = True) -> bool:
-    """True when no keys are configured, or when any presented key matches any configured key
-    (a Basic password counts only when `basic`)."""
-    configured = [k.encode() for k in api_keys]
-    if not configured:
-        return True
-    ok = False
-    for presented in presented_keys(headers, basic=basic):
-        candidate = presented.encode("utf-8", "surrogateescape")
-        for key in configured:
-            # Check every pair so timing does not reveal which key (or how much of it) matched.
-            ok |= hmac.compare_digest(candidate, key)
-    return ok

@@ -7,7 +7,9 @@ import logging
 import re
 from urllib.parse import quote, unquote
 
-from proxy.http.auth import CREDENTIAL_HEADERS, is_authorized
+from proxy.http.access import OPEN, Caller, Denied, Need, model_refusal, route_refusal
+from proxy.http.auth import CREDENTIAL_HEADERS
+from proxy.http.key_cache import caller_of
 from proxy.upstream.captures import CaptureRecorder, begin_capture
 from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
 from proxy.http.errors import ProxyError, error_event
@@ -40,6 +42,8 @@ class ModelConsumer(StreamingHttpConsumer):
 
     #: Collects the exchange for `GET /api/captures/<id>` when captureBuffer is on.
     capture: CaptureRecorder | None = None
+    #: Whose key sent the request (`authorise`).
+    caller: Caller = OPEN
 
     async def send_headers(self, *, status=200, headers=None):
         if self.capture is not None:
@@ -64,15 +68,14 @@ class ModelConsumer(StreamingHttpConsumer):
     async def authorise(self, service) -> dict[str, str]:
         headers = self.header_map()
         self.check_host(headers)
-        if not is_authorized(headers, service.config.api_keys):
-            raise ProxyError(
-                401,
-                "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
-                "invalid_api_key",
-                headers={"WWW-Authenticate": 'Basic realm="llamaswap"'},
-            )
-        if refusal := cross_site_refusal(headers, service.config.api_keys):  # any model request may start a model
+        caller = await caller_of(headers, service.config.api_keys)
+        if isinstance(caller, Denied):
+            raise refused(caller)
+        if refusal := cross_site_refusal(headers, caller):  # any model request may start a model
             raise ProxyError(403, refusal, CROSS_SITE_CODE)
+        if denied := route_refusal(caller, Need.INFERENCE):
+            raise refused(denied)
+        self.caller = caller
         if self.body_too_large:
             raise ProxyError(
                 413,
@@ -80,6 +83,11 @@ class ModelConsumer(StreamingHttpConsumer):
                 "request_too_large",
             )
         return headers
+
+    def check_model(self, model: str) -> None:
+        """The caller's key must allow `model` (its ID, or a peer's `<peer>/<model>`)."""
+        if denied := model_refusal(self.caller, model):
+            raise refused(denied)
 
     def check_host(self, headers: dict[str, str]) -> None:
         """The served Host names, as on the Django routes: a browser lured by DNS rebinding gets no model."""
@@ -96,10 +104,11 @@ class ModelConsumer(StreamingHttpConsumer):
 
     async def serve(self, service, model_cfg, *, requested: str, stream: bool, method: str,
                     upstream_path: str, body: bytes, headers: dict[str, str], selector: str = "") -> None:
+        self.check_model(model_cfg.id)
         door = service.door
         self.capture = begin_capture(self.scope["path"], upstream_path, headers, body)
         request = ticket_request(self.scope, headers, model=model_cfg.id, requested=requested, method=method,
-                                 stream=stream, selector=selector)
+                                 stream=stream, selector=selector, key=self.caller.scope)
         loop = asyncio.get_running_loop()
         asked = loop.time()
         try:
@@ -122,7 +131,7 @@ class ModelConsumer(StreamingHttpConsumer):
             async with holding(lambda outcome: door.release(lease.ticket_id, stamped(outcome, loop.time())),
                                lambda: lease.cut) as held:
                 lease.held_by(asyncio.current_task())
-                drop = CREDENTIAL_HEADERS if service.config.api_keys else frozenset()
+                drop = CREDENTIAL_HEADERS if self.caller.keyed else frozenset()
                 async with service.client_for(model_cfg) as client:
                     await relay(
                         self, client, model_cfg.id, method, lease.upstream + upstream_path,
@@ -140,6 +149,10 @@ class ModelConsumer(StreamingHttpConsumer):
         if not self.response_started:
             raise ProxyError(cut.status, cut.message, cut.code, headers=dict(identity))
         await self.send_body(error_event(cut.status, cut.message, cut.code) if stream else b"")
+
+
+def refused(denied: Denied) -> ProxyError:
+    return ProxyError(denied.status, denied.message, denied.code, headers=denied.headers())
 
 
 def loading_stream_headers(ticket_id: int | None) -> list[tuple[bytes, bytes]]:

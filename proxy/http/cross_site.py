@@ -15,10 +15,10 @@ neither and are never refused here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from proxy.http.auth import is_authorized
+from proxy.http.access import Caller
 
 CROSS_SITE_CODE = "cross_site_request"
 _OTHER_ORIGIN_SITES = frozenset({"cross-site", "same-site"})
@@ -45,14 +45,13 @@ def other_origin(headers: Mapping[str, str]) -> str | None:
     return None if page_host == our_host else origin
 
 
-def cross_site_refusal(headers: Mapping[str, str], api_keys: Iterable[str]) -> str | None:
+def cross_site_refusal(headers: Mapping[str, str], caller: Caller) -> str | None:
     """Why a state change from another origin that shows the key only as Basic credentials is refused
-    (answered 403 `cross_site_request`), else None. Without apiKeys there is no saved key to ride on."""
-    api_keys = tuple(api_keys)
-    if not api_keys:
+    (answered 403 `cross_site_request`), else None. Without keys there is no saved key to ride on."""
+    if not (caller.keyed and caller.basic_only):
         return None
     origin = other_origin(headers)
-    if origin is None or is_authorized(headers, api_keys, basic=False):
+    if origin is None:
         return None
     return (
         f"refused: a page on another origin ({origin}) sent this request with the browser's saved Basic "

@@ -15,20 +15,25 @@ from collections.abc import AsyncIterator, Callable
 from proxy.http.errors import ProxyError
 from proxy.http.inbound import max_wait_seconds, route_label
 from scheduling.core import PRIORITY_HEADER, parse_priority
+from scheduling.keys.scope import UNRESTRICTED, KeyScope
 from scheduling.tickets import Outcome, Refused, RequestState, TicketRequest
 
 CLIENT_LEFT = Outcome(state=RequestState.CANCELLED, error="client disconnected mid-response")
 
 
 def ticket_request(scope: dict, headers: dict[str, str], *, model: str, requested: str, method: str,
-                   stream: bool = False, selector: str = "") -> TicketRequest:
+                   stream: bool = False, selector: str = "", key: KeyScope = UNRESTRICTED) -> TicketRequest:
     """What the scheduler is told of a request: its headers (lower-cased, first value wins) give its
-    priority and maximum wait, refused with 400 when malformed."""
+    priority and maximum wait, refused with 400 when malformed; its API key caps the priority, or gives it
+    when the header is missing. The scheduler gets the priority applied; the row keeps the one asked for too."""
     client = scope.get("client") or ("", 0)
+    asked = asked_priority(headers)
     return TicketRequest(
         model=model,
         path=scope["path"],
-        priority=parse_priority(headers.get(PRIORITY_HEADER.lower())),
+        priority=key.applied_priority(asked),
+        asked_priority=asked,
+        api_key=key.name,
         requested_model=requested,
         method=method,
         stream=stream,
@@ -37,6 +42,12 @@ def ticket_request(scope: dict, headers: dict[str, str], *, model: str, requeste
         max_wait_s=max_wait_seconds(headers),
         selector=selector,
     )
+
+
+def asked_priority(headers: dict[str, str]) -> int | None:
+    """The priority header's value (0 when unparseable), or None when it is missing or blank."""
+    value = headers.get(PRIORITY_HEADER.lower())
+    return None if value is None or not value.strip() else parse_priority(value)
 
 
 class Held:

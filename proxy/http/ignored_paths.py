@@ -33,7 +33,8 @@ async def refuse_unless_ready(service, model_cfg, path: str) -> None:
 async def send_unscheduled(consumer, service, model_cfg, *, method: str, upstream_path: str, body: bytes,
                            headers: dict[str, str]) -> None:
     """Relay straight to the ready model's server, without a lease (this process runs the models)."""
-    drop = CREDENTIAL_HEADERS if service.config.api_keys else frozenset()
+    consumer.check_model(model_cfg.id)
+    drop = CREDENTIAL_HEADERS if consumer.caller.keyed else frozenset()
     async with service.client_for(model_cfg) as client:
         await relay(consumer, client, model_cfg.id, method, service.fleet.upstream_url(model_cfg.id) + upstream_path,
                     as_sent(upstream_headers(headers, drop)), body)

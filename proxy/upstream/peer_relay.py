@@ -118,10 +118,11 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
     """Relay one request to `peer`'s `model` (the body already names it as the peer does) and record it."""
     door = service.door
     qualified = peer.qualified(model)
+    consumer.check_model(qualified)
     url = peer.proxy + upstream_path
     # Its maximum wait is read (a malformed one refused, as for a local model); a peer's request never waits here.
     request = ticket_request(consumer.scope, headers, model=qualified, requested=requested, method=method,
-                             stream=stream, selector=selector)
+                             stream=stream, selector=selector, key=consumer.caller.scope)
     loop = asyncio.get_running_loop()
     began = loop.time()
     try:

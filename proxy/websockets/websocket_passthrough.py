@@ -20,10 +20,12 @@ import logging
 from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 
-from proxy.http.auth import CREDENTIAL_HEADERS, is_authorized
+from proxy.http.access import OPEN, Denied, Need, model_refusal, route_refusal
+from proxy.http.auth import CREDENTIAL_HEADERS
+from proxy.http.key_cache import caller_of
 from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
 from proxy.compat.comfyui import COMFYUI_PREFIX, comfyui_model, comfyui_rest, is_ready, not_loaded
-from proxy.http.consumers import climbs_out
+from proxy.http.consumers import climbs_out, refused
 from proxy.http.errors import ProxyError
 from proxy.http.hosts import host_refusal
 from proxy.http.holding import holding, ticket_request
@@ -63,6 +65,7 @@ class WebSocketPassthrough(AsyncConsumer):
         self._accepted = False
         self._client_close_code: int | None = None
         self._closing_upstream = False
+        self._caller = OPEN
 
     async def dispatch(self, message):
         """Straight to the handler: this consumer never touches the database (see StreamingHttpConsumer)."""
@@ -130,11 +133,17 @@ class WebSocketPassthrough(AsyncConsumer):
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in reversed(self.scope.get("headers", []))}
         if "host" in headers and (refusal := host_refusal(headers["host"])):
             raise ProxyError(400, refusal, "host_not_allowed")
-        if not is_authorized(headers, service.config.api_keys):
-            raise ProxyError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
-        if refusal := cross_site_refusal(headers, service.config.api_keys):  # a socket reads back too
+        caller = await caller_of(headers, service.config.api_keys)
+        if isinstance(caller, Denied):
+            raise refused(caller)
+        if refusal := cross_site_refusal(headers, caller):  # a socket reads back too
             raise ProxyError(403, refusal, CROSS_SITE_CODE)
+        if denied := route_refusal(caller, Need.INFERENCE):
+            raise refused(denied)
+        self._caller = caller
         model_cfg, path = self._target(service)
+        if denied := model_refusal(caller, model_cfg.id):
+            raise refused(denied)
         query = self.scope.get("query_string", b"").decode("latin-1")
         path += f"?{query}" if query else ""
         if model_cfg.ignore_websockets:
@@ -164,7 +173,7 @@ class WebSocketPassthrough(AsyncConsumer):
         door = service.door
         loop = asyncio.get_running_loop()
         lease = await door.submit(ticket_request(self.scope, headers, model=model_cfg.id, requested=model_cfg.id,
-                                                 method="GET"))
+                                                 method="GET", key=self._caller.scope))
 
         def left() -> Outcome:
             """The client closed its end: a socket's normal end, unless daphne closed it over its size limit."""
@@ -195,7 +204,7 @@ class WebSocketPassthrough(AsyncConsumer):
 
     async def _relay(self, service, model_cfg, base_url: str, path: str) -> Closed:
         """Pass frames both ways until the model server's side ends; that end is returned."""
-        drop = CREDENTIAL_HEADERS if service.config.api_keys else frozenset()
+        drop = CREDENTIAL_HEADERS if self._caller.keyed else frozenset()
         forwarded = [
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in self.scope.get("headers", [])
             if k.decode("latin-1").lower() not in drop

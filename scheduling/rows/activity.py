@@ -142,6 +142,8 @@ def activity_row(row: QueuedRequest) -> dict[str, Any]:
         "stream": row.stream,
         "client": row.client,
         "max_wait_s": row.max_wait_s,
+        "api_key": row.api_key,  # the API key row's name, "" for a config file apiKey or none
+        "asked_priority": row.asked_priority,  # the header's priority before the key's clamp (null: no header)
         "priority": row.priority,
         "band": row.band,
         "state": row.state,

@@ -79,7 +79,8 @@ def carried_requests(models: list[str]) -> list[Carried]:
             TicketRequest(
                 model=row.model, path=row.path, priority=row.priority, requested_model=row.requested_model,
                 method=row.method, stream=row.stream, client=row.client, route=row.route or "other", origin=row.origin,
-                max_wait_s=row.max_wait_s, selector=row.selector,
+                max_wait_s=row.max_wait_s, selector=row.selector, api_key=row.api_key,
+                asked_priority=row.asked_priority,
             ),
             row.arrived_at,
             row.id,

@@ -23,6 +23,8 @@ def request_columns(request: TicketRequest) -> dict[str, Any]:
         "route": request.route,
         "selector": request.selector,
         "priority": request.priority,
+        "api_key": request.api_key,
+        "asked_priority": request.asked_priority,
         "band": band_of(request.priority).value,
     }
 

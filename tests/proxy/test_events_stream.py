@@ -37,7 +37,7 @@ def test_the_queue_changes_with_its_requests_not_with_time_passing():
 class Quiet:
     """A connection whose service never changes after the first payload."""
 
-    def __init__(self, service):
+    def __init__(self, service, **_):
         pass
 
     async def first(self):

@@ -1,0 +1,97 @@
+"""`llamaswap keys create NAME [--models GLOB …] [--max-priority N] [--default-priority N] [--rpm N] [--tpm N]
+[--concurrency N] [--weight N] [--operator] [--read-only] [--expires ISO]`, `llamaswap keys list` and
+`llamaswap keys revoke NAME`: the API key rows (`scheduling.keys`). `create` prints the secret as its last line,
+the only time it is shown; every front end takes a new or revoked key within 2 s."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from scheduling.core import PRIORITY_ALIASES
+from scheduling.keys.store import make_key, revoke_key
+from scheduling.models import ApiKey
+
+
+def priority(text: str) -> int:
+    """A whole number, or one of the priority header's names (interactive, normal, batch)."""
+    named = PRIORITY_ALIASES.get(text.strip().lower())
+    if named is not None:
+        return named
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is neither a whole number nor one of {', '.join(PRIORITY_ALIASES)}") from None
+
+
+def moment(text: str) -> datetime:
+    """An ISO 8601 time; without a zone, the server's."""
+    value = datetime.fromisoformat(text)
+    return timezone.make_aware(value) if timezone.is_naive(value) else value
+
+
+class Command(BaseCommand):
+    help = "Create, list and revoke API keys (see docs/operating.md, API keys)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True, parser_class=type(parser))
+        create = actions.add_parser("create", help="make a key and print its secret (the last line), once",
+                                    called_from_command_line=parser.called_from_command_line)
+        create.add_argument("name")
+        create.add_argument("--models", nargs="+", action="extend", default=[], metavar="GLOB",
+                            help="model ID globs the key may use (default: every model)")
+        create.add_argument("--max-priority", type=priority, help="the highest priority its requests get")
+        create.add_argument("--default-priority", type=priority, help="the priority of its requests without a header")
+        for limit in ("rpm", "tpm", "concurrency"):
+            create.add_argument(f"--{limit}", type=int, help="stored, not enforced yet")
+        create.add_argument("--weight", type=int, default=1, help="fair-share weight (stored, not enforced yet)")
+        create.add_argument("--operator", action="store_true", help="may unload, cancel, switch profiles, take "
+                                                                    "leases, read /logs and captures")
+        create.add_argument("--read-only", action="store_true", help="reads only: no inference")
+        create.add_argument("--expires", type=moment, help="refused from then on (ISO 8601)")
+        actions.add_parser("list", help="every key, without secrets",
+                           called_from_command_line=parser.called_from_command_line)
+        revoke = actions.add_parser("revoke", help="refuse the key from now on (within 2 s everywhere)",
+                                    called_from_command_line=parser.called_from_command_line)
+        revoke.add_argument("name")
+
+    def handle(self, *args, action: str, **options) -> None:
+        getattr(self, f"_{action}")(**options)
+
+    def _create(self, name: str, models: list[str], max_priority, default_priority, rpm, tpm, concurrency,
+                weight: int, operator: bool, read_only: bool, expires, **_) -> None:
+        if ApiKey.objects.filter(name=name).exists():
+            raise CommandError(f"a key called '{name}' exists already (`llamaswap keys list`)")
+        row = ApiKey(name=name, allowed_models="\n".join(models), max_priority=max_priority,
+                     default_priority=default_priority, rpm=rpm, tpm=tpm, concurrency=concurrency, weight=weight,
+                     operator=operator, read_only=read_only, expires_at=expires)
+        try:
+            secret = make_key(row)
+        except ValidationError as exc:
+            raise CommandError("; ".join(f"{field}: {' '.join(errors)}"
+                                         for field, errors in exc.message_dict.items())) from None
+        self.stdout.write(f"Created key '{name}' ({row.prefix}…). Its secret, shown only now:")
+        self.stdout.write(secret)
+
+    def _list(self, **_) -> None:
+        for row in ApiKey.objects.all():
+            state = "enabled" if row.enabled else "revoked"
+            if row.enabled and row.expires_at is not None and row.expires_at <= timezone.now():
+                state = "expired"
+            kind = "operator" if row.operator else "read-only" if row.read_only else "inference"
+            limits = " ".join(f"{field}={value}" for field in ("max_priority", "default_priority", "rpm", "tpm",
+                                                               "concurrency", "weight")
+                              if (value := getattr(row, field)) is not None)
+            used = row.last_used_at.isoformat(timespec="seconds") if row.last_used_at else "never"
+            self.stdout.write(f"{row.name}\t{row.prefix}…\t{state}\t{kind}\tmodels={','.join(row.model_globs()) or '*'}"
+                              f"\t{limits}\tcreated={row.created_at.isoformat(timespec='seconds')}\tused={used}"
+                              + (f"\texpires={row.expires_at.isoformat(timespec='seconds')}" if row.expires_at else ""))
+
+    def _revoke(self, name: str, **_) -> None:
+        if not revoke_key(name):
+            known = ApiKey.objects.filter(name=name).exists()
+            raise CommandError(f"the key '{name}' is revoked already" if known else f"no key is called '{name}'")
+        self.stdout.write(f"Revoked key '{name}': every front end refuses it within 2 s.")

@@ -1,0 +1,1 @@
+"""API keys as rows: their secrets (`secrets`), what each allows (`scope`) and the table (`store`)."""

@@ -1,0 +1,39 @@
+"""What a key allows: its models, its kind (operator, read-only) and the priority its requests get.
+
+Pure: the HTTP side asks these questions of a key it has identified; the rows are `scheduling.keys.store`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+
+@dataclass(frozen=True)
+class KeyScope:
+    """A key's rights. `models` are globs (`fnmatch`, case-sensitive) over model IDs; none: every model."""
+
+    name: str = ""  # the row's name; "" for a config file apiKey or an open server
+    models: tuple[str, ...] = ()
+    operator: bool = False
+    read_only: bool = False
+    max_priority: int | None = None
+    default_priority: int | None = None
+
+    def allows_model(self, model: str) -> bool:
+        return not self.models or any(fnmatchcase(model, glob) for glob in self.models)
+
+    def applied_priority(self, asked: int | None) -> int:
+        """The priority a request gets: what it asked for (None: no header, so the key's default, else 0),
+        at most the key's maximum."""
+        priority = (self.default_priority or 0) if asked is None else asked
+        return priority if self.max_priority is None else min(priority, self.max_priority)
+
+
+# A config file apiKey, and every caller of a server without keys: everything, as before keys had scopes.
+UNRESTRICTED = KeyScope(operator=True)
+
+
+def globs_from_text(text: str) -> tuple[str, ...]:
+    """Globs written one per line, or separated by commas or spaces (the admin's text box)."""
+    return tuple(glob for glob in text.replace(",", " ").split() if glob)
