@@ -1,4 +1,5 @@
-"""The admin's API keys in a real headless Chromium: make a key, see its secret once, use it, revoke it."""
+"""The admin's API keys in a real headless Chromium: make a key, see its secret once, use it, edit its scope,
+revoke it."""
 
 from __future__ import annotations
 
@@ -52,6 +53,14 @@ def test_a_key_made_in_the_admin_shows_its_secret_once_works_and_is_revoked(tmp_
         browser.find_element(By.LINK_TEXT, "dashboard").click()
         wait_until(lambda: "Change API key" in browser.page_source, what="the key's page")
         assert secret not in browser.page_source
+        models_box = browser.find_element(By.NAME, "allowed_models")
+        models_box.clear()
+        models_box.send_keys("llama")
+        browser.find_element(By.NAME, "_save").click()
+        wait_until(lambda: "was changed successfully" in browser.page_source, what="the edit saved")
+        deadline = time.monotonic() + 2.0
+        wait_until(lambda: [entry["id"] for entry in httpx.get(served.base + "/v1/models", headers={"x-api-key": secret})
+                            .json()["data"]] == ["llama"], deadline - time.monotonic(), 0.05, "the new scope applied")
 
         browser.get(served.base + KEYS)
         browser.find_element(By.CSS_SELECTOR, "input.action-select").click()

@@ -12,7 +12,8 @@ import httpx
 import pytest
 from openai import OpenAI, PermissionDeniedError
 
-from tests.served import REPO, Served, fake_cmd, read_events, wait_until
+from tests.e2e.test_distributed import config_text, distributed  # noqa: F401 - the fixture
+from tests.served import REPO, Served, Worker, fake_cmd, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -166,3 +167,42 @@ def test_a_key_revoked_while_the_server_runs_is_refused_within_two_seconds(serve
                          "the revoked key refused")
     assert "revoked" in refused.json()["error"]["message"]
     assert time.monotonic() - revoked_at < 2.0
+
+
+def test_the_models_log_text_in_api_events_is_for_operators_only(served):
+    assert chat(served, "qwen3", served.secrets["plain"]).status_code == 200  # the model has logged something
+
+    def first_payload(secret: str) -> str:
+        with httpx.stream("GET", served.base + "/api/events", headers=auth(secret), timeout=10) as events:
+            return next(events.iter_text())
+
+    assert '"logData"' in first_payload(served.secrets["ops"])
+    plain = first_payload(served.secrets["plain"])
+    assert '"modelStatus"' in plain and '"logData"' not in plain
+
+
+def test_every_front_end_takes_a_new_and_a_revoked_key_within_two_seconds(tmp_path, distributed):  # noqa: F811
+    env, _ = distributed
+    text = config_text(tmp_path / "events.jsonl")
+    with Worker(tmp_path / "worker", text, env):
+        front = []
+        for name in ("fe1", "fe2"):
+            (tmp_path / name).mkdir()
+            front.append(Served(tmp_path / name, text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / name / "data")}))
+        with front[0] as first, front[1] as second:
+            assert [chat(fe, "chat", None).status_code for fe in (first, second)] == [200, 200]
+            secret = new_key(first, "shared", "--models", "chat")
+            deadline = time.monotonic() + 2.0
+            for fe in (first, second):  # both within 2 s of the key's making, not each; the read that
+                # switches the guard on brings the key too
+                wait_until(lambda: chat(fe, "chat", None).status_code == 401, deadline - time.monotonic(), 0.02,
+                           f"{fe.base} to take the new key")
+            for fe in (first, second):
+                assert chat(fe, "chat", secret).status_code == 200 and chat(fe, "coder", secret).status_code == 403
+            keys(second, "revoke", "shared")
+            deadline = time.monotonic() + 2.0
+            for fe in (first, second):
+                wait_until(lambda: chat(fe, "chat", secret).status_code == 401, deadline - time.monotonic(), 0.02,
+                           f"{fe.base} to refuse the revoked key")
+            rows = [row for row in first.rows() if row["api_key"] == "shared"]
+            assert rows and all(row["model"] == "chat" for row in rows)
