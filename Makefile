@@ -36,7 +36,7 @@ test: $(TEST_STAMP)
 # fake models and the architecture rules; outside CI the core's property tests search a third as hard. The
 # runtime's tests over a real Redis (its outages take seconds) are left to `make test`.
 REDIS_RUNTIME_TESTS := tests/runtime/test_channel_layer.py tests/runtime/test_takeover.py tests/runtime/test_transport_properties.py
-FAST_TESTS := tests/core tests/config tests/proxy tests/runtime tests/test_layers.py $(addprefix --ignore=,$(REDIS_RUNTIME_TESTS))
+FAST_TESTS := tests/core tests/config tests/keys tests/proxy tests/runtime tests/test_layers.py $(addprefix --ignore=,$(REDIS_RUNTIME_TESTS))
 test-fast: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest -q -n $(TEST_PROCESSES) $(FAST_TESTS)
 
