@@ -10,8 +10,10 @@ import time
 
 import httpx
 import pytest
+import websocket
 from openai import OpenAI, PermissionDeniedError
 
+from tests.e2e.conftest import close_frame
 from tests.e2e.test_distributed import config_text, distributed  # noqa: F401 - the fixture
 from tests.served import REPO, Served, Worker, fake_cmd, read_events, wait_until
 
@@ -120,6 +122,18 @@ def test_a_read_only_key_reads_and_sends_no_inference(served):
     assert httpx.get(served.base + "/upstream/qwen3/health", headers=auth(reader)).status_code == 403
     for path in ("/running", "/api/queue", "/api/activity", "/v1/models", "/metrics"):
         assert httpx.get(served.base + path, headers=auth(reader)).status_code == 200, path
+
+
+@pytest.mark.parametrize("key, model, reason", [("scoped", "llama", "may not use model 'llama'"),
+                                                ("reader", "qwen3", "read-only")])
+def test_a_websocket_is_refused_what_the_key_may_not_do(served, key, model, reason):
+    url = served.base.replace("http://", "ws://") + f"/upstream/{model}/ws"
+    ws = websocket.create_connection(url, header=[f"Authorization: Bearer {served.secrets[key]}"], timeout=15)
+    try:
+        code, text = close_frame(ws)
+        assert code == 4403 and reason in text
+    finally:
+        ws.close()
 
 
 def test_the_priority_is_clamped_and_the_row_keeps_both_the_asked_and_the_applied_one(served):

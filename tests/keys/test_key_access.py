@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.http.auth import presented_keys
 from proxy.http.access import OPEN, Caller, Denied, Need, identify, model_refusal, route_refusal
 from proxy.http.cross_site import cross_site_refusal
 from scheduling.core.priority import INT64_MAX, INT64_MIN
@@ -137,6 +138,36 @@ def test_unreadable_rows_refuse_a_row_key_and_an_open_server_but_not_a_config_ke
     assert identify(bearer(new_secret()), ["sk-config"], None, NOW).status == 503
     assert identify({}, ["sk-config"], None, NOW).status == 401
     assert identify(bearer("sk-config"), ["sk-config"], None, NOW) == Caller(UNRESTRICTED)
+
+
+secret_texts = st.text(st.characters(codec="utf-8"), max_size=20) | st.builds(lambda: new_secret())
+
+
+@given(keys=st.lists(st.tuples(st.builds(lambda: new_secret()), st.booleans(), st.sampled_from([None, -1, 1])),
+                     max_size=4),
+       config=st.lists(secret_texts.filter(bool), max_size=2), presented=st.lists(secret_texts, max_size=1),
+       shown_row=st.integers(0, 3))
+def test_only_a_config_key_or_an_enabled_unexpired_row_key_is_admitted(keys, config, presented, shown_row):
+    """Whatever is shown, a request is admitted exactly when it shows a config key or the secret of a row that is
+    enabled and not expired, and then with that key's scope."""
+    table = [(secret, KeyScope(name=f"k{i}"), enabled, None if offset is None else NOW + timedelta(seconds=offset))
+             for i, (secret, enabled, offset) in enumerate(keys)]
+    if table:  # one row's secret, as the x-api-key or the Bearer token
+        presented.insert(shown_row % (len(presented) + 1), table[shown_row % len(table)][0])
+    rows = rows_of(*table)
+    headers = {"x-api-key": presented[0]} if presented else {}
+    if len(presented) > 1:
+        headers["authorization"] = f"Bearer {presented[1]}"
+    shown = presented_keys(headers)
+    found = identify(headers, config, rows, NOW)
+    good = {secret: scope for secret, scope, enabled, expires in table if enabled and (expires is None or expires > NOW)}
+    admitted = [UNRESTRICTED if key in config else good[key] for key in shown if key in config or key in good]
+    if not config and not table:
+        assert found == OPEN
+    elif admitted:
+        assert isinstance(found, Caller) and found.scope == admitted[0]
+    else:
+        assert isinstance(found, Denied) and found.status == 401
 
 
 # -- what it may do --------------------------------------------------------------------------------------------
