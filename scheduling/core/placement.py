@@ -21,11 +21,11 @@ only their stop would make room, the request waits and is told which of them blo
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 DEMAND_WINDOW_S = 600.0
-SEARCH_BUDGET = 20_000  # sets looked at before the best found so far is taken (exact below ~14 loaded models)
+SEARCH_BUDGET = 20_000  # sets one search looks at before taking the best so far (exact below ~14 models searched)
 
 
 @dataclass(frozen=True)
@@ -128,30 +128,57 @@ def make_room(hardware: Hardware, need: MemoryNeed, residents: Iterable[Resident
 
 def _cheapest_set(hardware: Hardware, need: MemoryNeed, residents: tuple[Resident, ...],
                   candidates: list[Resident]) -> frozenset[str] | None:
-    """The set of `candidates` whose stop lets `need` fit, least by (busy ones, summed cost, names):
-    depth-first over the candidates, a branch left once it cannot beat the best found. The candidates come
-    least (busy, cost) first, so once adding one makes a set worse than the best, adding any later one
-    would too: the rest of that branch's candidates are skipped."""
-    gpus, cpu = free_memory(hardware, residents)  # as the search stops candidates, what they held comes free
-    best: list = [None, None]  # ((busy, cost), names), set
+    """The set of `candidates` whose stop lets `need` fit, least by (busy ones, summed cost, names).
+
+    Only the models on a GPU free memory there. So when no candidate spans GPUs, each GPU is searched on its own
+    (the CPU alone for a CPU model): the sets for different GPUs neither overlap nor interact, and the least set is
+    the union of those of the `need.gpus` GPUs whose own sets are least, found looking at a few models at a time.
+    A candidate on several GPUs ties them together: then one search over every candidate."""
+    gpus, cpu = free_memory(hardware, residents)
+    if need.gpus == 0:
+        found = _least_set([r for r in candidates if not r.gpus], {None: cpu},
+                           lambda free: free[None] is None or free[None] >= need.mib)
+        return None if found is None else found[1]
+    if all(len(r.gpus) == 1 for r in candidates if r.gpus):
+        on: dict[str, list[Resident]] = {gpu: [] for gpu in hardware.gpus}
+        for resident in candidates:
+            if resident.gpus:
+                on[resident.gpus[0]].append(resident)
+        per_gpu: list[tuple[tuple, frozenset[str]]] = []  # the least so far, at most `need.gpus` of them
+        for gpu in sorted(hardware.gpus, key=lambda gpu: -gpus[gpu]):  # the roomiest first: a low bound early
+            bound = per_gpu[-1][0] if len(per_gpu) == need.gpus else None  # a GPU must beat the last one kept
+            found = _least_set(on[gpu], {gpu: gpus[gpu]}, lambda free: min(free.values()) >= need.mib, bound)
+            if found is not None:
+                per_gpu = sorted([*per_gpu, found])[:need.gpus]
+        return frozenset().union(*(chosen for _, chosen in per_gpu)) if len(per_gpu) == need.gpus else None
+    found = _least_set(candidates, dict(gpus), lambda free: sum(f >= need.mib for f in free.values()) >= need.gpus)
+    return None if found is None else found[1]
+
+
+def _least_set(candidates: list[Resident], free: dict[str | None, int | None], fits: Callable[[dict], bool],
+               bound: tuple | None = None) -> tuple[tuple, frozenset[str]] | None:
+    """The least set of `candidates` by (busy ones, summed cost, names) whose stop makes `fits(free)` true, with that
+    key (None: none, or none below `bound`); `free` is what each GPU (None: the CPU) has free, as the search stops
+    candidates. Depth-first, a branch
+    left once it cannot beat the best found. The candidates come least (busy, cost) first, so once adding one makes
+    a set worse than the best, adding any later one would too: the rest of that branch's candidates are skipped."""
+    best: list = [bound, None]  # (busy, cost, names), set
     budget = [SEARCH_BUDGET]
 
-    def free(resident: Resident, sign: int) -> None:
-        nonlocal cpu
-        for gpu in resident.gpus:
-            gpus[gpu] += sign * resident.mib
-        if not resident.gpus and cpu is not None:
-            cpu += sign * resident.mib
+    def release(resident: Resident, sign: int) -> None:
+        for place in resident.gpus or (None,):
+            if free.get(place) is not None:
+                free[place] += sign * resident.mib
 
     def beats(busy: int, cost: float, chosen: list[Resident]) -> bool:
-        if best[0] is None or (busy, cost) < best[0][0]:
+        if best[0] is None or (busy, cost) < best[0][:2]:
             return True
-        return (busy, cost) == best[0][0] and tuple(sorted(r.model for r in chosen)) < best[0][1]
+        return (busy, cost) == best[0][:2] and tuple(sorted(r.model for r in chosen)) < best[0][2]
 
     def visit(start: int, chosen: list[Resident], busy: int, cost: float) -> None:
         budget[0] -= 1
-        if _assign_free(hardware, need, gpus, cpu) is not None:
-            best[0], best[1] = ((busy, cost), tuple(sorted(r.model for r in chosen))), frozenset(r.model for r in chosen)
+        if fits(free):
+            best[0], best[1] = (busy, cost, tuple(sorted(r.model for r in chosen))), frozenset(r.model for r in chosen)
             return  # adding more only costs more
         for index in range(start, len(candidates)):
             if budget[0] <= 0:
@@ -161,16 +188,16 @@ def _cheapest_set(hardware: Hardware, need: MemoryNeed, residents: tuple[Residen
             chosen.append(resident)
             if not beats(more_busy, more_cost, chosen):
                 chosen.pop()
-                if best[0] is not None and (more_busy, more_cost) > best[0][0]:
+                if best[0] is not None and (more_busy, more_cost) > best[0][:2]:
                     return  # every later candidate costs at least as much
                 continue
-            free(resident, +1)
+            release(resident, +1)
             visit(index + 1, chosen, more_busy, more_cost)
             chosen.pop()
-            free(resident, -1)
+            release(resident, -1)
 
     visit(0, [], 0, 0.0)
-    return best[1]
+    return None if best[1] is None else (best[0], best[1])
 
 
 @dataclass
