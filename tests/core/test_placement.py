@@ -43,6 +43,15 @@ def test_the_cheapest_idle_model_makes_room_and_a_busy_one_only_when_no_idle_set
     assert make_room(TWO_24, MemoryNeed(20_000), busy).evict == frozenset({"slow"})
 
 
+def test_a_model_whose_stop_frees_nothing_the_need_can_use_is_not_stopped_even_at_no_cost():
+    residents = [Resident("a", ("1",), 2_000, cost=0.0), Resident("b", ("1",), 20_000, cost=10),
+                 Resident("z", ("0",), 20_000, cost=5)]
+    assert make_room(TWO_24, MemoryNeed(20_000), residents).evict == frozenset({"z"})
+    two = TWO_24.gpus | {"2": 24_576}
+    residents.append(Resident("y", ("2",), 20_000, cost=1))  # on two GPUs: the two cheapest GPUs' own sets
+    assert make_room(Hardware(two), MemoryNeed(20_000, gpus=2), residents).evict == frozenset({"y", "z"})
+
+
 def test_pinned_and_leased_models_are_never_stopped_and_name_themselves_when_they_block():
     residents = [Resident("pinned", ("0",), 20_000, protected="pinned"),
                  Resident("leased", ("1",), 20_000, protected="lease #3"),
