@@ -7,6 +7,7 @@ from proxy.compat import llama_swap_views, profile_views
 
 from proxy.api import lease_views, placement_views, queue_views, views
 from proxy.api.metrics_view import metrics_view
+from proxy.batches import views as batch_views
 from scheduling.admin import overview_page
 
 urlpatterns = [
@@ -19,6 +20,12 @@ urlpatterns = [
     path("v1/models", views.list_models),
     path("models", views.list_models),
     path("running", views.running),
+    path("v1/files", batch_views.files),
+    path("v1/files/<str:file_id>", batch_views.file_entry),
+    path("v1/files/<str:file_id>/content", batch_views.file_content),
+    path("v1/batches", batch_views.batches),
+    path("v1/batches/<str:batch_id>", batch_views.batch_entry),
+    path("v1/batches/<str:batch_id>/cancel", batch_views.batch_cancel),
     path("unload", views.unload_all_legacy),
     path("api/models/unload", views.unload_all),
     path("api/models/unload/<path:model>", views.unload_model),

@@ -323,3 +323,77 @@ class ApiKey(models.Model):
                                                        f"the maximum {self.max_priority}"})
         if self.operator and self.read_only:
             raise ValidationError({"read_only": "an operator key changes things: it cannot be read-only too"})
+
+
+class BatchFile(models.Model):
+    """A file of OpenAI's Files API (a batch's input, output or errors); its bytes lie under the data dir
+    (`proxy.batches.storage`), named by its id."""
+
+    id = models.CharField(primary_key=True, max_length=40)
+    filename = models.CharField(max_length=255)
+    purpose = models.CharField(max_length=20)  # batch (uploaded), batch_output (written by a batch)
+    bytes = models.BigIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class Batch(models.Model):
+    """A batch of OpenAI's Batch API: its input file's lines (`BatchRequest`) run through the scheduler at
+    `priority`, at most `max_in_flight` at a time. One serving process runs it at a time: the one whose
+    claim (`runner`, until `runner_until`) holds."""
+
+    id = models.CharField(primary_key=True, max_length=40)
+    endpoint = models.CharField(max_length=40)
+    input_file_id = models.CharField(max_length=40)
+    model = models.CharField(max_length=255, blank=True)  # the first line's, once validated
+    completion_window = models.CharField(max_length=10, default="24h")
+    status = models.CharField(max_length=12, default="validating")
+    priority = models.BigIntegerField(default=-100)
+    # The API key that created it (its name, never the secret) and the model globs it allowed then: its lines
+    # run with those rights.
+    api_key = models.CharField(max_length=100, blank=True)
+    key_models = models.JSONField(default=list, blank=True)
+    metadata = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(null=True, blank=True)  # OpenAI's {"object": "list", "data": [...]}
+    output_file_id = models.CharField(max_length=40, blank=True)
+    error_file_id = models.CharField(max_length=40, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    in_progress_at = models.DateTimeField(null=True, blank=True)
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    runner = models.CharField(max_length=100, blank=True)
+    runner_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "batches"
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.status})"
+
+
+class BatchRequest(models.Model):
+    """One line of a batch: where it lies in the input file, and, once it ended, its line of the output or
+    error file (`result`), written once: only by the runner that claimed it (`runner`)."""
+
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="requests")
+    line = models.PositiveIntegerField()  # from 1
+    custom_id = models.CharField(max_length=255)
+    offset = models.BigIntegerField()
+    length = models.PositiveIntegerField()
+    state = models.CharField(max_length=10, default="pending")  # pending, running, succeeded, failed
+    runner = models.CharField(max_length=100, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    result = models.TextField(blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["batch", "line"], name="batch_request_line")]
+        indexes = [models.Index(fields=["batch", "state", "line"], name="batch_request_state")]

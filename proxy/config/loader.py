@@ -36,6 +36,7 @@ SHORT_HEALTH_TIMEOUT_ENV = "LLAMASWAP_ALLOW_SHORT_HEALTH_TIMEOUT"
 DEFAULT_START_PORT = 5800
 DEFAULT_UNLOAD_TIMEOUT = 10.0
 DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_BATCH_FILE_BYTES = 200 * 1024 * 1024  # OpenAI's own limit for a batch input file
 LOG_LEVELS = ("debug", "info", "warn", "error")
 
 # llama-swap keys whose job llamaswap does another way: each is ignored, with the reason.
@@ -75,6 +76,7 @@ class Config:
     selectors: Mapping[str, SelectorConfig] = field(default_factory=lambda: MappingProxyType({}))  # selector ID -> selector
     profiles: Mapping[str, ProfileConfig] = field(default_factory=lambda: MappingProxyType({}))  # name -> profile
     capture_buffer_mb: float = 0.0  # captureBuffer: MB of request/response captures kept in memory; 0 is off
+    max_batch_file_bytes: int = DEFAULT_MAX_BATCH_FILE_BYTES  # maxBatchFileBytes: the largest /v1/files upload
     startup_profile: str = ""  # hooks.on_startup.profile: active at start and after a reload ("" for none)
     remember_profile: bool = False  # profileStateFile is set: a start keeps the profile last selected
     # `hardware:`; when set, every model has its `memory` (see docs/configuration.md, Hardware and memory placement).
@@ -240,6 +242,8 @@ def check_document(data, log: ProblemLog) -> Config:
     ignore_paths = read_ignore_paths(top)
     log_output = read_log_output(top)
     capture_buffer_mb = top.number("captureBuffer", 0, minimum=0, example="5")
+    max_batch_file_bytes = top.integer("maxBatchFileBytes", DEFAULT_MAX_BATCH_FILE_BYTES, minimum=1,
+                                       example=str(DEFAULT_MAX_BATCH_FILE_BYTES))
     peers = read_peers(top)
     warn_shadowed(peers, lambda name: index.resolve(name) is not None, log)
     performance = read_performance(top)
@@ -284,6 +288,7 @@ def check_document(data, log: ProblemLog) -> Config:
         selectors=MappingProxyType(selectors),
         profiles=MappingProxyType(profiles),
         capture_buffer_mb=capture_buffer_mb,
+        max_batch_file_bytes=max_batch_file_bytes,
         startup_profile=startup_profile,
         remember_profile=remember_profile,
         hardware=hardware.hardware,

@@ -168,6 +168,7 @@ class Command(BaseCommand):
     ) -> None:
         from twisted.internet import reactor
 
+        from proxy.batches import runner as batch_runner
         from proxy.http.http_server import LlamaswapServer
         from proxy.reload import reload_config, watch_config
         from proxy.service import get_service
@@ -216,6 +217,7 @@ class Command(BaseCommand):
                 if watch:
                     background.append(asyncio.ensure_future(watch_config(service, *watch)))
                 service.start()
+                background.append(batch_runner.start(service))
             except Exception as exc:
                 log.exception("llamaswap could not start")
                 start_failure.append(f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,227 @@
+"""Every database step of the Files and Batch APIs, synchronous (views and the runner call them off the
+event loop). The runner's steps are conditional updates naming the runner, so a runner that lost its claim
+(distributed mode: another front end took the batch over) writes nothing more."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from proxy.batches import storage
+from proxy.batches.lines import BadLine, parse_line
+from proxy.batches.upload import StoredUpload
+from scheduling.keys.scope import KeyScope
+from scheduling.models import Batch, BatchFile, BatchRequest
+
+WINDOW = timedelta(hours=24)
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+ENDED = {"completed": "completed_at", "failed": "failed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
+CREATE_CHUNK = 2000
+
+
+# -- files --------------------------------------------------------------------------------------------
+
+def create_file(upload: StoredUpload, purpose: str) -> BatchFile:
+    storage.publish(upload.file_id)
+    return BatchFile.objects.create(id=upload.file_id, filename=upload.name, purpose=purpose, bytes=upload.size)
+
+
+def files_page(purpose: str | None, after: str | None, limit: int, newest_first: bool) -> tuple[list[BatchFile], bool]:
+    rows = BatchFile.objects.all() if newest_first else BatchFile.objects.order_by("created_at", "id")
+    if purpose:
+        rows = rows.filter(purpose=purpose)
+    if after:
+        rows = _after(rows, BatchFile, after, newest_first)
+    found = list(rows[: limit + 1])
+    return found[:limit], len(found) > limit
+
+
+def find_file(file_id: str) -> BatchFile | None:
+    return BatchFile.objects.filter(pk=file_id).first()
+
+
+def delete_file(file_id: str) -> bool:
+    deleted, _ = BatchFile.objects.filter(pk=file_id).delete()
+    storage.remove(file_id)
+    return bool(deleted)
+
+
+# -- batches, as the API sees them ----------------------------------------------------------------------
+
+def create_batch(input_file_id: str, endpoint: str, metadata: dict | None, priority: int, key: KeyScope) -> Batch:
+    now = timezone.now()
+    return Batch.objects.create(id=storage.new_id("batch_"), input_file_id=input_file_id, endpoint=endpoint,
+                                metadata=metadata, priority=priority, created_at=now, expires_at=now + WINDOW,
+                                api_key=key.name, key_models=list(key.models))
+
+
+def find_batch(batch_id: str) -> Batch | None:
+    return Batch.objects.filter(pk=batch_id).first()
+
+
+def batches_page(after: str | None, limit: int) -> tuple[list[Batch], bool]:
+    rows = Batch.objects.all()
+    if after:
+        rows = _after(rows, Batch, after, True)
+    found = list(rows[: limit + 1])
+    return found[:limit], len(found) > limit
+
+
+def request_counts(batch_id: str) -> dict[str, int]:
+    counts = BatchRequest.objects.filter(batch_id=batch_id).aggregate(
+        total=Count("id"), completed=Count("id", filter=Q(state="succeeded")), failed=Count("id", filter=Q(state="failed")))
+    return {"total": counts["total"], "completed": counts["completed"], "failed": counts["failed"]}
+
+
+def cancel_batch(batch_id: str) -> Batch | None:
+    """Ask for the batch to stop: `cancelling` until its runner has let the lines in flight end."""
+    Batch.objects.filter(pk=batch_id, status__in=("validating", "in_progress")).update(
+        status="cancelling", cancelling_at=timezone.now())
+    return find_batch(batch_id)
+
+
+def _after(rows, model, after: str, newest_first: bool):
+    """Rows past the cursor `after` (an id) in the listing's order; an unknown cursor: none."""
+    mark = model.objects.filter(pk=after).values_list("created_at", flat=True).first()
+    if mark is None:
+        return rows.none()
+    if newest_first:
+        return rows.filter(Q(created_at__lt=mark) | Q(created_at=mark, id__lt=after))
+    return rows.filter(Q(created_at__gt=mark) | Q(created_at=mark, id__gt=after))
+
+
+# -- the runner's steps ------------------------------------------------------------------------------------
+
+def claim_batches(runner: str, sole: bool, lease: timedelta) -> set[str]:
+    """Claim (or renew) every unfinished batch this runner may run; returns those it holds now. `sole`: this
+    process is the only one serving the data (it holds the instance lock), so older claims are a dead run's."""
+    now = timezone.now()
+    rows = Batch.objects.filter(status__in=ACTIVE)
+    if not sole:
+        rows = rows.filter(Q(runner="") | Q(runner=runner) | Q(runner_until__lt=now))
+    for batch_id in list(rows.values_list("id", flat=True)):
+        # One UPDATE with its condition: two front ends racing for a batch, one wins (SQLite and PostgreSQL alike).
+        rows.filter(pk=batch_id).update(runner=runner, runner_until=now + lease)
+    return set(Batch.objects.filter(status__in=ACTIVE, runner=runner).values_list("id", flat=True))
+
+
+def release_claims(runner: str) -> None:
+    Batch.objects.filter(runner=runner).update(runner="", runner_until=None)
+
+
+def batch_state(batch_id: str) -> tuple[str, datetime, str, int, str, KeyScope]:
+    """status, expires_at, model, priority, input_file_id, and the rights its lines run with."""
+    *state, key, globs = Batch.objects.filter(pk=batch_id).values_list(
+        "status", "expires_at", "model", "priority", "input_file_id", "api_key", "key_models").get()
+    return (*state, KeyScope(name=key, models=tuple(globs)))
+
+
+def validate(batch_id: str, runner: str) -> None:
+    """Read the input file into one row per line (again from the start if a previous run was cut short), then
+    `in_progress`; or `failed` naming the first line that does not fit the batch's endpoint."""
+    batch = Batch.objects.get(pk=batch_id)
+    errors, model, found = [], "", []
+    try:
+        offset = 0
+        with open(storage.path_of(batch.input_file_id), "rb") as source:
+            for number, raw in enumerate(source, start=1):
+                line = parse_line(number, raw.rstrip(b"\r\n"))
+                if line.url != batch.endpoint:
+                    raise BadLine(number, f"url {line.url} is not the batch's endpoint {batch.endpoint}")
+                model = model or line.body["model"]
+                found.append(BatchRequest(batch_id=batch_id, line=number, custom_id=line.custom_id, offset=offset,
+                                          length=len(raw)))
+                offset += len(raw)
+    except FileNotFoundError:
+        errors = [{"code": "invalid_file", "message": f"input file {batch.input_file_id} was deleted", "param":
+                   "input_file_id", "line": None}]
+    except BadLine as exc:
+        errors = [{"code": "invalid_request", "message": str(exc), "param": "url", "line": exc.line}]
+    with transaction.atomic():
+        if not Batch.objects.filter(pk=batch_id, runner=runner, status="validating").exists():
+            return
+        BatchRequest.objects.filter(batch_id=batch_id).delete()
+        now = timezone.now()
+        if errors:
+            Batch.objects.filter(pk=batch_id).update(status="failed", failed_at=now,
+                                                     errors={"object": "list", "data": errors})
+            return
+        for start in range(0, len(found), CREATE_CHUNK):
+            BatchRequest.objects.bulk_create(found[start:start + CREATE_CHUNK])
+        Batch.objects.filter(pk=batch_id).update(status="in_progress", in_progress_at=now, model=model)
+
+
+def reclaim_lines(batch_id: str) -> int:
+    """Lines a previous runner was sending when it died go back to pending: each runs again, once."""
+    return BatchRequest.objects.filter(batch_id=batch_id, state="running").update(state="pending", runner="")
+
+
+def claim_lines(batch_id: str, runner: str, count: int) -> list[tuple[int, int, str, int, int]]:
+    """Up to `count` pending lines, in file order, now running under `runner`: (pk, line, custom_id, offset, length)."""
+    found = list(BatchRequest.objects.filter(batch_id=batch_id, state="pending").order_by("line")
+                 .values_list("pk", "line", "custom_id", "offset", "length")[:count])
+    if not found or not Batch.objects.filter(pk=batch_id, runner=runner).exists():
+        return []
+    claimed = set(BatchRequest.objects.filter(pk__in=[row[0] for row in found], state="pending")
+                  .values_list("pk", flat=True))
+    BatchRequest.objects.filter(pk__in=claimed).update(state="running", runner=runner)
+    return [row for row in found if row[0] in claimed]
+
+
+def record_result(pk: int, runner: str, succeeded: bool, result: dict) -> bool:
+    """Write a line's result once: only while it is still this runner's running line."""
+    return bool(BatchRequest.objects.filter(pk=pk, state="running", runner=runner).update(
+        state="succeeded" if succeeded else "failed", result=json.dumps(result, ensure_ascii=False),
+        ended_at=timezone.now()))
+
+
+def end_pending(batch_id: str, code: str, message: str) -> None:
+    """Lines never sent (the batch expired or was cancelled) end failed with `code`."""
+    pending = list(BatchRequest.objects.filter(batch_id=batch_id, state="pending").only("pk", "custom_id"))
+    now = timezone.now()
+    for row in pending:
+        row.state, row.ended_at = "failed", now
+        row.result = json.dumps(error_line(row.custom_id, code, message), ensure_ascii=False)
+    BatchRequest.objects.bulk_update(pending, ["state", "result", "ended_at"], batch_size=CREATE_CHUNK)
+
+
+def error_line(custom_id: str, code: str, message: str) -> dict:
+    return {"id": storage.new_id("batch_req_"), "custom_id": custom_id, "response": None,
+            "error": {"code": code, "message": message}}
+
+
+def finalize(batch_id: str, runner: str, status: str) -> None:
+    """Write the output and error files from the lines' results, in file order, and end the batch. Done again
+    from the start if cut short: the files' ids are the batch's, so a second run replaces the first's."""
+    mine = Batch.objects.filter(pk=batch_id, runner=runner)
+    if status == "completed":
+        mine.filter(status="in_progress").update(status="finalizing", finalizing_at=timezone.now())
+    if not mine.exists():
+        return
+    suffix = batch_id.removeprefix("batch_")
+    written = {}
+    for kind, state in (("output", "succeeded"), ("error", "failed")):
+        file_id = f"file-{suffix}{kind[0]}"
+        size = 0
+        with open(storage.partial_path(file_id), "wb") as out:
+            for result in (BatchRequest.objects.filter(batch_id=batch_id, state=state).order_by("line")
+                           .values_list("result", flat=True).iterator(chunk_size=CREATE_CHUNK)):
+                data = result.encode() + b"\n"
+                out.write(data)
+                size += len(data)
+        if size:
+            storage.publish(file_id)
+            written[kind] = (file_id, size)
+        else:
+            storage.remove(file_id)
+    with transaction.atomic():
+        for kind, (file_id, size) in written.items():
+            BatchFile.objects.update_or_create(id=file_id, defaults={
+                "filename": f"{batch_id}_{kind}.jsonl", "purpose": "batch_output", "bytes": size})
+        Batch.objects.filter(pk=batch_id, runner=runner).update(**{
+            "status": status, ENDED[status]: timezone.now(), "runner": "", "runner_until": None,
+            "output_file_id": written.get("output", ("",))[0], "error_file_id": written.get("error", ("",))[0]})

@@ -1,0 +1,103 @@
+"""One batch line sent as a model request: through the scheduler at the batch's priority (a row like any
+request's), relayed to the model, its answer kept for the output file. The same steps as an HTTP request
+(`proxy.http.consumers`): model choice, the scheduler's lease held by `holding()`, `relay()`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from proxy.batches.batch_rows import error_line
+from proxy.batches.storage import new_id
+from proxy.compat.model_choice import choose_model
+from proxy.http.errors import ProxyError, error_body
+from proxy.http.holding import holding
+from proxy.http.inbound import ModelRequest, forwarded_body, route_label
+from proxy.http.route_paths import upstream_path
+from proxy.upstream.peer_relay import peer_for
+from proxy.upstream.relay import relay
+from scheduling.keys.scope import KeyScope
+from scheduling.tickets import Refused, TicketRequest, stamped
+
+# The scheduler stopped for a shutdown: the line is not ended, it runs again after the restart.
+SHUTTING_DOWN = "shutting_down"
+
+
+class Interrupted(Exception):
+    """The line could not finish because the service is stopping; it stays to run again."""
+
+
+class KeptResponse:
+    """A `ResponseSink` that keeps the answer for the output file."""
+
+    response_started = False
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.parts: list[bytes] = []
+
+    async def send_headers(self, *, status: int = 200, headers=None) -> None:
+        self.response_started = True
+        self.status = status
+
+    async def send_body(self, body: bytes, *, more_body: bool = False) -> None:
+        if body:
+            self.parts.append(body)
+
+    def body(self):
+        raw = b"".join(self.parts)
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return raw.decode("utf-8", "replace")
+
+
+async def send_line(service, custom_id: str, url: str, body: dict, priority: int, key: KeyScope) -> tuple[bool, dict]:
+    """(succeeded, the line of the output or error file), sent with the rights of the batch's key. Raises
+    Interrupted when the service is stopping."""
+    request_id = ""
+    try:
+        choice = await choose_model(service, body["model"])
+        try:
+            if peer_for(service.config, body["model"]) is not None:
+                raise ProxyError(400, f"model '{body['model']}' is a peer's; a batch runs local models only",
+                                 "model_not_supported")
+            parsed = choice.applied_to(ModelRequest(body["model"], False, json.dumps(body).encode(),
+                                                    "application/json", body))
+            model_cfg = service.resolve_model(parsed.requested_model)
+            if not key.allows_model(model_cfg.id):
+                raise ProxyError(403, f"the API key '{key.name}' may not use model '{model_cfg.id}'",
+                                 "model_not_allowed")
+            forwarded = forwarded_body(parsed, model_cfg.use_model_name or choice.body_model, model_cfg.filters)
+            status, answer, request_id = await _scheduled(service, model_cfg, body["model"], url, forwarded, priority,
+                                                          key)
+        finally:
+            choice.release()
+    except Refused as exc:
+        if exc.code == SHUTTING_DOWN:
+            raise Interrupted() from None
+        return False, error_line(custom_id, exc.code, exc.message)
+    except ProxyError as exc:
+        status, answer = exc.status, json.loads(error_body(exc.status, exc.message, exc.code))
+    response = {"status_code": status, "request_id": request_id, "body": answer}
+    return 200 <= status < 300, {"id": new_id("batch_req_"), "custom_id": custom_id, "response": response,
+                                 "error": None}
+
+
+async def _scheduled(service, model_cfg, requested: str, url: str, body: bytes, priority: int, key: KeyScope):
+    door = service.door
+    loop = asyncio.get_running_loop()
+    lease = await door.submit(TicketRequest(model=model_cfg.id, path=url, priority=priority, requested_model=requested,
+                                            client="batch", route=route_label(url), api_key=key.name))
+    kept = KeptResponse()
+    async with holding(lambda outcome: door.release(lease.ticket_id, stamped(outcome, loop.time())),
+                       lambda: lease.cut) as held:
+        lease.held_by(asyncio.current_task())
+        async with service.client_for(model_cfg) as client:
+            await relay(kept, client, model_cfg.id, "POST", lease.upstream + upstream_path(url),
+                        [(b"content-type", b"application/json")], body, held.end)
+    if held.cut is not None:
+        if held.cut.code == SHUTTING_DOWN:
+            raise Interrupted()
+        raise held.cut
+    return kept.status, kept.body(), str(lease.ticket_id)

@@ -1,0 +1,97 @@
+"""What a batch input file's lines must be: one JSON object per line, `{custom_id, method, url, body}`, as
+OpenAI's Batch API takes them. Checked while the upload streams in, so a bad file is refused naming its
+first bad line, without ever holding the file whole."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+MAX_LINE_BYTES = 8 * 1024 * 1024  # a line longer than this is refused without being kept whole
+
+
+class BadLine(ValueError):
+    """A line of an input file that is not a usable request; `line` is its number, from 1."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One request of a batch input file."""
+
+    custom_id: str
+    url: str
+    body: dict
+
+
+def parse_line(number: int, raw: bytes) -> BatchLine:
+    """The request on line `number` (its bytes without the newline), or BadLine saying what is wrong."""
+    try:
+        item = json.loads(raw)
+    except UnicodeDecodeError:
+        raise BadLine(number, "not UTF-8") from None
+    except (ValueError, RecursionError):
+        raise BadLine(number, "not valid JSON") from None
+    if not isinstance(item, dict):
+        raise BadLine(number, "not a JSON object")
+    custom_id = item.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise BadLine(number, "custom_id must be a non-empty string")
+    if item.get("method") != "POST":
+        raise BadLine(number, 'method must be "POST"')
+    url = item.get("url")
+    if url not in ENDPOINTS:
+        raise BadLine(number, f"url must be one of {', '.join(ENDPOINTS)}")
+    body = item.get("body")
+    if not isinstance(body, dict):
+        raise BadLine(number, "body must be a JSON object")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise BadLine(number, "body.model must be a non-empty string")
+    if body.get("stream"):
+        raise BadLine(number, "body.stream is not supported in a batch")
+    return BatchLine(custom_id, url, body)
+
+
+class LineChecker:
+    """Feed an input file's bytes in any pieces; each complete line is checked as it arrives (a BadLine for
+    the first bad one, or a custom_id seen before). `finish()` checks the last line and says how many there
+    were. A final newline is optional; an empty line elsewhere is bad."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self._partial = bytearray()
+        self._ids: set[str] = set()
+
+    def feed(self, data: bytes) -> None:
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            self._partial += data[start:end]
+            self._check(bytes(self._partial))
+            self._partial.clear()
+            start = end + 1
+        self._partial += data[start:]
+        if len(self._partial) > MAX_LINE_BYTES:
+            raise BadLine(self.lines + 1, f"longer than {MAX_LINE_BYTES} bytes")
+
+    def finish(self) -> int:
+        if self._partial:
+            self._check(bytes(self._partial))
+            self._partial.clear()
+        if self.lines == 0:
+            raise BadLine(1, "the file has no lines")
+        return self.lines
+
+    def _check(self, raw: bytes) -> None:
+        self.lines += 1
+        raw = raw.removesuffix(b"\r")
+        if not raw.strip():
+            raise BadLine(self.lines, "empty line")
+        line = parse_line(self.lines, raw)
+        if line.custom_id in self._ids:
+            raise BadLine(self.lines, f"custom_id {line.custom_id!r} is used by an earlier line")
+        self._ids.add(line.custom_id)

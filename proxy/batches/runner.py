@@ -1,0 +1,165 @@
+"""Runs the batches in the serving process: claims each unfinished batch, sends its lines through the
+scheduler at most `in_flight_cap` at a time, and ends it (completed, expired, cancelled) with its files.
+
+Durable by rows: a line's result is written once, by the runner that claimed it; a line that was being sent
+when its process died goes back to pending when its batch is claimed again (`reclaim_lines`), so it runs again,
+once. With one serving process (it holds the instance lock) every unfinished batch is its own at start. With
+several front ends (distributed mode) a batch is claimed for `CLAIM` and renewed each second: one front end
+runs it, and another takes it over once a claim runs out unrenewed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from datetime import timedelta
+
+from django.db import DatabaseError
+from django.utils import timezone
+
+from proxy.batches import batch_rows, storage
+from proxy.batches.line_request import Interrupted, send_line
+from proxy.batches.lines import parse_line
+from scheduling.rows.connections import on_fresh_connection
+
+log = logging.getLogger("llamaswap.batches")
+CLAIM = timedelta(seconds=30)
+POLL_S = 1.0
+EXPIRED = "This request could not be executed before the completion window expired."
+CANCELLED = "This request was not executed because the batch was cancelled."
+
+
+def in_flight_cap(config, model: str) -> int:
+    """How many of a batch's lines are sent at once: its model's slots (so an interactive request waits behind
+    at most one line), at least 1."""
+    resolved = config.resolve(model)
+    slots = config.scheduler.serial.slots.get(resolved.id, 1) if resolved is not None else 1
+    return max(1, slots)
+
+
+async def _db(fn, *args):
+    return await asyncio.get_running_loop().run_in_executor(None, on_fresh_connection, fn, *args)
+
+
+class BatchRunner:
+    def __init__(self, service, *, sole: bool) -> None:
+        self.service = service
+        self.sole = sole
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{storage.new_id('')[:8]}"
+        self.wake = asyncio.Event()
+        self._batches: dict[str, asyncio.Task] = {}
+
+    async def run(self) -> None:
+        """Claim and run batches until cancelled (the service stopping)."""
+        try:
+            while True:
+                try:
+                    held = await _db(batch_rows.claim_batches, self.name, self.sole, CLAIM)
+                except DatabaseError as exc:
+                    log.warning("batches: could not claim batches (%s); trying again", exc)
+                    held = set(self._batches)
+                for batch_id, task in list(self._batches.items()):
+                    if batch_id not in held:  # taken over: another runner has it now
+                        task.cancel()
+                for batch_id in held - set(self._batches):
+                    task = asyncio.get_running_loop().create_task(self._run_batch(batch_id))
+                    self._batches[batch_id] = task
+                    task.add_done_callback(lambda _, b=batch_id: self._batches.pop(b, None))
+                try:
+                    await asyncio.wait_for(self.wake.wait(), POLL_S)
+                except TimeoutError:
+                    pass
+                self.wake.clear()
+        finally:
+            for task in self._batches.values():
+                task.cancel()
+
+    async def _run_batch(self, batch_id: str) -> None:
+        try:
+            await self._run(batch_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("batch %s: unexpected failure; it is tried again", batch_id)
+
+    async def _run(self, batch_id: str) -> None:
+        status, *_ = await _db(batch_rows.batch_state, batch_id)
+        if status == "validating":
+            await _db(batch_rows.validate, batch_id, self.name)
+        reclaimed = await _db(batch_rows.reclaim_lines, batch_id)
+        if reclaimed:
+            log.info("batch %s: %d line(s) cut short by a stop run again", batch_id, reclaimed)
+        in_flight: set[asyncio.Task] = set()
+        try:
+            final = await self._send_lines(batch_id, in_flight)
+        finally:
+            for task in in_flight:
+                task.cancel()
+        if final is not None:
+            await _db(batch_rows.finalize, batch_id, self.name, final)
+            log.info("batch %s: %s", batch_id, final)
+
+    async def _send_lines(self, batch_id: str, in_flight: set[asyncio.Task]) -> str | None:
+        """Send the lines until none is left; returns how the batch ends (None: not this runner's to end)."""
+        loop = asyncio.get_running_loop()
+        checked = -POLL_S
+        while True:
+            if loop.time() - checked >= POLL_S or self.wake.is_set() or not in_flight:
+                status, expires_at, model, priority, input_file, key = await _db(batch_rows.batch_state, batch_id)
+                checked = loop.time()
+                ending = {"cancelling": ("cancelled", "batch_cancelled", CANCELLED)}.get(status)
+                if status == "in_progress" and timezone.now() >= expires_at:
+                    ending = ("expired", "batch_expired", EXPIRED)
+                if status not in ("in_progress", "cancelling", "finalizing"):
+                    return None
+            if ending is not None or status == "finalizing":
+                if in_flight:
+                    await asyncio.wait(in_flight)
+                    continue
+                if ending is None:
+                    return "completed"
+                await _db(batch_rows.end_pending, batch_id, ending[1], ending[2])
+                return ending[0]
+            room = in_flight_cap(self.service.config, model) - len(in_flight)
+            claimed = await _db(batch_rows.claim_lines, batch_id, self.name, room) if room > 0 else []
+            for row in claimed:
+                in_flight.add(loop.create_task(self._send(input_file, row, priority, key)))
+            if not in_flight:
+                return "completed"
+            done, _ = await asyncio.wait(in_flight, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+            in_flight -= done
+            for task in done:
+                failure = None if task.cancelled() else task.exception()
+                if isinstance(failure, Interrupted):
+                    return None  # the service is stopping: the rest runs after its restart
+                if failure is not None:  # its result unwritten: the batch is taken up again from its rows
+                    log.error("batch %s: a line failed: %r; taking the batch up again", batch_id, failure)
+                    return None
+
+    async def _send(self, input_file: str, row: tuple, priority: int, key) -> None:
+        pk, number, custom_id, offset, length = row
+        raw = await loop_read(input_file, offset, length)
+        line = parse_line(number, raw.rstrip(b"\r\n"))
+        succeeded, result = await send_line(self.service, custom_id, line.url, line.body, priority, key)
+        await _db(batch_rows.record_result, pk, self.name, succeeded, result)
+
+
+async def loop_read(file_id: str, offset: int, length: int) -> bytes:
+    return await asyncio.get_running_loop().run_in_executor(None, storage.read_range, file_id, offset, length)
+
+
+RUNNING: list[BatchRunner] = []  # this process's runner, once the serve command started it
+
+
+def start(service) -> asyncio.Task:
+    """Run this process's batches (`llamaswap serve`): the only runner when the scheduler runs here."""
+    batch_runner = BatchRunner(service, sole=service.runtime is not None)
+    RUNNING[:] = [batch_runner]
+    return asyncio.get_running_loop().create_task(batch_runner.run())
+
+
+def wake() -> None:
+    """Look at the batches now (one was created or cancelled here), not at the next poll."""
+    for batch_runner in RUNNING:
+        batch_runner.wake.set()

@@ -1,0 +1,188 @@
+"""`/v1/files` and `/v1/batches`: OpenAI's Files and Batch APIs (see docs/serving.md, Batches)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+
+from proxy.api.views import api_key_required
+from proxy.batches import batch_rows, runner, storage
+from proxy.batches.lines import ENDPOINTS, BadLine
+from proxy.batches.objects import batch_object, file_object, page
+from proxy.batches.upload import BatchFileUploadHandler, FileTooLarge
+from proxy.http.access import Need, route_refusal
+from proxy.http.holding import asked_priority
+from proxy.http.responses import allow_methods, json_error
+
+BATCH_PRIORITY = -100
+MAX_METADATA = 16
+
+
+@api_key_required
+@allow_methods("GET", "POST")
+async def files(request: HttpRequest, service) -> HttpResponse:
+    """GET: the files, newest first (`purpose`, `after`, `limit`, `order`). POST: upload a batch input file."""
+    if request.method == "GET":
+        limit = _limit(request, 10000)
+        if limit is None:
+            return json_error(400, "limit must be a whole number from 1 to 10000", "invalid_limit")
+        rows, more = await database_sync_to_async(batch_rows.files_page)(
+            request.GET.get("purpose"), request.GET.get("after"), limit, request.GET.get("order", "desc") != "asc")
+        return JsonResponse(page([file_object(row) for row in rows], more))
+    if denied := route_refusal(request.caller, Need.INFERENCE):
+        return _refused(denied)
+    if not request.content_type.startswith("multipart/form-data"):
+        return json_error(400, "send the file as multipart/form-data with fields file and purpose=batch",
+                          "invalid_request")
+    handler = BatchFileUploadHandler(request, service.config.max_batch_file_bytes)
+    request.upload_handlers = [handler]
+    try:
+        form, uploaded = await sync_to_async(_read_form, thread_sensitive=False)(request)
+    except BadLine as exc:
+        handler.discard()
+        return json_error(400, f"invalid batch file: {exc}", "invalid_file")
+    except FileTooLarge as exc:
+        handler.discard()
+        return json_error(413, str(exc), "file_too_large")
+    if form.get("purpose") != "batch" or uploaded is None:
+        handler.discard()
+        what = "a file field" if uploaded is None else f"purpose=batch (not {form.get('purpose')!r})"
+        return json_error(400, f"the upload needs {what}: only batch input files are taken", "invalid_request")
+    row = await database_sync_to_async(batch_rows.create_file)(uploaded, "batch")
+    return JsonResponse(file_object(row))
+
+
+def _read_form(request: HttpRequest):
+    """Parse the multipart body (the upload handler writes and checks the file as it goes)."""
+    uploaded = request.FILES.get("file")
+    return request.POST, uploaded
+
+
+@api_key_required
+@allow_methods("GET", "DELETE")
+async def file_entry(request: HttpRequest, service, file_id: str) -> HttpResponse:
+    if request.method == "DELETE":
+        if not await database_sync_to_async(batch_rows.delete_file)(file_id):
+            return _no_file(file_id)
+        return JsonResponse({"id": file_id, "object": "file", "deleted": True})
+    row = await database_sync_to_async(batch_rows.find_file)(file_id)
+    return _no_file(file_id) if row is None else JsonResponse(file_object(row))
+
+
+@api_key_required
+@allow_methods("GET")
+async def file_content(request: HttpRequest, service, file_id: str) -> HttpResponse:
+    """The file's bytes, read a piece at a time off the event loop."""
+    row = await database_sync_to_async(batch_rows.find_file)(file_id)
+    if row is None or not storage.path_of(file_id).exists():
+        return _no_file(file_id)
+    return StreamingHttpResponse(_pieces(file_id), content_type="application/octet-stream",
+                                 headers={"Content-Length": str(row.bytes)})
+
+
+async def _pieces(file_id: str):
+    loop = asyncio.get_running_loop()
+    with open(storage.path_of(file_id), "rb") as source:
+        while piece := await loop.run_in_executor(None, source.read, storage.CHUNK_BYTES):
+            yield piece
+
+
+@api_key_required
+@allow_methods("GET", "POST")
+async def batches(request: HttpRequest, service) -> HttpResponse:
+    """GET: the batches, newest first (`after`, `limit` 1 to 100). POST: create one."""
+    if request.method == "GET":
+        limit = _limit(request, 100)
+        if limit is None:
+            return json_error(400, "limit must be a whole number from 1 to 100", "invalid_limit")
+        rows, more = await database_sync_to_async(batches_page)(request.GET.get("after"), limit)
+        return JsonResponse(page(rows, more))
+    if denied := route_refusal(request.caller, Need.INFERENCE):
+        return _refused(denied)
+    try:
+        body = json.loads(request.body or b"null")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        body = None
+    problem = _creation_problem(body)
+    if problem:
+        return json_error(400, problem[1], "invalid_request")
+    source = await database_sync_to_async(batch_rows.find_file)(body["input_file_id"])
+    if source is None or source.purpose != "batch":
+        return json_error(400, f"no batch input file {body['input_file_id']!r}", "invalid_request")
+    asked = asked_priority({k.lower(): v for k, v in request.headers.items()})
+    key = request.caller.scope  # the key's priority cap applies; its lines may use the models it may
+    row = await database_sync_to_async(batch_rows.create_batch)(
+        source.id, body["endpoint"], body.get("metadata"),
+        key.applied_priority(BATCH_PRIORITY if asked is None else asked), key)
+    runner.wake()
+    return JsonResponse(batch_object(row, {"total": 0, "completed": 0, "failed": 0}))
+
+
+def _creation_problem(body) -> tuple[str, str] | None:
+    """(the parameter, what is wrong) for a create request OpenAI's API would refuse; None when it is fine."""
+    if not isinstance(body, dict):
+        return "body", 'send a JSON object {"input_file_id", "endpoint", "completion_window": "24h"}'
+    if not isinstance(body.get("input_file_id"), str):
+        return "input_file_id", "input_file_id must be a file id"
+    if body.get("endpoint") not in ENDPOINTS:
+        return "endpoint", f"endpoint must be one of {', '.join(ENDPOINTS)}"
+    if body.get("completion_window") != "24h":
+        return "completion_window", 'completion_window must be "24h"'
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+            isinstance(metadata, dict) and len(metadata) <= MAX_METADATA
+            and all(isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+                    for k, v in metadata.items())):
+        return "metadata", "metadata: at most 16 string keys (64 characters) with string values (512 characters)"
+    return None
+
+
+def batches_page(after: str | None, limit: int) -> tuple[list[dict], bool]:
+    rows, more = batch_rows.batches_page(after, limit)
+    return [batch_object(row, batch_rows.request_counts(row.id)) for row in rows], more
+
+
+def batch_shown(batch_id: str) -> dict | None:
+    row = batch_rows.find_batch(batch_id)
+    return None if row is None else batch_object(row, batch_rows.request_counts(batch_id))
+
+
+@api_key_required
+@allow_methods("GET")
+async def batch_entry(request: HttpRequest, service, batch_id: str) -> HttpResponse:
+    shown = await database_sync_to_async(batch_shown)(batch_id)
+    return _no_batch(batch_id) if shown is None else JsonResponse(shown)
+
+
+@api_key_required
+@allow_methods("POST")
+async def batch_cancel(request: HttpRequest, service, batch_id: str) -> HttpResponse:
+    """Stop sending the batch's lines: `cancelling` while those in flight end, then `cancelled`."""
+    if denied := route_refusal(request.caller, Need.INFERENCE):
+        return _refused(denied)
+    row = await database_sync_to_async(batch_rows.cancel_batch)(batch_id)
+    if row is None:
+        return _no_batch(batch_id)
+    runner.wake()
+    return JsonResponse(await database_sync_to_async(batch_shown)(batch_id))
+
+
+def _limit(request: HttpRequest, most: int) -> int | None:
+    raw = request.GET.get("limit", "20")
+    return int(raw) if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= most else None
+
+
+def _refused(denied) -> HttpResponse:
+    return json_error(denied.status, denied.message, denied.code)
+
+
+def _no_file(file_id: str) -> HttpResponse:
+    return json_error(404, f"no file {file_id!r}", "file_not_found")
+
+
+def _no_batch(batch_id: str) -> HttpResponse:
+    return json_error(404, f"no batch {batch_id!r}", "batch_not_found")

@@ -1,0 +1,193 @@
+"""OpenAI's Files and Batch APIs end to end: the real `openai` client against a real `llamaswap serve`, the
+lines answered by the fake model server, each line's order told by the model's own events."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+
+from tests.served import Served, fake_cmd, read_events, wait_until
+
+pytestmark = pytest.mark.e2e
+DONE = {"completed", "failed", "expired", "cancelled"}
+
+
+def config(events) -> str:
+    return f"""
+        healthCheckTimeout: 20
+        maxBatchFileBytes: 2000000
+        models:
+          chat:
+            cmd: {fake_cmd("chat", events, "--tps", "0", "--tokens", "2")}
+        routing:
+          scheduler:
+            use: serial
+    """
+
+
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.base + "/v1", api_key="unused", max_retries=0)
+
+
+def jsonl(count: int, *, delay: float = 0.0, url: str = "/v1/chat/completions", prefix: str = "line") -> bytes:
+    return b"".join(json.dumps({
+        "custom_id": f"{prefix}-{n}", "method": "POST", "url": url,
+        "body": {"model": "chat", "messages": [{"role": "user", "content": "hi"}],
+                 "fake": {"id": f"{prefix}-{n}", "delay": delay}},
+    }).encode() + b"\n" for n in range(count))
+
+
+def submit(api: openai.OpenAI, content: bytes, **create):
+    uploaded = api.files.create(file=("in.jsonl", content), purpose="batch")
+    return api.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h",
+                              **create)
+
+
+def finished(api: openai.OpenAI, batch_id: str, timeout: float = 60.0):
+    return wait_until(lambda: (b := api.batches.retrieve(batch_id)).status in DONE and b, timeout, 0.1,
+                      f"batch {batch_id} to end")
+
+
+def lines_of(api: openai.OpenAI, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in api.files.content(file_id).read().splitlines()]
+
+
+def batch_starts(events) -> list[str]:
+    return [e["id"] for e in read_events(events) if e["event"] == "start"]
+
+
+def test_upload_create_poll_download(tmp_path, rows):
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events)) as served:
+        api = client(served)
+        content = jsonl(5)
+        uploaded = api.files.create(file=("in.jsonl", content), purpose="batch")
+        assert (uploaded.object, uploaded.purpose, uploaded.bytes, uploaded.filename) == ("file", "batch", len(content),
+                                                                                          "in.jsonl")
+        assert api.files.retrieve(uploaded.id).id == uploaded.id
+        assert uploaded.id in [f.id for f in api.files.list()]
+        assert api.files.content(uploaded.id).read() == content
+
+        batch = api.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                   completion_window="24h", metadata={"job": "nightly"})
+        assert batch.status == "validating" and batch.metadata == {"job": "nightly"}
+        done = finished(api, batch.id)
+        assert done.status == "completed" and done.error_file_id is None
+        assert done.request_counts.model_dump() == {"total": 5, "completed": 5, "failed": 0}
+        assert done.in_progress_at and done.finalizing_at and done.completed_at
+        output = lines_of(api, done.output_file_id)
+        assert [line["custom_id"] for line in output] == [f"line-{n}" for n in range(5)]
+        assert all(line["response"]["status_code"] == 200 and line["error"] is None for line in output)
+        assert output[0]["response"]["body"]["object"] == "chat.completion"
+        assert api.files.retrieve(done.output_file_id).purpose == "batch_output"
+        assert [b.id for b in api.batches.list(limit=5)] == [batch.id]
+        # Each line was a request through the scheduler at batch priority, with its row.
+        mine = [r for r in rows(served.data_dir) if r["client"] == "batch"]
+        assert len(mine) == 5 and {r["priority"] for r in mine} == {-100} and {r["state"] for r in mine} == {"completed"}
+        assert {str(r["id"]) for r in mine} == {line["response"]["request_id"] for line in output}
+
+        api.files.delete(uploaded.id)
+        with pytest.raises(openai.NotFoundError):
+            api.files.retrieve(uploaded.id)
+
+
+def test_a_bad_line_is_refused_naming_it(tmp_path):
+    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+        api = client(served)
+        content = jsonl(2) + b'{"custom_id": "x", "method": "POST"\n' + jsonl(1, prefix="after")
+        with pytest.raises(openai.BadRequestError, match="line 3: not valid JSON"):
+            api.files.create(file=("in.jsonl", content), purpose="batch")
+        with pytest.raises(openai.BadRequestError, match="line 2: custom_id 'line-0' is used by an earlier line"):
+            api.files.create(file=("in.jsonl", jsonl(1) + jsonl(1)), purpose="batch")
+        too_large = jsonl(20_000)
+        assert len(too_large) > 2_000_000
+        with pytest.raises(openai.APIStatusError, match="maxBatchFileBytes") as refused:
+            api.files.create(file=("in.jsonl", too_large), purpose="batch")
+        assert refused.value.status_code == 413
+        assert list(api.files.list()) == []
+        assert [p.name for p in (served.data_dir / "files").iterdir()] == []  # nothing kept of the refused files
+
+
+def test_cancel_stops_sending_and_keeps_what_ran(tmp_path):
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events)) as served:
+        api = client(served)
+        batch = submit(api, jsonl(20, delay=0.2))
+        wait_until(lambda: len(batch_starts(events)) >= 2, 30, what="two lines to start")
+        assert api.batches.cancel(batch.id).status == "cancelling"
+        done = finished(api, batch.id)
+        assert done.status == "cancelled" and done.cancelled_at
+        ran, never = lines_of(api, done.output_file_id), lines_of(api, done.error_file_id)
+        assert len(ran) + len(never) == 20 and 2 <= len(ran) < 20
+        assert {line["error"]["code"] for line in never} == {"batch_cancelled"}
+        assert sorted(line["custom_id"] for line in ran) == sorted(set(batch_starts(events)))
+        assert done.request_counts.model_dump() == {"total": 20, "completed": len(ran), "failed": len(never)}
+
+
+def test_a_batch_survives_kill_9_and_each_line_is_answered_once(tmp_path):
+    events = tmp_path / "events.jsonl"
+    served = Served(tmp_path, config(events)).start()
+    try:
+        api = client(served)
+        batch = submit(api, jsonl(8, delay=0.3))
+        # Killed while the third line is at the model (one line at a time, each 0.3 s): it runs again after the restart.
+        wait_until(lambda: len(batch_starts(events)) >= 3, 30, what="three lines to start")
+        at_kill = batch_starts(events)
+        served.kill()
+    finally:
+        served.kill()
+    with Served(tmp_path, config(events)) as again:
+        done = finished(client(again), batch.id)
+        output = lines_of(client(again), done.output_file_id)
+    assert done.status == "completed" and done.request_counts.model_dump() == {"total": 8, "completed": 8, "failed": 0}
+    ids = [line["custom_id"] for line in output]
+    assert sorted(ids) == sorted(f"line-{n}" for n in range(8))  # each once: none lost, none twice
+    starts = batch_starts(events)
+    assert {i for i in ids if starts.count(i) > 1} == {at_kill[-1]} and starts.count(at_kill[-1]) == 2, starts
+
+
+def test_an_interactive_request_waits_for_at_most_one_batch_line(tmp_path):
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events)) as served:
+        api = client(served)
+        batch = submit(api, jsonl(10, delay=0.3))
+        wait_until(lambda: len(batch_starts(events)) >= 2, 30, what="the batch to be running")
+        before = len(batch_starts(events))
+        answer: list[httpx.Response] = []
+        asking = threading.Thread(target=lambda: answer.append(httpx.post(
+            served.base + "/v1/chat/completions", timeout=30, headers={"X-LlamaSwap-Priority": "interactive"},
+            json={"model": "chat", "messages": [], "fake": {"id": "interactive"}})))
+        asking.start()
+        while asking.is_alive():  # the batch keeps one line at a time in the queue, waiting or running
+            entries = httpx.get(served.base + "/api/queue", timeout=10).json()["data"]
+            assert len([e for e in entries if e["band"] == "batch"]) <= 1, entries
+            asking.join(0.05)
+        assert answer and answer[0].status_code == 200
+        starts = batch_starts(events)
+        # At most one batch line reached the model after the interactive request was sent and before it did.
+        assert starts.index("interactive") - before <= 1, starts
+        # One request at the model at a time: each start comes after the previous request's end.
+        order = [e["event"] for e in read_events(events) if e["event"] in ("start", "end")]
+        assert order == (["start", "end"] * len(order))[:len(order)], order
+        assert finished(api, batch.id).status == "completed"
+
+
+def test_a_ten_thousand_line_file_is_accepted(tmp_path):
+    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+        api = client(served)
+        content = b"".join(b'{"custom_id":"%d","method":"POST","url":"/v1/embeddings","body":{"model":"chat",'
+                           b'"input":"x"}}\n' % n for n in range(10_000))
+        uploaded = api.files.create(file=("many.jsonl", content), purpose="batch")
+        batch = api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+        running = wait_until(lambda: (b := api.batches.retrieve(batch.id)).request_counts.total and b, 60, 0.1,
+                             "the lines to be read")
+        assert running.request_counts.total == 10_000
+        api.batches.cancel(batch.id)
+        done = finished(api, batch.id)
+        assert done.status == "cancelled" and done.request_counts.total == 10_000

@@ -1,0 +1,66 @@
+"""A batch input file's lines are checked as the upload streams in: however the bytes are cut into pieces, the
+checker accepts the same files and names the same first bad line as when it reads the file whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.batches.lines import BadLine, LineChecker
+
+
+def good(custom_id: str) -> bytes:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
+                       "body": {"model": "m", "input": "x"}}).encode()
+
+
+BAD = [b"{", b"[]", b'{"custom_id": 1}', good("z").replace(b"POST", b"GET"), b"", b"\xff",
+       good("z").replace(b"/v1/embeddings", b"/v1/other"), good("z").replace(b'"model": "m"', b'"model": 5')]
+
+
+def checked(pieces: list[bytes]) -> int | str:
+    checker = LineChecker()
+    try:
+        for piece in pieces:
+            checker.feed(piece)
+        return checker.finish()
+    except BadLine as exc:
+        return f"bad {exc.line}"
+
+
+def cut(data: bytes, points: list[int]) -> list[bytes]:
+    marks = sorted({p % (len(data) + 1) for p in points})
+    return [data[a:b] for a, b in zip([0, *marks], [*marks, len(data)])]
+
+
+@given(ids=st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=20),
+       bad=st.one_of(st.none(), st.tuples(st.integers(0, 19), st.sampled_from(BAD))),
+       points=st.lists(st.integers(0, 10_000), max_size=12), final_newline=st.booleans())
+def test_any_cutting_of_the_bytes_gives_the_answer_of_the_whole_file(ids, bad, points, final_newline):
+    lines = [good(f"{n}-{i}") for n, i in enumerate(ids)]
+    at = None if bad is None else min(bad[0], len(lines))
+    if bad is not None:
+        lines.insert(at, bad[1])
+    data = b"\n".join(lines) + (b"\n" if final_newline else b"")
+    whole = checked([data])
+    assert checked(cut(data, points)) == whole
+    if bad is None:
+        assert whole == len(lines)
+    elif not (bad[1] == b"" and at == len(lines) - 1 and not final_newline):  # an empty last line is no line
+        assert whole == f"bad {at + 1}"
+
+
+@pytest.mark.parametrize("data, reason", [
+    (good("a") + b"\n" + good("a"), "line 2: custom_id 'a' is used by an earlier line"),
+    (b"", "line 1: the file has no lines"),
+    (good("a") + b"\n\n" + good("b"), "line 2: empty line"),
+    (good("a").replace(b'"input"', b'"stream": true, "input"'), "line 1: body.stream is not supported in a batch"),
+])
+def test_what_a_refusal_says(data, reason):
+    with pytest.raises(BadLine, match=reason):
+        checker = LineChecker()
+        checker.feed(data)
+        checker.finish()
