@@ -5,21 +5,25 @@ and what each model needs on each GPU it uses; placement then decides what runs 
 groups or a matrix listing the combinations. Pure functions of what is loaded now: the scheduler asks
 at decision time, as it asks its swap policy.
 
-The cost of stopping a model is what losing it costs the people using it: its load time, paid again
-on its next request, times how much it is asked for:
+The cost of stopping a model is the load time it is expected to cost again: its load time, paid again if it
+is asked for within the next minute, times the chance that it is, were requests to keep arriving at random at
+their recent rate:
 
-    cost = load seconds × (1 + demand),  demand = Σ 2^(priority / 100) over its requests of the last
-                                                  10 minutes, per minute
+    cost = load seconds × (1 − e^−demand),  demand = Σ 2^(priority / 100) over its requests of the last
+                                                     10 minutes, per minute
 
-so a model loaded in 40 s and asked for twice a minute at priority 0 costs 120, one loaded in 5 s and
-asked for by one batch request (-100) in ten minutes 5.25. Among the sets of models whose stop makes
-room, placement takes the one with the fewest busy models (a busy one is waited for, never cut short),
-then the least summed cost, then the first by name. Pinned and leased models are never in a set: when
+so a model loaded in 40 s and asked for twice a minute at priority 0 costs 40 × (1 − e^−2) = 34.6, one loaded
+in 5 s and asked for by one batch request (-100) in ten minutes 5 × (1 − e^−0.05) = 0.24, and one not asked for
+in ten minutes nothing. A model in steady demand costs about its load time, however often it is asked for: it
+is reloaded once, not once per request. Among the sets of models whose stop makes room, placement takes the
+one with the fewest busy models (a busy one is waited for, never cut short), then the least summed cost, then
+the first by name. Pinned and leased models are never in a set: when
 only their stop would make room, the request waits and is told which of them blocks it.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -224,4 +228,4 @@ class Demand:
 
 def eviction_cost(load_s: float, demand_per_minute: float) -> float:
     """The module docstring's formula."""
-    return load_s * (1.0 + demand_per_minute)
+    return load_s * (1.0 - math.exp(-demand_per_minute))

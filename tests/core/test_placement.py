@@ -2,6 +2,7 @@
 checked against brute force over every set on small cases."""
 
 import itertools
+import math
 
 import pytest
 from hypothesis import given, strategies as st
@@ -72,7 +73,9 @@ def test_demand_weighs_priority_and_forgets_after_its_window():
     assert demand.per_minute("m", 3.0) == pytest.approx((1 + 2 + 0.5) * 60 / DEMAND_WINDOW_S)
     assert demand.per_minute("m", DEMAND_WINDOW_S + 0.5) == pytest.approx((2 + 0.5) * 60 / DEMAND_WINDOW_S)
     assert demand.per_minute("other", 3.0) == 0
-    assert eviction_cost(40, 2) == 120
+    assert eviction_cost(40, 2) == pytest.approx(40 * (1 - math.exp(-2)))  # about 34.6: its load, likely paid again
+    assert eviction_cost(40, 50) == pytest.approx(40)  # however often it is asked for, it is loaded again once
+    assert eviction_cost(40, 0) == 0  # not asked for in the window: nothing to lose
 
 
 GPU_SETS = st.lists(st.sampled_from([8_000, 16_000, 24_000]), min_size=1, max_size=3)
