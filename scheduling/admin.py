@@ -21,6 +21,7 @@ from django.utils.html import format_html
 
 from scheduling.door import frontdoor
 from scheduling.keys import admin as key_admin  # noqa: F401  (registers the API keys' pages)
+from scheduling import batch_admin  # noqa: F401  (registers the Batches page)
 
 from scheduling.operating import overview, placement_page, settings_preview
 from scheduling.forms import PriorityForm, SchedulerSettingsForm, config_or_problem

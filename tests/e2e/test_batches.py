@@ -4,6 +4,7 @@ lines answered by the fake model server, each line's order told by the model's o
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 
 import httpx
@@ -191,3 +192,41 @@ def test_a_ten_thousand_line_file_is_accepted(tmp_path):
         api.batches.cancel(batch.id)
         done = finished(api, batch.id)
         assert done.status == "cancelled" and done.request_counts.total == 10_000
+
+
+def test_a_line_for_another_endpoint_fails_the_batch_naming_it(tmp_path):
+    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+        api = client(served)
+        batch = submit(api, jsonl(2) + jsonl(1, url="/v1/embeddings", prefix="other"))
+        done = finished(api, batch.id)
+        assert done.status == "failed" and done.failed_at and done.output_file_id is None
+        assert [(e.line, e.param) for e in done.errors.data] == [(3, "url")]
+        assert "is not the batch's endpoint /v1/chat/completions" in done.errors.data[0].message
+
+
+def test_after_its_window_a_batch_expires_keeping_the_results_so_far(tmp_path):
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events)) as served:
+        api = client(served)
+        batch = submit(api, jsonl(30, delay=0.1))
+        wait_until(lambda: len(batch_starts(events)) >= 2, 30, what="two lines to start")
+        with sqlite3.connect(served.data_dir / "llamaswap.sqlite3", timeout=10) as db:  # 24 hours later
+            db.execute("UPDATE scheduling_batch SET expires_at = '2000-01-01 00:00:00' WHERE id = ?", (batch.id,))
+        done = finished(api, batch.id)
+        assert done.status == "expired" and done.expired_at
+        ran, never = lines_of(api, done.output_file_id), lines_of(api, done.error_file_id)
+        assert 2 <= len(ran) < 30 and len(ran) + len(never) == 30
+        assert {line["error"]["code"] for line in never} == {"batch_expired"}
+        assert sorted(line["custom_id"] for line in ran) == sorted(set(batch_starts(events)))
+
+
+def test_a_batch_stopped_with_sigterm_carries_on_after_the_restart(tmp_path):
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events)) as served:
+        api = client(served)
+        batch = submit(api, jsonl(6, delay=0.3))
+        wait_until(lambda: len(batch_starts(events)) >= 2, 30, what="two lines to start")
+    with Served(tmp_path, config(events)) as again:
+        done = finished(client(again), batch.id)
+        output = lines_of(client(again), done.output_file_id)
+    assert done.status == "completed" and sorted(line["custom_id"] for line in output) == [f"line-{n}" for n in range(6)]
