@@ -17,7 +17,7 @@ in 5 s and asked for by one batch request (-100) in ten minutes 5 × (1 − e^�
 in ten minutes nothing. A model in steady demand costs about its load time, however often it is asked for: it
 is reloaded once, not once per request. Among the sets of models whose stop makes room, placement takes the
 one with the fewest busy models (a busy one is waited for, never cut short), then the least summed cost, then
-the first by name. Pinned and leased models are never in a set: when
+the fewest models, then the first by name. Pinned and leased models are never in a set: when
 only their stop would make room, the request waits and is told which of them blocks it.
 """
 
@@ -132,7 +132,7 @@ def make_room(hardware: Hardware, need: MemoryNeed, residents: Iterable[Resident
 
 def _cheapest_set(hardware: Hardware, need: MemoryNeed, residents: tuple[Resident, ...],
                   candidates: list[Resident]) -> frozenset[str] | None:
-    """The set of `candidates` whose stop lets `need` fit, least by (busy ones, summed cost, names).
+    """The set of `candidates` whose stop lets `need` fit, least by (busy ones, summed cost, size, names).
 
     Only the models on a GPU free memory there. So when no candidate spans GPUs, each GPU is searched on its own
     (the CPU alone for a CPU model): the sets for different GPUs neither overlap nor interact, and the least set is
@@ -161,12 +161,12 @@ def _cheapest_set(hardware: Hardware, need: MemoryNeed, residents: tuple[Residen
 
 def _least_set(candidates: list[Resident], free: dict[str | None, int | None], fits: Callable[[dict], bool],
                bound: tuple | None = None) -> tuple[tuple, frozenset[str]] | None:
-    """The least set of `candidates` by (busy ones, summed cost, names) whose stop makes `fits(free)` true, with that
-    key (None: none, or none below `bound`); `free` is what each GPU (None: the CPU) has free, as the search stops
-    candidates. Depth-first, a branch
+    """The least set of `candidates` by (busy ones, summed cost, size, names) whose stop makes `fits(free)` true, with
+    that key (None: none, or none below `bound`); `free` is what each GPU (None: the CPU) has free, as the search
+    stops candidates. Depth-first, a branch
     left once it cannot beat the best found. The candidates come least (busy, cost) first, so once adding one makes
     a set worse than the best, adding any later one would too: the rest of that branch's candidates are skipped."""
-    best: list = [bound, None]  # (busy, cost, names), set
+    best: list = [bound, None]  # (busy, cost, size, names), set
     budget = [SEARCH_BUDGET]
 
     def release(resident: Resident, sign: int) -> None:
@@ -177,12 +177,13 @@ def _least_set(candidates: list[Resident], free: dict[str | None, int | None], f
     def beats(busy: int, cost: float, chosen: list[Resident]) -> bool:
         if best[0] is None or (busy, cost) < best[0][:2]:
             return True
-        return (busy, cost) == best[0][:2] and tuple(sorted(r.model for r in chosen)) < best[0][2]
+        return (busy, cost) == best[0][:2] and (len(chosen), tuple(sorted(r.model for r in chosen))) < best[0][2:]
 
     def visit(start: int, chosen: list[Resident], busy: int, cost: float) -> None:
         budget[0] -= 1
         if fits(free):
-            best[0], best[1] = (busy, cost, tuple(sorted(r.model for r in chosen))), frozenset(r.model for r in chosen)
+            names = tuple(sorted(r.model for r in chosen))
+            best[0], best[1] = (busy, cost, len(names), names), frozenset(names)
             return  # adding more only costs more
         for index in range(start, len(candidates)):
             if budget[0] <= 0:

@@ -92,7 +92,7 @@ def scenes(draw):
         if gpus is None:
             continue
         residents.append(Resident(
-            f"m{index}", gpus, need.mib, cost=draw(st.sampled_from([1.0, 2.5, 10.0, 40.0])), busy=draw(st.booleans()),
+            f"m{index}", gpus, need.mib, cost=draw(st.sampled_from([0.0, 1.0, 2.5, 10.0, 40.0])), busy=draw(st.booleans()),
             protected=draw(st.sampled_from(["", "", "", "pinned"])),
         ))
     need = MemoryNeed(draw(st.sampled_from([2_000, 6_000, 12_000, 20_000])), draw(st.integers(0, len(sizes))))
@@ -124,6 +124,8 @@ def test_the_room_made_is_the_least_cost_set_that_fits_and_never_holds_a_protect
     chosen = [by_name[m] for m in room.evict]
     assert (sum(r.busy for r in chosen), sum(r.cost for r in chosen)) == pytest.approx(best)
     staying = [r for r in residents if r.model not in room.evict]
+    for model in room.evict:  # no model is stopped whose memory the start does without, even one that costs nothing
+        assert assign(hardware, need, [*staying, by_name[model]]) is None, f"{model} need not stop"
     gpus, cpu = free_memory(hardware, staying)
     assert len(room.gpus) == need.gpus and all(gpus[g] >= need.mib for g in room.gpus)
     if need.gpus == 0 and cpu is not None:
