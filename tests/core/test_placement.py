@@ -92,7 +92,8 @@ def scenes(draw):
         if gpus is None:
             continue
         residents.append(Resident(
-            f"m{index}", gpus, need.mib, cost=draw(st.sampled_from([0.0, 1.0, 2.5, 10.0, 40.0])), busy=draw(st.booleans()),
+            f"m{index}", gpus, need.mib, cost=draw(st.sampled_from([0.0, 1.0, 2.5, 10.0, 40.0])),
+            busy=draw(st.booleans()),
             protected=draw(st.sampled_from(["", "", "", "pinned"])),
         ))
     need = MemoryNeed(draw(st.sampled_from([2_000, 6_000, 12_000, 20_000])), draw(st.integers(0, len(sizes))))
