@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 MAX_LINE_BYTES = 8 * 1024 * 1024  # a line longer than this is refused without being kept whole
+MAX_LINES = 50_000  # OpenAI's limit per batch; it also bounds the custom_ids kept to find a repeated one
 
 
 class BadLine(ValueError):
@@ -88,6 +89,8 @@ class LineChecker:
 
     def _check(self, raw: bytes) -> None:
         self.lines += 1
+        if self.lines > MAX_LINES:
+            raise BadLine(self.lines, f"a batch file holds at most {MAX_LINES} lines")
         raw = raw.removesuffix(b"\r")
         if not raw.strip():
             raise BadLine(self.lines, "empty line")

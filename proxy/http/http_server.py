@@ -21,6 +21,7 @@ from daphne.server import Server
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.web import http
 
+from proxy.http.spooled_body import SpooledBody
 from proxy.websockets.websocket_frames import MESSAGE_TOO_BIG
 
 log = logging.getLogger("llamaswap.http")
@@ -157,6 +158,12 @@ class LlamaswapServer(Server):
     def http_factory(self, stock: HTTPFactory) -> None:
         # Server.run() builds its stock factory here; connections get ours, which is the same plus the deadlines.
         self._http_factory = DeadlineHTTPFactory(self, self.client_timeout)
+
+    def create_application(self, protocol, scope):
+        """daphne's, but a body Twisted spooled to a file reaches the application a piece at a time (`SpooledBody`)."""
+        queue = super().create_application(protocol, scope)
+        content = getattr(protocol, "content", None) if scope.get("type") == "http" else None
+        return SpooledBody(queue, content) if queue is not None and SpooledBody.applies_to(content) else queue
 
     def listen_error(self, failure) -> None:
         error = getattr(failure.value, "socketError", failure.value)

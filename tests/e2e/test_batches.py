@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 import threading
 
 import httpx
@@ -230,3 +231,19 @@ def test_a_batch_stopped_with_sigterm_carries_on_after_the_restart(tmp_path):
         done = finished(client(again), batch.id)
         output = lines_of(client(again), done.output_file_id)
     assert done.status == "completed" and sorted(line["custom_id"] for line in output) == [f"line-{n}" for n in range(6)]
+
+
+def test_a_large_upload_is_never_held_whole_in_memory(tmp_path):
+    with Served(tmp_path, config(tmp_path / "events.jsonl").replace("2000000", "100000000")) as served:
+        api = client(served)
+        api.files.list()  # the service has served a request: its memory is what serving takes
+
+        def peak() -> int:
+            status = (Path("/proc") / str(served.proc.pid) / "status").read_text()
+            return int(status.split("VmHWM:")[1].split()[0]) * 1024
+
+        before = peak()
+        content = b"".join(b'{"custom_id":"%d","method":"POST","url":"/v1/embeddings","body":{"model":"chat",'
+                           b'"input":"%s"}}\n' % (n, b"x" * 1900) for n in range(30_000))
+        assert api.files.create(file=("large.jsonl", content), purpose="batch").bytes == len(content)
+        assert peak() - before < len(content) / 4, (peak() - before, len(content))

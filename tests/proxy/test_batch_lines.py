@@ -57,6 +57,7 @@ def test_any_cutting_of_the_bytes_gives_the_answer_of_the_whole_file(ids, bad, p
     (good("a") + b"\n" + good("a"), "line 2: custom_id 'a' is used by an earlier line"),
     (b"", "line 1: the file has no lines"),
     (good("a") + b"\n\n" + good("b"), "line 2: empty line"),
+    (b"\n".join(good(str(n)) for n in range(50_001)), "line 50001: a batch file holds at most 50000 lines"),
     (good("a").replace(b'"input"', b'"stream": true, "input"'), "line 1: body.stream is not supported in a batch"),
 ])
 def test_what_a_refusal_says(data, reason):
