@@ -247,3 +247,28 @@ def test_a_large_upload_is_never_held_whole_in_memory(tmp_path):
                            b'"input":"%s"}}\n' % (n, b"x" * 1900) for n in range(30_000))
         assert api.files.create(file=("large.jsonl", content), purpose="batch").bytes == len(content)
         assert peak() - before < len(content) / 4, (peak() - before, len(content))
+
+
+def test_a_batch_runs_with_its_keys_rights(tmp_path, rows):
+    from tests.e2e.test_api_keys import new_key
+
+    events = tmp_path / "events.jsonl"
+    text = config(events).replace("    routing:", f"""      other:
+            cmd: {fake_cmd("other", events, "--tps", "0")}
+        routing:""")
+    with Served(tmp_path, text) as served:
+        scoped = new_key(served, "scoped", "--models", "chat", "--max-priority", "normal")
+        reader = new_key(served, "reader", "--read-only")
+        with pytest.raises(openai.PermissionDeniedError):
+            openai.OpenAI(base_url=served.base + "/v1", api_key=reader, max_retries=0).files.create(
+                file=("in.jsonl", jsonl(1)), purpose="batch")
+        api = openai.OpenAI(base_url=served.base + "/v1", api_key=scoped, max_retries=0)
+        content = jsonl(2) + jsonl(1, prefix="other").replace(b'"model": "chat"', b'"model": "other"')
+        batch = submit(api, content, extra_headers={"X-LlamaSwap-Priority": "interactive"})
+        done = finished(api, batch.id)
+        assert done.request_counts.model_dump() == {"total": 3, "completed": 2, "failed": 1}
+        [refused] = lines_of(api, done.error_file_id)
+        assert (refused["custom_id"], refused["response"]["status_code"]) == ("other-0", 403)
+        assert refused["response"]["body"]["error"]["code"] == "model_not_allowed"
+        mine = [r for r in rows(served.data_dir) if r["client"] == "batch"]
+        assert [(r["model"], r["priority"], r["api_key"]) for r in mine] == [("chat", 0, "scoped")] * 2
