@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import connection
 from django.utils import timezone
 
 from proxy.http.access import Caller, Denied, identify
@@ -61,7 +61,7 @@ class KeyCache:
             used, self._used = self._used, set()
             try:
                 if self._failed:
-                    close_old_connections()  # one the blink broke: the read opens a new one
+                    drop_broken_connection()
                 rows = self._read(used)
             except Exception as exc:  # the database is away: the last good rows answer while they may
                 self._used |= used
@@ -84,6 +84,13 @@ class KeyCache:
     def used(self, name: str) -> None:
         if name:
             self._used.add(name)
+
+
+def drop_broken_connection() -> None:
+    """Close this thread's connection if a database blink broke it, so the next read opens a new one. Only
+    then: Django's `close_old_connections` would also close a healthy one inside a transaction."""
+    if connection.connection is not None and not connection.is_usable():
+        connection.close()
 
 
 KEYS = KeyCache()

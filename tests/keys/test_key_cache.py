@@ -43,7 +43,7 @@ closed: list[bool] = []
 @pytest.fixture
 def parts(monkeypatch):
     closed.clear()
-    monkeypatch.setattr(key_cache, "close_old_connections", lambda: closed.append(True))  # no database here
+    monkeypatch.setattr(key_cache, "drop_broken_connection", lambda: closed.append(True))  # no database here
     clock, table = Clock(), Table()
     return clock, table, KeyCache(table.read, clock)
 
