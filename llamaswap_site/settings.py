@@ -1,6 +1,7 @@
 """Django settings, read from the environment (12-factor).
 
 LLAMASWAP_DATA_DIR   where the SQLite file and the generated SECRET_KEY live (default ./data)
+LLAMASWAP_FILES_DIR  where the Files API keeps files (default <data dir>/files); front ends share one folder
 DATABASE_URL         optional postgres://user@host:port/name for scale-out; SQLite otherwise
 LLAMASWAP_SECRET_KEY optional: the SECRET_KEY, for front ends that must share one (sessions); else generated
 LLAMASWAP_DEBUG      "1" turns Django's DEBUG on (off by default)
@@ -25,6 +26,9 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("LLAMASWAP_DATA_DIR", "data")).resolve()
 # Private to the service's user: it holds the secret key and the request history.
 DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+# The Files API's files (batch inputs and outputs): with several front ends, a folder they all mount.
+FILES_DIR = Path(os.environ.get("LLAMASWAP_FILES_DIR", "") or DATA_DIR / "files").resolve()
 
 SECRET_KEY = load_or_create_secret_key(DATA_DIR / "secret_key", os.environ.get("LLAMASWAP_SECRET_KEY", ""))
 DEBUG = os.environ.get("LLAMASWAP_DEBUG", "") == "1"

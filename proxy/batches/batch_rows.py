@@ -166,10 +166,9 @@ def claim_lines(batch_id: str, runner: str, count: int) -> list[tuple[int, int, 
                  .values_list("pk", "line", "custom_id", "offset", "length")[:count])
     if not found or not Batch.objects.filter(pk=batch_id, runner=runner).exists():
         return []
-    claimed = set(BatchRequest.objects.filter(pk__in=[row[0] for row in found], state="pending")
-                  .values_list("pk", flat=True))
-    BatchRequest.objects.filter(pk__in=claimed).update(state="running", runner=runner)
-    return [row for row in found if row[0] in claimed]
+    # One conditional UPDATE per line: of two runners racing for it, one gets it.
+    return [row for row in found
+            if BatchRequest.objects.filter(pk=row[0], state="pending").update(state="running", runner=runner)]
 
 
 def record_result(pk: int, runner: str, succeeded: bool, result: dict) -> bool:

@@ -1,5 +1,5 @@
-"""Where the Files API keeps file contents: `<data dir>/files/<id>`, beside the SQLite file. A file is
-written under a temporary name and renamed into place, so a reader (or a restart) never sees half of one."""
+"""Where the Files API keeps file contents: `<LLAMASWAP_FILES_DIR>/<id>` (default `<data dir>/files`). A file
+is written under a temporary name and renamed into place, so a reader (or a restart) never sees half of one."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def new_id(prefix: str) -> str:
 
 
 def folder() -> Path:
-    path = Path(settings.DATA_DIR) / "files"
-    path.mkdir(mode=0o700, exist_ok=True)
+    path = Path(settings.FILES_DIR)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 
