@@ -5,6 +5,8 @@ every front end within REFRESH_S plus one read (under 2 s), with no restart and 
 The database may blink. A read that fails keeps the last good rows for `STALE_LIMIT_S` (a revoked key can
 then still pass for that long, and the log says the rows are old); past that, or before any read worked, a
 row key is refused with 503 (`proxy.http.access`), never let through. A config file apiKey works throughout.
+Meanwhile requests do not wait on the database: a failed read is tried again REFRESH_S later, and a read that
+hangs is waited for READ_WAIT_S once, not again until it ends.
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ class KeyCache:
         self._read, self._clock = read, clock
         self._rows: KeyRows | None = None
         self._read_at = float("-inf")
-        self._failed = False  # the last read failed
-        self._outage = OutageLog(log, f"reading the API key table (the rows last read answer for up to "
-                                      f"{STALE_LIMIT_S:.0f} s, then row keys get 503)")
+        self._tried_at = float("-inf")
+        self._failed = False  # the last read failed: the next waits REFRESH_S after it
+        self._stalled = False  # a read outlasted READ_WAIT_S and has not ended: nobody waits for it again
+        self._outage = OutageLog(log, f"reading the API key table (meanwhile the rows last read answer, "
+                                      f"{STALE_LIMIT_S:.0f} s at most)")
         self._used: set[str] = set()
         self._lock = threading.Lock()
 
@@ -58,6 +62,9 @@ class KeyCache:
         with self._lock:
             if (rows := self.fresh()) is not None:
                 return rows
+            if self._failed and self._clock() - self._tried_at < REFRESH_S:
+                return self.usable()  # a request during an outage does not wait for a read bound to fail
+            self._tried_at = self._clock()
             used, self._used = self._used, set()
             try:
                 if self._failed:
@@ -65,10 +72,10 @@ class KeyCache:
                 rows = self._read(used)
             except Exception as exc:  # the database is away: the last good rows answer while they may
                 self._used |= used
-                self._failed = True
+                self._failed, self._stalled = True, False
                 self._outage.failed(exc)
                 return self.usable()
-            self._failed = False
+            self._failed, self._stalled = False, False
             self._outage.worked()
             self._rows, self._read_at = rows, self._clock()
             return rows
@@ -76,9 +83,12 @@ class KeyCache:
     async def current_async(self) -> KeyRows | None:
         if (rows := self.fresh()) is not None:
             return rows
+        if self._stalled:
+            return self.usable()
         try:  # on the thread Django's other synchronous calls use: its connection, its transaction in tests
             return await asyncio.wait_for(sync_to_async(self.current)(), READ_WAIT_S)
         except asyncio.TimeoutError:
+            self._stalled = True
             return self.usable()
 
     def used(self, name: str) -> None:

@@ -22,14 +22,15 @@ class Clock:
 
 
 class Table:
-    """A stand-in for the table: counts reads, fails while `down`, remembers the used names it was given."""
+    """A stand-in for the table: counts tries and reads, fails while `down`, remembers the used names it was given."""
 
     def __init__(self) -> None:
-        self.reads = 0
+        self.tries = self.reads = 0
         self.down = False
         self.used: list[set[str]] = []
 
     def read(self, used) -> KeyRows:
+        self.tries += 1
         if self.down:
             raise ConnectionError("the database is away")
         self.reads += 1
@@ -69,6 +70,7 @@ def test_a_failed_read_keeps_the_last_good_rows_until_the_stale_limit(parts, cap
     assert cache.current() is None  # too old to trust: row keys are refused, not guessed at
     assert closed == [True]  # a connection the outage broke is closed before the next try, once per try
     table.down = False
+    clock.now += REFRESH_S
     assert cache.current().count == 2
     assert closed == [True, True]
     assert "works again" in caplog.text
@@ -90,8 +92,21 @@ def test_the_keys_used_are_handed_to_the_next_read_and_kept_through_a_failed_one
     cache.current()
     table.down = False
     cache.used("bob")
+    clock.now += REFRESH_S
     cache.current()
     assert table.used == [set(), {"alice", "bob"}]
+
+
+def test_during_an_outage_a_read_is_tried_once_per_refresh_period(parts):
+    clock, table, cache = parts
+    good = cache.current()
+    table.down = True
+    clock.now += REFRESH_S
+    assert [cache.current() for _ in range(5)] == [good] * 5
+    assert table.tries == 2
+    clock.now += REFRESH_S
+    cache.current()
+    assert table.tries == 3
 
 
 def test_concurrent_callers_share_one_read(parts):
@@ -114,9 +129,12 @@ async def test_a_read_slower_than_the_wait_is_answered_by_the_last_good_rows(par
         await asyncio.to_thread(release.wait, 5)
         return KeyRows({}, 99)
 
-    monkeypatch.setattr(key_cache, "sync_to_async", lambda fn: slow)
+    calls = []
+    monkeypatch.setattr(key_cache, "sync_to_async", lambda fn: calls.append(fn) or slow)
     monkeypatch.setattr(key_cache, "READ_WAIT_S", 0.05)
     try:
         assert await cache.current_async() is good
+        assert await cache.current_async() is good  # the hung read is not waited for again
+        assert len(calls) == 1
     finally:
         release.set()
