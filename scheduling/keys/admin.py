@@ -31,6 +31,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return [(None, {"fields": head}), ("Scope", {"fields": _SCOPE}),
                 ("Quotas and fair share (stored, not enforced yet)", {"fields": _STORED})]
 
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None):
+        """A key keeps its name: the request rows it sent are recorded under it."""
+        return self.readonly_fields if obj is None else ("name", *self.readonly_fields)
+
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
