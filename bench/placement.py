@@ -57,7 +57,7 @@ from bench.common import load_average, machine  # noqa: E402
 from scheduling.core import (  # noqa: E402
     Grant, ModelSpec, SerialScheduler, SerialSettings, StartModel, StopModel, SwapGroup, SwapPolicy, Ticket,
 )
-from scheduling.core.placement import Hardware, MemoryNeed, Resident, eviction_cost, make_room  # noqa: E402
+from scheduling.core.placement import Hardware, MemoryNeed, Resident, make_room  # noqa: E402
 from scheduling.core.replay import Recorded, ReplayResult, Setup, replay, waits_by_band  # noqa: E402
 
 GIB = 1024
