@@ -109,10 +109,6 @@ def claim_batches(runner: str, sole: bool, lease: timedelta) -> set[str]:
     return set(Batch.objects.filter(status__in=ACTIVE, runner=runner).values_list("id", flat=True))
 
 
-def release_claims(runner: str) -> None:
-    Batch.objects.filter(runner=runner).update(runner="", runner_until=None)
-
-
 def batch_state(batch_id: str) -> tuple[str, datetime, str, int, str, KeyScope]:
     """status, expires_at, model, priority, input_file_id, and the rights its lines run with."""
     *state, key, globs = Batch.objects.filter(pk=batch_id).values_list(

@@ -103,30 +103,27 @@ class BatchRunner:
     async def _send_lines(self, batch_id: str, in_flight: set[asyncio.Task]) -> str | None:
         """Send the lines until none is left; returns how the batch ends (None: not this runner's to end)."""
         loop = asyncio.get_running_loop()
-        checked = -POLL_S
+        checked = None
         while True:
-            if loop.time() - checked >= POLL_S or self.wake.is_set() or not in_flight:
+            if checked is None or loop.time() - checked >= POLL_S or self.wake.is_set() or not in_flight:
                 status, expires_at, model, priority, input_file, key = await _db(batch_rows.batch_state, batch_id)
                 checked = loop.time()
-                ending = {"cancelling": ("cancelled", "batch_cancelled", CANCELLED)}.get(status)
-                if status == "in_progress" and timezone.now() >= expires_at:
-                    ending = ("expired", "batch_expired", EXPIRED)
                 if status not in ("in_progress", "cancelling", "finalizing"):
                     return None
-            if ending is not None or status == "finalizing":
-                if in_flight:
-                    await asyncio.wait(in_flight)
-                    continue
+                ending = None
+                if status == "cancelling":
+                    ending = ("cancelled", "batch_cancelled", CANCELLED)
+                elif status == "in_progress" and timezone.now() >= expires_at:
+                    ending = ("expired", "batch_expired", EXPIRED)
+            if ending is None and status == "in_progress":
+                room = in_flight_cap(self.service.config, model) - len(in_flight)
+                for row in await _db(batch_rows.claim_lines, batch_id, self.name, room) if room > 0 else []:
+                    in_flight.add(loop.create_task(self._send(input_file, row, priority, key)))
+            if not in_flight:  # every line sent has ended
                 if ending is None:
                     return "completed"
                 await _db(batch_rows.end_pending, batch_id, ending[1], ending[2])
                 return ending[0]
-            room = in_flight_cap(self.service.config, model) - len(in_flight)
-            claimed = await _db(batch_rows.claim_lines, batch_id, self.name, room) if room > 0 else []
-            for row in claimed:
-                in_flight.add(loop.create_task(self._send(input_file, row, priority, key)))
-            if not in_flight:
-                return "completed"
             done, _ = await asyncio.wait(in_flight, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
             in_flight -= done
             for task in done:

@@ -49,10 +49,3 @@ def read_range(file_id: str, offset: int, length: int) -> bytes:
     with open(path_of(file_id), "rb") as source:
         source.seek(offset)
         return source.read(length)
-
-
-def chunks(file_id: str):
-    """The file's bytes in pieces, for a streamed download."""
-    with open(path_of(file_id), "rb") as source:
-        while piece := source.read(CHUNK_BYTES):
-            yield piece

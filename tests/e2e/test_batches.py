@@ -18,16 +18,18 @@ pytestmark = pytest.mark.e2e
 DONE = {"completed", "failed", "expired", "cancelled"}
 
 
-def config(events) -> str:
+def config(events, slots: int = 1) -> str:
     return f"""
         healthCheckTimeout: 20
         maxBatchFileBytes: 2000000
         models:
           chat:
-            cmd: {fake_cmd("chat", events, "--tps", "0", "--tokens", "2")}
+            cmd: {fake_cmd("chat", events, "--tps", "0", "--tokens", "2", "--parallel", str(slots))}
         routing:
           scheduler:
             use: serial
+            settings:
+              serial: {{slots: {{chat: {slots}}}}}
     """
 
 
@@ -116,9 +118,11 @@ def test_a_bad_line_is_refused_naming_it(tmp_path):
         assert [p.name for p in (served.data_dir / "files").iterdir()] == []  # nothing kept of the refused files
 
 
-def test_cancel_stops_sending_and_keeps_what_ran(tmp_path):
+@pytest.mark.parametrize("slots", [1, 3])
+def test_cancel_stops_sending_and_keeps_what_ran(tmp_path, slots):
+    """With several slots, a batch keeps one line at the model per slot (the model's own count shows it)."""
     events = tmp_path / "events.jsonl"
-    with Served(tmp_path, config(events)) as served:
+    with Served(tmp_path, config(events, slots)) as served:
         api = client(served)
         batch = submit(api, jsonl(20, delay=0.2))
         wait_until(lambda: len(batch_starts(events)) >= 2, 30, what="two lines to start")
@@ -130,6 +134,7 @@ def test_cancel_stops_sending_and_keeps_what_ran(tmp_path):
         assert {line["error"]["code"] for line in never} == {"batch_cancelled"}
         assert sorted(line["custom_id"] for line in ran) == sorted(set(batch_starts(events)))
         assert done.request_counts.model_dump() == {"total": 20, "completed": len(ran), "failed": len(never)}
+        assert max(e["in_flight"] for e in read_events(events) if e["event"] == "start") == slots
 
 
 def test_a_batch_survives_kill_9_and_each_line_is_answered_once(tmp_path):
