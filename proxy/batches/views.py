@@ -7,7 +7,9 @@ import json
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.multipartparser import MultiPartParserError
 
 from proxy.api.views import api_key_required
 from proxy.batches import batch_rows, runner, storage
@@ -48,6 +50,9 @@ async def files(request: HttpRequest, service) -> HttpResponse:
     except FileTooLarge as exc:
         handler.discard()
         return json_error(413, str(exc), "file_too_large")
+    except (MultiPartParserError, RequestDataTooBig, TooManyFieldsSent) as exc:
+        handler.discard()
+        return json_error(400, f"unreadable multipart body: {exc}", "invalid_multipart")
     if form.get("purpose") != "batch" or uploaded is None:
         handler.discard()
         what = "a file field" if uploaded is None else f"purpose=batch (not {form.get('purpose')!r})"

@@ -96,6 +96,14 @@ def test_upload_create_poll_download(tmp_path, rows):
         assert len(mine) == 5 and {r["priority"] for r in mine} == {-100} and {r["state"] for r in mine} == {"completed"}
         assert {str(r["id"]) for r in mine} == {line["response"]["request_id"] for line in output}
 
+        more = [api.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                   completion_window="24h").id for _ in range(2)]
+        first_page = api.batches.list(limit=2)
+        assert [b.id for b in first_page.data] == more[::-1] and first_page.has_more
+        assert [b.id for b in api.batches.list(limit=2, after=more[0]).data] == [batch.id]
+        for later in more:
+            finished(api, later)
+
         api.files.delete(uploaded.id)
         with pytest.raises(openai.NotFoundError):
             api.files.retrieve(uploaded.id)
@@ -277,3 +285,14 @@ def test_a_batch_runs_with_its_keys_rights(tmp_path, rows):
         assert refused["response"]["body"]["error"]["code"] == "model_not_allowed"
         mine = [r for r in rows(served.data_dir) if r["client"] == "batch"]
         assert [(r["model"], r["priority"], r["api_key"]) for r in mine] == [("chat", 0, "scoped")] * 2
+
+
+def test_an_unreadable_upload_is_refused_and_nothing_is_kept(tmp_path):
+    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+        broken = httpx.post(served.base + "/v1/files", timeout=10, content=b"--x\r\nno end",
+                            headers={"Content-Type": "multipart/form-data; boundary=x"})
+        assert broken.status_code == 400, broken.text
+        elsewhere = httpx.post(served.base + "/v1/files", timeout=10, data={"purpose": "assistants"},
+                               files={"file": ("in.jsonl", jsonl(1))})
+        assert elsewhere.status_code == 400 and "purpose=batch" in elsewhere.json()["error"]["message"]
+        assert not list((served.data_dir / "files").iterdir())
