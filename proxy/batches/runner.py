@@ -21,6 +21,7 @@ from django.utils import timezone
 from proxy.batches import batch_rows, storage
 from proxy.batches.line_request import Interrupted, send_line
 from proxy.batches.lines import parse_line
+from scheduling.door.outage_log import OutageLog
 from scheduling.rows.connections import on_fresh_connection
 
 log = logging.getLogger("llamaswap.batches")
@@ -49,15 +50,18 @@ class BatchRunner:
         self.name = f"{socket.gethostname()}:{os.getpid()}:{storage.new_id('')[:8]}"
         self.wake = asyncio.Event()
         self._batches: dict[str, asyncio.Task] = {}
+        self._outage = OutageLog(log, "running batches")
 
     async def run(self) -> None:
         """Claim and run batches until cancelled (the service stopping)."""
+        outage = OutageLog(log, "claiming batches (those running go on)")
         try:
             while True:
                 try:
                     held = await _db(batch_rows.claim_batches, self.name, self.sole, CLAIM)
+                    outage.worked()
                 except DatabaseError as exc:
-                    log.warning("batches: could not claim batches (%s); trying again", exc)
+                    outage.failed(exc)
                     held = set(self._batches)
                 for batch_id, task in list(self._batches.items()):
                     if batch_id not in held:  # taken over: another runner has it now
@@ -78,8 +82,11 @@ class BatchRunner:
     async def _run_batch(self, batch_id: str) -> None:
         try:
             await self._run(batch_id)
+            self._outage.worked()
         except asyncio.CancelledError:
             raise
+        except DatabaseError as exc:  # taken up again at the next poll, from its rows
+            self._outage.failed(exc)
         except Exception:
             log.exception("batch %s: unexpected failure; it is tried again", batch_id)
 
