@@ -101,6 +101,13 @@ CHANNEL_LAYERS = channel_layers_from_url(
 LLAMASWAP_SCHEDULER_FRONT_DOOR = (
     "scheduling.door.remote.ChannelLayerFrontDoor" if CHANNEL_LAYERS else "scheduling.door.in_process.InProcessFrontDoor"
 )
+# API key quotas are counted where every front end sees the same windows: Redis in distributed mode
+# (proxy/http/quota_counters.py).
+LLAMASWAP_QUOTA_REDIS_URL = os.environ.get("REDIS_URL", "")
+LLAMASWAP_QUOTA_COUNTER = (
+    "proxy.http.quota_counters.RedisQuotaCounter" if LLAMASWAP_QUOTA_REDIS_URL
+    else "proxy.http.quota_counters.InProcessQuotaCounter"
+)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

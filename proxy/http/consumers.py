@@ -10,6 +10,7 @@ from urllib.parse import quote, unquote
 from proxy.http.access import OPEN, Caller, Denied, Need, model_refusal, route_refusal
 from proxy.http.auth import CREDENTIAL_HEADERS
 from proxy.http.key_cache import caller_of
+from proxy.http.quota_gate import Tally, within_quota
 from proxy.upstream.captures import CaptureRecorder, begin_capture
 from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
 from proxy.http.errors import ProxyError, error_event
@@ -105,6 +106,13 @@ class ModelConsumer(StreamingHttpConsumer):
     async def serve(self, service, model_cfg, *, requested: str, stream: bool, method: str,
                     upstream_path: str, body: bytes, headers: dict[str, str], selector: str = "") -> None:
         self.check_model(model_cfg.id)
+        async with within_quota(self.caller.scope) as tally:
+            await self.serve_scheduled(service, model_cfg, tally, requested=requested, stream=stream, method=method,
+                                       upstream_path=upstream_path, body=body, headers=headers, selector=selector)
+
+    async def serve_scheduled(self, service, model_cfg, tally: Tally, *, requested: str, stream: bool, method: str,
+                              upstream_path: str, body: bytes, headers: dict[str, str], selector: str) -> None:
+        """Queue the request, relay the model's answer once granted, and note how it ended in `tally`."""
         door = service.door
         self.capture = begin_capture(self.scope["path"], upstream_path, headers, body)
         request = ticket_request(self.scope, headers, model=model_cfg.id, requested=requested, method=method,
@@ -128,8 +136,11 @@ class ModelConsumer(StreamingHttpConsumer):
         if self.capture is not None:
             self.capture.ticket_id = lease.ticket_id
         try:
-            async with holding(lambda outcome: door.release(lease.ticket_id, stamped(outcome, loop.time())),
-                               lambda: lease.cut) as held:
+            def ended(outcome):
+                tally.ended(outcome)
+                door.release(lease.ticket_id, stamped(outcome, loop.time()))
+
+            async with holding(ended, lambda: lease.cut) as held:
                 lease.held_by(asyncio.current_task())
                 drop = CREDENTIAL_HEADERS if self.caller.keyed else frozenset()
                 async with service.client_for(model_cfg) as client:

@@ -1,4 +1,4 @@
-"""What a key allows: its models, its kind (operator, read-only) and the priority its requests get.
+"""What a key allows: its models, its kind (operator, read-only), the priority its requests get and its quotas.
 
 Pure: the HTTP side asks these questions of a key it has identified; the rows are `scheduling.keys.store`'s.
 """
@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+
+from scheduling.keys.quota import UNLIMITED, QuotaLimits
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,7 @@ class KeyScope:
     read_only: bool = False
     max_priority: int | None = None
     default_priority: int | None = None
+    limits: QuotaLimits = UNLIMITED
 
     def allows_model(self, model: str) -> bool:
         return not self.models or any(fnmatchcase(model, glob) for glob in self.models)

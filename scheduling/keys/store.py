@@ -10,6 +10,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from scheduling.keys.quota import QuotaLimits
 from scheduling.keys.scope import KeyScope
 from scheduling.keys.secrets import new_secret, prefix_of, secret_hash
 from scheduling.models import ApiKey
@@ -45,7 +46,8 @@ class KeyRows:
 
 def scope_of(row: ApiKey) -> KeyScope:
     return KeyScope(name=row.name, models=row.model_globs(), operator=row.operator, read_only=row.read_only,
-                    max_priority=row.max_priority, default_priority=row.default_priority)
+                    max_priority=row.max_priority, default_priority=row.default_priority,
+                    limits=QuotaLimits(row.rpm, row.tpm, row.concurrency))
 
 
 def make_key(row: ApiKey) -> str:

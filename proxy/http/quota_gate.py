@@ -1,0 +1,84 @@
+"""A key's quotas applied to one model request, before it joins the scheduler's queue.
+
+Over rpm or tpm: 429 `rate_limit_exceeded` with `Retry-After`, at once. Over concurrency: the request waits
+here, behind the key's own requests only — other keys' requests go straight on to the queue, so a key at its
+limit never holds anyone else up — and goes on when one of the key's requests ends (on any front end: the
+counter is shared). A front end's waiters of one key go on in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from proxy.http.errors import ProxyError
+from proxy.http.quota_counters import RETRY_S, QuotaCounter, quota_counter
+from scheduling.keys.scope import KeyScope
+from scheduling.tickets import Outcome
+
+
+@dataclass
+class Tally:
+    """What the request spent, set when it ends (`ended`)."""
+
+    tokens: int = 0
+
+    def ended(self, outcome: Outcome) -> None:
+        """The tokens the answer's usage reported: prompt plus completion, as its row records them."""
+        usage = outcome.usage or {}
+        self.tokens = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+
+
+class _Line:
+    """One key's waiters on this front end: the first asks the counter, the rest wait their turn."""
+
+    def __init__(self) -> None:
+        self.turn = asyncio.Lock()  # asyncio's lock wakes its waiters in arrival order
+        self.freed = asyncio.Event()
+        self.users = 0
+
+
+_LINES: dict[tuple[asyncio.AbstractEventLoop, str], _Line] = {}
+
+
+@contextlib.asynccontextmanager
+async def within_quota(scope: KeyScope, counter: QuotaCounter | None = None) -> AsyncIterator[Tally]:
+    """Hold one request of the key `scope` within its quotas while the block serves it; its tokens (the
+    yielded `Tally`) are counted against the key's tpm when the block ends."""
+    limits, tally = scope.limits, Tally()
+    if not limits.any():
+        yield tally
+        return
+    counter = counter or quota_counter()
+    if (over := await counter.admit(scope.name, limits)) is not None:
+        raise ProxyError(429, over.message(), "rate_limit_exceeded", headers={"Retry-After": over.retry_after_header()})
+    line = place = None
+    if limits.concurrency is not None:
+        line = _LINES.setdefault((asyncio.get_running_loop(), scope.name), _Line())
+        line.users += 1
+    try:
+        if line is not None:
+            place = await _wait_for_place(counter, scope.name, limits.concurrency, line)
+        yield tally
+    finally:
+        if line is not None:
+            if place is not None:
+                await counter.give_back(scope.name, place)
+                line.freed.set()
+            line.users -= 1
+            if not line.users:
+                _LINES.pop((asyncio.get_running_loop(), scope.name), None)
+        if limits.tpm is not None:
+            await counter.spend(scope.name, tally.tokens)
+
+
+async def _wait_for_place(counter: QuotaCounter, key: str, concurrency: int, line: _Line):
+    async with line.turn:
+        while True:
+            line.freed.clear()  # before asking: a place freed meanwhile sets it again
+            if (place := await counter.take(key, concurrency)) is not None:
+                return place
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(line.freed.wait(), RETRY_S)
