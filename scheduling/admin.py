@@ -27,6 +27,7 @@ from scheduling.operating import overview, placement_page, settings_preview
 from scheduling.forms import PriorityForm, SchedulerSettingsForm, config_or_problem
 from scheduling.rows.history import CappedCountPaginator, HistoryQuerySet, search_requests
 from scheduling.models import (
+    ApiKey,
     ConfiguredModel,
     ModelLease,
     QueuedRequest,
@@ -392,14 +393,33 @@ class ConfiguredModelFilter(admin.SimpleListFilter):
         return queryset.filter(model=self.value()) if self.value() else queryset
 
 
+class ApiKeyFilter(admin.SimpleListFilter):
+    """The key rows' names (the table is small, so the filter never scans the history for distinct names), and
+    the requests sent with no row key: with a config file apiKey, or to an open server."""
+
+    title = "API key"
+    parameter_name = "api_key"
+    NO_ROW_KEY = "(none)"  # not a key's name: names start with a letter or digit
+
+    def lookups(self, request: HttpRequest, model_admin):
+        names = ApiKey.objects.order_by("name").values_list("name", flat=True)
+        return [*((name, name) for name in names), (self.NO_ROW_KEY, "no row key (config file key, or open)")]
+
+    def queryset(self, request: HttpRequest, queryset):
+        if not self.value():
+            return queryset
+        return queryset.filter(api_key="" if self.value() == self.NO_ROW_KEY else self.value())
+
+
 @admin.register(QueuedRequest)
 class QueuedRequestAdmin(admin.ModelAdmin):
     """Every request with its decision; read-only, and only superusers may prune it."""
 
     list_display = (
-        "id", "arrived_at", "model", "band", "priority", "state", "score", "queue_wait", "duration", "output_tokens",
+        "id", "arrived_at", "model", "api_key", "band", "priority", "state", "score", "queue_wait", "duration",
+        "output_tokens",
     )
-    list_filter = ("state", "band", ConfiguredModelFilter, ("arrived_at", admin.DateFieldListFilter))
+    list_filter = ("state", "band", ConfiguredModelFilter, ApiKeyFilter, ("arrived_at", admin.DateFieldListFilter))
     search_fields = ("=id", "^model")  # served by search_requests, through the indexes
     search_help_text = "An exact request id, or the start of a model name."
     date_hierarchy = "arrived_at"

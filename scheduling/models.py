@@ -99,6 +99,8 @@ class QueuedRequest(models.Model):
             models.Index(fields=["model", "-arrived_at"], name="qr_model_arrived"),
             models.Index(fields=["state", "arrived_at"], name="qr_state_arrived"),
             models.Index(fields=["band", "-arrived_at"], name="qr_band_arrived"),
+            # A key's requests: the history's key filter, `/api/activity?key=`, a key's usage page.
+            models.Index(fields=["api_key", "-arrived_at"], name="qr_key_arrived"),
         ]
 
     def __str__(self) -> str:

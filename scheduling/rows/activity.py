@@ -19,7 +19,7 @@ from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_numbe
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000
-PARAMETERS = ("model", "band", "state", "since", "until", "limit", "before_id")
+PARAMETERS = ("model", "band", "state", "since", "until", "limit", "before_id", "key")
 
 _DIGITS = re.compile(r"[0-9]+")
 # A "+hh:mm" zone arrives as " hh:mm" when the caller forgot to URL-encode the "+".
@@ -33,6 +33,7 @@ class ActivityQueryError(ValueError):
 @dataclass(frozen=True)
 class ActivityQuery:
     models: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()  # API key row names; "" for requests with a config file apiKey or none
     bands: tuple[str, ...] = ()
     states: tuple[str, ...] = ()
     since: datetime | None = None
@@ -56,6 +57,7 @@ class ActivityQuery:
             raise ActivityQueryError(f"'since' ({params['since']}) must be before 'until' ({params['until']})")
         return cls(
             models=tuple(params.getlist("model")),
+            keys=tuple(params.getlist("key")),
             bands=_choices(params, "band", BandChoice.values),
             states=_choices(params, "state", RequestState.values),
             since=since,
@@ -104,6 +106,8 @@ def activity_page(query: ActivityQuery) -> dict[str, Any]:
     rows = QueuedRequest.objects.order_by("-id")
     if query.models:
         rows = rows.filter(model__in=query.models)
+    if query.keys:
+        rows = rows.filter(api_key__in=query.keys)
     if query.bands:
         rows = rows.filter(band__in=query.bands)
     if query.states:
