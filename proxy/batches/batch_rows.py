@@ -16,9 +16,10 @@ from proxy.batches.lines import BadLine, parse_line
 from proxy.batches.upload import StoredUpload
 from scheduling.keys.scope import KeyScope
 from scheduling.models import Batch, BatchFile, BatchRequest
+from scheduling.rows import batch_status
+from scheduling.rows.batch_status import ACTIVE
 
 WINDOW = timedelta(hours=24)
-ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 ENDED = {"completed": "completed_at", "failed": "failed_at", "expired": "expired_at", "cancelled": "cancelled_at"}
 CREATE_CHUNK = 2000
 
@@ -78,9 +79,8 @@ def request_counts(batch_id: str) -> dict[str, int]:
 
 
 def cancel_batch(batch_id: str) -> Batch | None:
-    """Ask for the batch to stop: `cancelling` until its runner has let the lines in flight end."""
-    Batch.objects.filter(pk=batch_id, status__in=("validating", "in_progress")).update(
-        status="cancelling", cancelling_at=timezone.now())
+    """Ask for the batch to stop (`batch_status.cancel`); the batch as it is now, None when unknown."""
+    batch_status.cancel(batch_id)
     return find_batch(batch_id)
 
 

@@ -1,5 +1,5 @@
 """Runs the batches in the serving process: claims each unfinished batch, sends its lines through the
-scheduler at most `in_flight_cap` at a time, and ends it (completed, expired, cancelled) with its files.
+scheduler at most `lines_at_once` at a time, and ends it (completed, expired, cancelled) with its files.
 
 Durable by rows: a line's result is written once, by the runner that claimed it; a line that was being sent
 when its process died goes back to pending when its batch is claimed again (`reclaim_lines`), so it runs again,
@@ -22,6 +22,7 @@ from proxy.batches import batch_rows, storage
 from proxy.batches.line_request import Interrupted, send_line
 from proxy.batches.lines import parse_line
 from scheduling.door.outage_log import OutageLog
+from scheduling.operating.batch_progress import lines_at_once
 from scheduling.rows.connections import on_fresh_connection
 
 log = logging.getLogger("llamaswap.batches")
@@ -29,14 +30,6 @@ CLAIM = timedelta(seconds=30)
 POLL_S = 1.0
 EXPIRED = "This request could not be executed before the completion window expired."
 CANCELLED = "This request was not executed because the batch was cancelled."
-
-
-def in_flight_cap(config, model: str) -> int:
-    """How many of a batch's lines are sent at once: its model's slots (so an interactive request waits behind
-    at most one line), at least 1."""
-    resolved = config.resolve(model)
-    slots = config.scheduler.serial.slots.get(resolved.id, 1) if resolved is not None else 1
-    return max(1, slots)
 
 
 async def _db(fn, *args):
@@ -123,7 +116,7 @@ class BatchRunner:
                 elif status == "in_progress" and timezone.now() >= expires_at:
                     ending = ("expired", "batch_expired", EXPIRED)
             if ending is None and status == "in_progress":
-                room = in_flight_cap(self.service.config, model) - len(in_flight)
+                room = lines_at_once(self.service.config, model) - len(in_flight)
                 for row in await _db(batch_rows.claim_lines, batch_id, self.name, room) if room > 0 else []:
                     in_flight.add(loop.create_task(self._send(input_file, row, priority, key)))
             if not in_flight:  # every line sent has ended

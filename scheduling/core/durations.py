@@ -57,6 +57,14 @@ class DurationHistory:
         typical = median(samples)
         return typical + (fmean(samples) - typical) * (1 - 1 / among) if among > 1 else typical
 
+    def run_s(self, kind: JobKind, jobs: int, parallel: int) -> float | None:
+        """How long `jobs` jobs of `kind` take, `parallel` at a time (a batch's lines left, at most its
+        model's slots at once): that many rounds of the typical job, the later ones told as `job_s` tells
+        the n-th of a run. None when the model has finished no job yet."""
+        rounds = -(-jobs // max(1, parallel))
+        typical = self.job_s(kind, among=rounds)
+        return None if typical is None else rounds * typical
+
     def job_left_s(self, kind: JobKind, elapsed: float) -> float | None:
         """How much longer a job of `kind` that has run `elapsed` seconds is expected to run."""
         return _left(self._job_samples(kind), elapsed)

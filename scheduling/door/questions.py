@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from scheduling.core import Band, ModelState, SchedulerSnapshot, ScoreTerms, SerialSettings, band_of
+from scheduling.core.durations import JobKind
 from scheduling.door.queue_entries import QueueEntry, queue_entries
 from scheduling.tickets import Outcome, TicketRequest
 
@@ -179,6 +180,19 @@ class Progress(FirstFound):
 
     def workers(self, reach: Reach) -> list[str]:
         return reach.holding(self.handle)
+
+
+@dataclass(frozen=True)
+class RunTime(FirstFound):
+    """How long `jobs` jobs of `kind` are expected to take, `parallel` at a time, at the pace its model's
+    jobs ran lately (None: none has finished yet): what is left of a batch."""
+
+    kind: JobKind
+    jobs: int
+    parallel: int
+
+    def workers(self, reach: Reach) -> list[str]:
+        return reach.serving([self.kind.model])
 
 
 @dataclass(frozen=True)
@@ -407,6 +421,11 @@ def _queue_entry_of(question: QueueEntryOf, runtime, fleet) -> QueueEntry | None
 def _progress(question: Progress, runtime, fleet) -> QueueEntry | None:
     handle = question.handle
     return _entry_of(runtime, runtime.ticket_of(handle) if isinstance(handle, str) else handle)
+
+
+@answers(RunTime)
+def _run_time(question: RunTime, runtime, fleet) -> float | None:
+    return runtime.durations.run_s(question.kind, question.jobs, question.parallel)
 
 
 @answers(Placement)

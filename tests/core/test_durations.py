@@ -60,3 +60,15 @@ def test_what_is_left_of_a_running_job_counts_only_the_jobs_that_lasted_longer()
     assert history.job_left_s(JobKind("new", CHAT, False, "normal"), 5) is None
     history.add_load("m", 8)
     assert history.load_left_s("m", 3) == 5 and history.load_left_s("m", 8.5) == pytest.approx(0.8)
+
+
+def test_a_run_of_jobs_some_at_once_takes_as_many_rounds_of_the_typical_job():
+    history = DurationHistory()
+    kind = JobKind("m", CHAT, False, "batch")
+    assert history.run_s(kind, 10, 2) is None  # no job of the model finished yet
+    for seconds in (2.0, 2.0, 2.0):
+        history.add_job(kind, seconds)
+    assert history.run_s(kind, 10, 2) == 10.0  # five rounds of 2 s
+    assert history.run_s(kind, 9, 2) == 10.0  # the last round has one job: it takes as long
+    assert history.run_s(kind, 3, 1) == 6.0
+    assert history.run_s(kind, 0, 1) == 0.0
