@@ -36,7 +36,8 @@ class Decision:
     priority (model priority + header) under the fifo scheduler, else None.
     `slot` is the 1-based job slot of its model the request took (serial), and
     `waited_because` says why it waited although the GPU was partly idle ("" if
-    it never did, or waited only for a fully busy GPU).
+    it never did, or waited only for a fully busy GPU). `fair_turn` says how fair
+    share between API keys chose it over an older equal request ("" when it did not).
     """
 
     ticket_id: int
@@ -55,6 +56,11 @@ class Decision:
     fifo_priority: int | None
     slot: int | None = None
     waited_because: str = ""
+    fair_turn: str = ""
+
+    @property
+    def changed_by_fairness(self) -> bool:
+        return bool(self.fair_turn)
 
     def explain(self) -> str:
         """The sentence shown to operators next to the dispatch."""
@@ -75,6 +81,8 @@ class Decision:
         ]
         if changed:
             text += f"; {' and '.join(changed)} changed the pick"
+        if self.fair_turn:
+            text += f"; fair share between API keys: {self.fair_turn}"
         return text
 
     def activity_metadata(self) -> dict[str, str]:

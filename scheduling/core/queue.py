@@ -100,9 +100,13 @@ class WaitQueue:
             self._rebuild()
         return ticket
 
+    def in_arrival_order(self) -> list[Ticket]:
+        """What is waiting, earliest arrival first."""
+        return sorted(self._tickets.values(), key=lambda t: (t.arrival, t.id))
+
     def remove_all(self) -> list[Ticket]:
         """Empty the queue, returning what was waiting in arrival order."""
-        tickets = sorted(self._tickets.values(), key=lambda t: (t.arrival, t.id))
+        tickets = self.in_arrival_order()
         self._tickets.clear()
         self._generation.clear()
         self._depth_by_band = {band: 0 for band in Band}

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from . import refusals
 from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, StartModel, StopModel
+from .fairness import FairShare
 from .fleet import ModelFleet, ModelState
 from .launches import Job, Launch, Round
 from .memory_book import MemoryBook
@@ -28,6 +29,7 @@ from .placement import Hardware
 from .priority import Band, band_of
 from .queue import WaitQueue
 from .serial_memory import SerialMemory
+from .serial_fairness import SerialFairness
 from .serial_reload import SerialReload
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
@@ -35,7 +37,7 @@ from .swap import SwapPolicy
 from .ticket import ModelSpec, Ticket
 
 
-class SerialScheduler(SerialReload, SerialMemory):
+class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
     name = "serial"
 
     def __init__(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings,
@@ -46,6 +48,7 @@ class SerialScheduler(SerialReload, SerialMemory):
         self._policy = policy
         self._settings = settings
         self._queue = WaitQueue(settings.aging_divisor)
+        self._fair: FairShare | None = FairShare() if settings.fairness == "keys" else None
         self._jobs: dict[int, Job] = {}  # granted and unfinished, in grant order
         self._launches: dict[str, Launch] = {}  # by model, in dispatch order
         self._slots: dict[str, dict[int, int]] = {}  # model -> {slot: ticket id} of jobs and launches
@@ -134,8 +137,11 @@ class SerialScheduler(SerialReload, SerialMemory):
     def reprioritize(self, ticket_id: int, priority: int, now: float) -> list[Effect]:
         """Re-rank a waiting request; it keeps its arrival time, so its aging carries on. The
         new rank may let it, or others, go now."""
-        if self._queue.reprioritize(ticket_id, priority) is None:
+        before = self._queue.get(ticket_id)
+        after = self._queue.reprioritize(ticket_id, priority)
+        if after is None:
             return []
+        self._fair_requeued(before, after)
         return self._dispatch(now)
 
     # -- models -------------------------------------------------------------------------------
@@ -224,6 +230,7 @@ class SerialScheduler(SerialReload, SerialMemory):
     def retune(self, settings: SerialSettings, now: float) -> list[Effect]:
         """Adopt edited settings; they apply from the next pick. A model given fewer slots than
         it has jobs keeps them until they end, and takes no new ones until below its slots."""
+        self._adopt_fairness(settings.fairness)
         self._settings = settings
         self._queue.retune(settings.aging_divisor)
         return self._dispatch(now)
@@ -368,12 +375,13 @@ class SerialScheduler(SerialReload, SerialMemory):
     def _dispatch_ticket(self, ticket: Ticket, now: float, loaded: tuple[str, ...], best_overall: bool) -> list[Effect]:
         """Grant `ticket` a slot of its ready model, or launch its model for it. The decision
         compares it with the whole queue when it is the best request overall, else with the
-        requests for its model: those are what it beat to the slot."""
+        requests for its model: those are what it beat to the slot. Fair share may send another in its place."""
         if best_overall:
             pick = self._queue.pick(now, loaded, self._settings)
         else:
             pick = self._queue.pick_within(ticket.model, now, loaded, self._settings)
         assert pick is not None and pick.ticket.id == ticket.id
+        ticket, head = self._take_turn(ticket), ticket
         waited_because = self._waited.get(ticket.id, "")
         self._dequeue(ticket.id, now)
         ready = ticket.model in loaded
@@ -396,6 +404,8 @@ class SerialScheduler(SerialReload, SerialMemory):
             slot=slot,
             waited_because=waited_because,
         )
+        if ticket is not head:
+            decision = self._turn_decision(decision, ticket, head, pick, now, loaded)
         if ready:
             self._free_slot(ticket.model, slot)
             return [self._grant(ticket, decision, slot)]
@@ -518,12 +528,14 @@ class SerialScheduler(SerialReload, SerialMemory):
     def _enqueue(self, ticket: Ticket) -> None:
         self._queue.add(ticket)
         self._fleet.begin_waiting(ticket.model)
+        self._fair_requeued(None, ticket)
 
     def _dequeue(self, ticket_id: int, now: float) -> Ticket | None:
         ticket = self._queue.remove(ticket_id)
         if ticket is not None:
             self._fleet.end_waiting(ticket.model, now)
             self._waited.pop(ticket_id, None)
+            self._fair_requeued(ticket, None)
         return ticket
 
     def _grant(self, ticket: Ticket, decision: Decision, slot: int) -> Grant:
@@ -544,3 +556,4 @@ class SerialScheduler(SerialReload, SerialMemory):
     def _stop(self, model: str, reason: str) -> StopModel:
         self._fleet.mark_stopping(model)
         return StopModel(model, reason)
+

@@ -10,6 +10,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from .fairness import fairness_problem
 from .priority import BAND_SPACING
 
 MAX_SWAP_AFFINITY_BONUS = BAND_SPACING - 1
@@ -128,6 +129,7 @@ def serial_settings_problems(
     aging_divisor: object,
     swap_affinity_bonus: object,
     slots: object = None,
+    fairness: object = "off",
 ) -> dict[str, str]:
     """Problems keyed by the llama-swap setting name; an empty dict means the values are usable.
     `slots` (None: not set) is checked only for its counts."""
@@ -142,6 +144,9 @@ def serial_settings_problems(
         slots_problem = _slots_problem(slots)
         if slots_problem is not None:
             problems["slots"] = slots_problem
+    fair = fairness_problem(fairness)
+    if fair is not None:
+        problems["fairness"] = fair
     return problems
 
 
@@ -178,14 +183,16 @@ class SlotTable(Mapping[str, int]):
 @dataclass(frozen=True)
 class SerialSettings:
     """`routing.scheduler.settings.serial`: seconds of waiting per priority point, the no-swap
-    bonus, and how many requests each model's server takes at once (1 unless listed)."""
+    bonus, how many requests each model's server takes at once (1 unless listed), and whether API
+    keys take turns among equal requests (`keys`) or those go in arrival order (`off`)."""
 
     aging_divisor: float = 60.0
     swap_affinity_bonus: int = 10
     slots: Mapping[str, int] = field(default_factory=SlotTable)
+    fairness: str = "off"
 
     def __post_init__(self) -> None:
-        problems = serial_settings_problems(self.aging_divisor, self.swap_affinity_bonus, self.slots)
+        problems = serial_settings_problems(self.aging_divisor, self.swap_affinity_bonus, self.slots, self.fairness)
         if problems:
             details = "; ".join(f"{key}: {message}" for key, message in problems.items())
             raise ValueError(f"invalid serial scheduler settings: {details}")

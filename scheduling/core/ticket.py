@@ -10,12 +10,19 @@ from .placement import MemoryNeed
 @dataclass(frozen=True)
 class Ticket:
     """One request waiting for the GPU. `arrival` is monotonic seconds at submit; ids are
-    unique positive integers chosen by the caller."""
+    unique positive integers chosen by the caller. `key` names the API key row it came with (None:
+    a config file apiKey or none, which count as one key), `weight` that key's fair-share weight."""
 
     id: int
     model: str
     priority: int
     arrival: float
+    key: str | None = None
+    weight: int = 1
+
+    def __post_init__(self) -> None:
+        if self.weight < 1:
+            raise ValueError(f"ticket #{self.id}: weight {self.weight} is below 1 — a key's weight is 1 or more")
 
 
 @dataclass(frozen=True)
