@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -39,6 +41,8 @@ class _Line:
         self.freed = asyncio.Event()
         self.users = 0
 
+
+log = logging.getLogger("llamaswap.quota")
 
 _LINES: dict[tuple[asyncio.AbstractEventLoop, str], _Line] = {}
 
@@ -76,9 +80,13 @@ async def within_quota(scope: KeyScope, counter: QuotaCounter | None = None) -> 
 
 async def _wait_for_place(counter: QuotaCounter, key: str, concurrency: int, line: _Line):
     async with line.turn:
-        while True:
+        for tries in itertools.count():
             line.freed.clear()  # before asking: a place freed meanwhile sets it again
             if (place := await counter.take(key, concurrency)) is not None:
                 return place
+            if not tries:
+                log.info("a request of the API key '%s' waits for one of its %d places at once (concurrency)",
+                         key, concurrency)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(line.freed.wait(), RETRY_S)
+

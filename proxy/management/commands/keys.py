@@ -45,8 +45,10 @@ class Command(BaseCommand):
                             help="model ID globs the key may use (default: every model)")
         create.add_argument("--max-priority", type=priority, help="the highest priority its requests get")
         create.add_argument("--default-priority", type=priority, help="the priority of its requests without a header")
-        for limit in ("rpm", "tpm", "concurrency"):
-            create.add_argument(f"--{limit}", type=int, help="stored, not enforced yet")
+        for limit, meaning in (("rpm", "requests per minute (over it: 429)"),
+                               ("tpm", "tokens per minute, from usage (over it: 429)"),
+                               ("concurrency", "requests at once (more wait for one to end)")):
+            create.add_argument(f"--{limit}", type=int, help=f"at most this many {meaning}; default: no limit")
         create.add_argument("--weight", type=int, default=1, help="fair-share weight (stored, not enforced yet)")
         create.add_argument("--operator", action="store_true", help="may unload, cancel, switch profiles, take "
                                                                     "leases, read /logs and captures")
