@@ -100,6 +100,12 @@ TOKENS = Counter(
     "Tokens reported by the model server's usage, by direction (input: prompt, output: generated).",
     ["model", "direction"],
 )
+BATCH_LINES_ENDED = Counter(
+    "llamaswap_batch_lines_ended_total",
+    "Batch lines this process's batch runner ended, by outcome (failed: an error answer, or never sent because "
+    "the batch was cancelled or expired).",
+    ["outcome"],
+)
 
 
 def _create_band_series() -> None:
@@ -356,7 +362,7 @@ SCHEDULER_SERIES = (
     DISPATCHED, REORDERS, QUEUE_WAIT, MODEL_LOADS, MODEL_LOAD_SECONDS, EVICTIONS, EXPORT.scheduler,
     EXPORT.model_states, EXPORT.model_slots, EXPORT.placement,
 )
-REQUEST_SERIES = (REQUESTS, REQUEST_DURATION, FIRST_BYTE, TOKENS)
+REQUEST_SERIES = (REQUESTS, REQUEST_DURATION, FIRST_BYTE, TOKENS, BATCH_LINES_ENDED)
 # A front end's /metrics: no queue or model series, which only the worker knows.
 FRONT_END = _registry_without(*SCHEDULER_SERIES)
 # A worker's metrics port (proxy.api.worker_metrics): no request series; each front end counts those it served.

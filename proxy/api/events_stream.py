@@ -3,7 +3,8 @@
 Every event is `event: message` with `data: {"type": T, "data": "<JSON text>"}`: the inner data is
 JSON encoded into a string, as llama-swap sends it, so clients written for llama-swap parse it
 unchanged. A connection first gets the log history, every model's status, the in-flight table and
-the queue; then, looking every TICK_S, only what changed since it last sent, and a comment line
+the queue and each unfinished batch's progress; then, looking every TICK_S (batches every BATCH_TICK_S), only what
+changed since it last sent, and a comment line
 when it has been quiet for KEEPALIVE_S (so proxies in between keep the connection open).
 
 What one connection last sent is kept in its `EventStream`, so the diff is per connection and the
@@ -26,11 +27,13 @@ from proxy.compat.model_listing import capability_fields
 from proxy.upstream.peer_relay import peer_model_states
 from scheduling.rows.activity import activity_row
 from scheduling.door.questions import LogsSince, Processes, Queue
+from scheduling.operating.batch_progress import BatchWatch, time_left_s
 from scheduling.models import QueuedRequest
 from scheduling.tickets import RequestState
 from scheduling.core import ModelState
 
 TICK_S = 0.5
+BATCH_TICK_S = 1.0  # a batch's counts are one grouped query over its lines: looked at less often
 KEEPALIVE_S = 15.0
 PING = ": ping\n\n"
 # A queued request's predicted dispatch time moving by less than this is not news.
@@ -122,6 +125,8 @@ class EventStream:
         self.started: dict[int, float] = {}
         self.activity = ActivityWatch()
         self.profile: str | None = None  # the active profile this connection was last told of
+        self.batches = BatchWatch()
+        self.batches_looked = 0.0
 
     async def first(self) -> str:
         """Everything: log history, every model's status, the in-flight snapshot and the queue."""
@@ -134,6 +139,7 @@ class EventStream:
         self.queue = self._queue_items(entries)
         pieces.append(envelope("queue", self.queue))
         pieces += await self._profile_changed()
+        pieces += await self._batch_progress()
         return "".join(pieces)
 
     async def changes(self) -> str:
@@ -150,7 +156,16 @@ class EventStream:
             self.queue = queue
             pieces.append(envelope("queue", queue))
         pieces += await self._profile_changed()
+        if time.monotonic() - self.batches_looked >= BATCH_TICK_S:
+            pieces += await self._batch_progress()
         return "".join(pieces)
+
+    async def _batch_progress(self) -> list[str]:
+        """`batchProgress` for each batch whose status or counts changed, with its time left (None: unknown)."""
+        self.batches_looked = time.monotonic()
+        door = self.service.door
+        return [envelope("batchProgress", {**shown.as_json(), "time_left_s": await time_left_s(door, shown)})
+                for shown in await sync_to_async(self.batches.changes)()]
 
     async def _profile_changed(self) -> list[str]:
         """`profileChanged` when the active profile is not the one this connection was last told of."""

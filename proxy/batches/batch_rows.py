@@ -174,14 +174,15 @@ def record_result(pk: int, runner: str, succeeded: bool, result: dict) -> bool:
         ended_at=timezone.now()))
 
 
-def end_pending(batch_id: str, code: str, message: str) -> None:
-    """Lines never sent (the batch expired or was cancelled) end failed with `code`."""
+def end_pending(batch_id: str, code: str, message: str) -> int:
+    """Lines never sent (the batch expired or was cancelled) end failed with `code`; returns how many."""
     pending = list(BatchRequest.objects.filter(batch_id=batch_id, state="pending").only("pk", "custom_id"))
     now = timezone.now()
     for row in pending:
         row.state, row.ended_at = "failed", now
         row.result = json.dumps(error_line(row.custom_id, code, message), ensure_ascii=False)
     BatchRequest.objects.bulk_update(pending, ["state", "result", "ended_at"], batch_size=CREATE_CHUNK)
+    return len(pending)
 
 
 def error_line(custom_id: str, code: str, message: str) -> dict:

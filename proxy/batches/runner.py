@@ -21,6 +21,8 @@ from django.utils import timezone
 from proxy.batches import batch_rows, storage
 from proxy.batches.line_request import Interrupted, send_line
 from proxy.batches.lines import parse_line
+from scheduling import batch_metrics
+from scheduling.metrics import BATCH_LINES_ENDED
 from scheduling.door.outage_log import OutageLog
 from scheduling.operating.batch_progress import lines_at_once
 from scheduling.rows.connections import on_fresh_connection
@@ -122,7 +124,8 @@ class BatchRunner:
             if not in_flight:  # every line sent has ended
                 if ending is None:
                     return "completed"
-                await _db(batch_rows.end_pending, batch_id, ending[1], ending[2])
+                never_sent = await _db(batch_rows.end_pending, batch_id, ending[1], ending[2])
+                BATCH_LINES_ENDED.labels("failed").inc(never_sent)
                 return ending[0]
             done, _ = await asyncio.wait(in_flight, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
             in_flight -= done
@@ -139,7 +142,8 @@ class BatchRunner:
         raw = await loop_read(input_file, offset, length)
         line = parse_line(number, raw.rstrip(b"\r\n"))
         succeeded, result = await send_line(self.service, custom_id, line.url, line.body, priority, key)
-        await _db(batch_rows.record_result, pk, self.name, succeeded, result)
+        if await _db(batch_rows.record_result, pk, self.name, succeeded, result):
+            BATCH_LINES_ENDED.labels("succeeded" if succeeded else "failed").inc()
 
 
 async def loop_read(file_id: str, offset: int, length: int) -> bytes:
@@ -152,6 +156,7 @@ RUNNING: list[BatchRunner] = []  # this process's runner, once the serve command
 def start(service) -> asyncio.Task:
     """Run this process's batches (`llamaswap serve`): the only runner when the scheduler runs here."""
     batch_runner = BatchRunner(service, sole=service.runtime is not None)
+    batch_metrics.export()
     RUNNING[:] = [batch_runner]
     return asyncio.get_running_loop().create_task(batch_runner.run())
 

@@ -75,3 +75,28 @@ def time_left_question(config, shown: BatchProgress) -> RunTime | None:
         return None
     kind = JobKind(resolved.id, shown.endpoint, False, band_of(shown.priority).value)
     return RunTime(kind, shown.left, lines_at_once(config, shown.model))
+
+
+async def time_left_s(door, shown: BatchProgress) -> float | None:
+    """The batch's time left as the scheduler predicts it, on the event loop; None when there is none."""
+    question = time_left_question(door.config, shown)
+    if question is None:
+        return None
+    try:
+        return await door.ask(question)
+    except (TimeoutError, RuntimeError):
+        return None
+
+
+class BatchWatch:
+    """The batches whose progress changed since the last look (synchronous: run it off the loop): every
+    unfinished batch, and each one seen unfinished until its end has been told."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, BatchProgress] = {}
+
+    def changes(self) -> list[BatchProgress]:
+        now = progress(also=tuple(self.seen))
+        changed = [shown for batch_id, shown in now.items() if self.seen.get(batch_id) != shown]
+        self.seen = {batch_id: shown for batch_id, shown in now.items() if shown.status in ACTIVE}
+        return changed

@@ -9,6 +9,7 @@ from scheduling.models import Batch
 
 # A batch in one of these has lines still to run or files still to write; the others are ended.
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+ENDED = ("completed", "failed", "expired", "cancelled")
 
 
 def cancel(batch_id: str) -> bool:
