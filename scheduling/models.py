@@ -74,6 +74,7 @@ class QueuedRequest(models.Model):
     runner_up_score = models.FloatField(null=True, blank=True)
     changed_by_aging = models.BooleanField(null=True, blank=True)
     changed_by_affinity = models.BooleanField(null=True, blank=True)
+    changed_by_fairness = models.BooleanField(null=True, blank=True)  # sent by its key's turn before an older equal one
     needed_swap = models.BooleanField(null=True, blank=True)
     explanation = models.TextField(blank=True)
     # Which of the model's job slots (1-based) the request ran on, and why it waited although
@@ -176,6 +177,15 @@ class SchedulerSettings(models.Model):
         blank=True,
         help_text="Concurrent jobs per model ({model: N}; a model not listed has 1). Blank: the config file value.",
     )
+    fairness = models.CharField(
+        "fairness",
+        max_length=8,
+        null=True,
+        blank=True,
+        choices=(("keys", "keys: API keys take turns among equal requests"), ("off", "off: arrival order")),
+        help_text="keys: requests for the same model at the same priority go by their API keys' weighted turns. "
+                  "Blank: the config file value.",
+    )
 
     class Meta:
         verbose_name = "scheduler settings"
@@ -183,7 +193,8 @@ class SchedulerSettings(models.Model):
         constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="scheduler_settings_singleton")]
 
     # The llama-swap config names, which the validation messages and the audit use.
-    CONFIG_NAMES = {"aging_divisor": "agingDivisor", "swap_affinity_bonus": "swapAffinityBonus", "slots": "slots"}
+    CONFIG_NAMES = {"aging_divisor": "agingDivisor", "swap_affinity_bonus": "swapAffinityBonus", "slots": "slots",
+                    "fairness": "fairness"}
 
     def __str__(self) -> str:
         return "Scheduler settings"
@@ -204,6 +215,7 @@ class SchedulerSettings(models.Model):
             defaults.aging_divisor if self.aging_divisor is None else _as_typed(self.aging_divisor),
             defaults.swap_affinity_bonus if self.swap_affinity_bonus is None else self.swap_affinity_bonus,
             self.slots,  # which models exist is the form's to check: it knows the config
+            defaults.fairness if self.fairness is None else self.fairness,
         )
         errors = {field: problems[name] for field, name in self.CONFIG_NAMES.items() if name in problems}
         if errors:
@@ -284,7 +296,7 @@ class ApiKey(models.Model):
     """An API key: its secret is shown once when it is made and stored only hashed (`scheduling.keys.secrets`);
     `prefix` names it in lists. Disabling one (or its expiry) refuses it on every front end within 2 s.
 
-    rpm, tpm, concurrency and weight are stored for quotas and fair share, not enforced yet."""
+    rpm, tpm and concurrency are its quotas (`scheduling.keys.quota`); weight is stored for fair share."""
 
     name = models.CharField(max_length=100, unique=True, validators=[RegexValidator(
         r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", "letters, digits and . _ @ - (starting with a letter or digit)")])
@@ -301,9 +313,10 @@ class ApiKey(models.Model):
     read_only = models.BooleanField(default=False, help_text="Reads /api/*, /running and /metrics; sends no inference.")
     max_priority = _priority("The highest X-LlamaSwap-Priority its requests get (a higher header is lowered). Blank: no limit.")
     default_priority = _priority("The priority of its requests that send no header. Blank: 0.")
-    rpm = _limit("Requests per minute (stored, not enforced yet).")
-    tpm = _limit("Tokens per minute (stored, not enforced yet).")
-    concurrency = _limit("Requests at once (stored, not enforced yet).")
+    rpm = _limit("At most this many requests in any 60 s (over it: 429 with Retry-After). Blank: no limit.")
+    tpm = _limit("Tokens per minute: a request is admitted while the last 60 s's prompt and completion tokens "
+                 "are under it (else 429). Blank: no limit.")
+    concurrency = _limit("At most this many requests at once; more wait for one to end. Blank: no limit.")
     weight = models.PositiveIntegerField(default=1, help_text="Fair-share weight (stored, not enforced yet).",
                                          validators=[MinValueValidator(1), MaxValueValidator(1_000_000)])
 

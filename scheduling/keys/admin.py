@@ -14,7 +14,7 @@ from scheduling.keys.store import make_key
 from scheduling.models import ApiKey
 
 _SCOPE = ("allowed_models", "operator", "read_only", "max_priority", "default_priority", "expires_at")
-_STORED = ("rpm", "tpm", "concurrency", "weight")
+_QUOTAS = ("rpm", "tpm", "concurrency", "weight")
 
 
 @admin.register(ApiKey)
@@ -29,7 +29,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def get_fieldsets(self, request: HttpRequest, obj: ApiKey | None = None):
         head = ("name",) if obj is None else ("name", "prefix_shown", "enabled", "created_at", "last_used_at")
         return [(None, {"fields": head}), ("Scope", {"fields": _SCOPE}),
-                ("Quotas and fair share (stored, not enforced yet)", {"fields": _STORED})]
+                ("Quotas and fair share", {"fields": _QUOTAS})]
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None):
         """A key keeps its name: the request rows it sent are recorded under it."""
