@@ -296,7 +296,8 @@ class ApiKey(models.Model):
     """An API key: its secret is shown once when it is made and stored only hashed (`scheduling.keys.secrets`);
     `prefix` names it in lists. Disabling one (or its expiry) refuses it on every front end within 2 s.
 
-    rpm, tpm and concurrency are its quotas (`scheduling.keys.quota`); weight is stored for fair share."""
+    rpm, tpm and concurrency are its quotas (`scheduling.keys.quota`); weight is its share of turns among keys
+    (`scheduling.core.fairness`)."""
 
     name = models.CharField(max_length=100, unique=True, validators=[RegexValidator(
         r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", "letters, digits and . _ @ - (starting with a letter or digit)")])
@@ -317,7 +318,8 @@ class ApiKey(models.Model):
     tpm = _limit("Tokens per minute: a request is admitted while the last 60 s's prompt and completion tokens "
                  "are under it (else 429). Blank: no limit.")
     concurrency = _limit("At most this many requests at once; more wait for one to end. Blank: no limit.")
-    weight = models.PositiveIntegerField(default=1, help_text="Fair-share weight (stored, not enforced yet).",
+    weight = models.PositiveIntegerField(default=1, help_text="Its share of turns among keys with fairness: keys "
+                                                              "(2: twice the turns of a key of 1).",
                                          validators=[MinValueValidator(1), MaxValueValidator(1_000_000)])
 
     class Meta:
