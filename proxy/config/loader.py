@@ -111,6 +111,7 @@ class Config:
             how = f"agingDivisor {scheduler.serial.aging_divisor:g}, swapAffinityBonus {scheduler.serial.swap_affinity_bonus}"
             slots = ", ".join(f"{model}: {count}" for model, count in scheduler.serial.slots.items())
             how += f", slots {slots}" if slots else ", 1 slot per model"
+            how += ", API keys take turns (fairness: keys)" if scheduler.serial.fairness == "keys" else ""
         else:
             how = ", ".join(f"{model}={value}" for model, value in scheduler.fifo_priority.items())
             how = f"priority {how}" if how else "no per-model priority"

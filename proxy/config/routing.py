@@ -155,7 +155,7 @@ def read_scheduler(routing: Section | None, index: ModelIndex, placing: bool = F
     if settings is not None:
         settings.warn_unread()
     in_use = f"routing.scheduler.use is {use}" + ("" if scheduler.has("use") else " (the default)")
-    _warn_unused(serial_section, ("agingDivisor", "swapAffinityBonus", "slots"), "serial", use, in_use)
+    _warn_unused(serial_section, ("agingDivisor", "swapAffinityBonus", "slots", "fairness"), "serial", use, in_use)
     _warn_unused(fifo_section, ("priority",), "fifo", use, in_use)
     scheduler.warn_unread()
     return SchedulerConfig(use=use, serial=serial, fifo_priority=MappingProxyType(priority))
@@ -182,13 +182,16 @@ def _read_serial(serial: Section | None, index: ModelIndex) -> SerialSettings:
     bonus = serial.expanded("swapAffinityBonus")
     aging = aging if _given(aging) else defaults.aging_divisor
     bonus = bonus if _given(bonus) else defaults.swap_affinity_bonus
-    problems = serial_settings_problems(aging, bonus)
+    fairness = serial.expanded("fairness")
+    # YAML reads a bare off as false; anything else not a mode is the setting's error to report.
+    fairness = "off" if fairness is False else fairness if _given(fairness) else defaults.fairness
+    problems = serial_settings_problems(aging, bonus, fairness=fairness)
     for name, message in problems.items():
         serial.error(name, message)
     serial.warn_unread()
     if problems:
         return defaults
-    return SerialSettings(aging_divisor=float(aging), swap_affinity_bonus=int(bonus), slots=slots)
+    return SerialSettings(aging_divisor=float(aging), swap_affinity_bonus=int(bonus), slots=slots, fairness=fairness)
 
 
 def _read_slots(serial: Section, index: ModelIndex) -> dict[str, int]:

@@ -101,12 +101,24 @@ def test_unknown_scheduler_lists_the_valid_ones(config_error, problem):
         ("{swapAffinityBonus: 150}", "swapAffinityBonus", "150 is outside 0..99 — it must stay below the band spacing of 100"),
         ("{swapAffinityBonus: 2.5}", "swapAffinityBonus", "not a whole number"),
         ("{swapAffinityBonus: ten}", "swapAffinityBonus", "not a number"),
+        ("{fairness: users}", "fairness", "'users' is not a fairness mode — use keys"),
+        ("{fairness: true}", "fairness", "True is not a fairness mode"),
     ],
 )
 def test_serial_settings_problems(config_error, settings, key, expected):
     error = config_error(MODELS + f"routing: {{scheduler: {{use: serial, settings: {{serial: {settings}}}}}}}\n")
     line = f"config.yaml: routing.scheduler.settings.serial.{key}: "
     assert any(text.startswith(line) and expected in text for text in str(error).splitlines()), str(error)
+
+
+@pytest.mark.parametrize("written, fairness", [("keys", "keys"), ("off", "off"), ('"off"', "off")])
+def test_serial_fairness_is_keys_or_off(load, written, fairness):
+    config = load(MODELS + f"routing: {{scheduler: {{settings: {{serial: {{fairness: {written}}}}}}}}}\n")
+    assert config.scheduler.serial.fairness == fairness
+
+
+def test_serial_fairness_is_off_unless_given(load):
+    assert load(MODELS).scheduler.serial.fairness == "off"
 
 
 def test_serial_slots_resolve_aliases_to_model_ids(load):
