@@ -8,6 +8,11 @@ GPU memory is measured where the processes run (`nvidia-smi`) and told here: a m
 it declared counts its highest measured figure from then on, so the next placement does not trust a
 declaration proven short.
 
+A reload may remove a GPU (or rename it: to the book, the old id is removed and the new one added) while models
+run on it. Those models keep it: it stays in the book, *retiring*, shown with them until the last of them stops,
+and nothing new is placed on it; what they hold there takes nothing from the GPUs the config now lists. The
+scheduler restarts them once idle (`on_retiring`), so they come back on listed GPUs.
+
 A decision asks for room several times (is the request blocked, what would it stop, where does it go) while
 nothing changes: each answer is kept until the book changes (every change bumps `_version`) or time moves on.
 """
@@ -28,6 +33,7 @@ class MemoryBook:
         self.hardware = hardware
         self._specs = dict(specs)
         self._gpus: dict[str, tuple[str, ...]] = {}  # models holding memory: their GPUs (() on the CPU)
+        self._retiring: dict[str, int] = {}  # GPUs a reload removed that models still hold: their MiB
         self._started_at: dict[str, float] = {}
         self._ready_at: dict[str, float] = {}
         self._load_s: dict[str, float] = {}  # the last measured load of each model
@@ -50,12 +56,32 @@ class MemoryBook:
         for model in [m for m in self._highest if m not in specs or specs[m].memory != self._specs[m].memory]:
             del self._highest[model]  # a new declaration (or none) is trusted again until measured
         self._specs = dict(specs)
+        known = {**self._retiring, **self.hardware.gpus}
+        self._retiring = {gpu: mib for gpu, mib in known.items() if gpu not in hardware.gpus}
         self.hardware = hardware
+        self._forget_empty_retiring()
         self._changed()
         for model in holding:
             if model not in self._gpus and model in self._specs:
-                residents = [Resident(m, gpus, self.need(m).mib) for m, gpus in self._gpus.items() if m in self._specs]
+                residents = [Resident(m, gpus, self.need(m).mib) for m, on in self._gpus.items()
+                             if m in self._specs and (gpus := self._placeable(on)) is not None]
                 self._gpus[model] = assign(hardware, self.need(model), residents) or ()
+
+    def on_retiring(self) -> list[str]:
+        """The models holding a GPU a reload removed."""
+        return sorted(m for m, gpus in self._gpus.items() if any(gpu in self._retiring for gpu in gpus))
+
+    def _placeable(self, gpus: tuple[str, ...]) -> tuple[str, ...] | None:
+        """Of a model's `gpus`, those the config lists; None when it is on retiring GPUs alone (its memory there
+        is none placement gives out, and stopping it frees none)."""
+        if not gpus:
+            return ()
+        listed = tuple(gpu for gpu in gpus if gpu in self.hardware.gpus)
+        return listed or None
+
+    def _forget_empty_retiring(self) -> None:
+        held = {gpu for gpus in self._gpus.values() for gpu in gpus}
+        self._retiring = {gpu: mib for gpu, mib in self._retiring.items() if gpu in held}
 
     def need(self, model: str) -> MemoryNeed:
         """What placement counts for `model`: its declaration, or its highest measured use where that is more."""
@@ -111,6 +137,7 @@ class MemoryBook:
         self._measured.pop(model, None)
         self._started_at.pop(model, None)
         self._ready_at.pop(model, None)
+        self._forget_empty_retiring()
         self._changed()
 
     def lease(self, model: str, why: str | None, until: float = float("inf")) -> None:
@@ -189,9 +216,12 @@ class MemoryBook:
             return Room(blocked_by=tuple(protected))
         residents = []
         for model, is_busy in zip(models, busy, strict=True):
+            gpus = self._placeable(placed[model])
+            if gpus is None:
+                continue
             mib, cost, protection = self._facts_of(model)
             stops = model in leaving
-            residents.append(Resident(model, placed[model], mib, cost=0.0 if stops else cost,
+            residents.append(Resident(model, gpus, mib, cost=0.0 if stops else cost,
                                       busy=(is_busy or model in planned) and not stops,
                                       protected="" if stops else protection))
         return make_room(self.hardware, self.need(target), residents)
@@ -204,15 +234,18 @@ class MemoryBook:
 
     def view(self, busy: Callable[[str], bool]) -> dict:
         """Each GPU's memory, what the models on it declared, what placement counts for them, what they use
-        (measured; None until measured), and those models; the CPU's likewise (for `/api/placement`)."""
+        (measured; None until measured), those models, and whether a reload removed it (`retiring`); the CPU's
+        likewise (for `/api/placement`)."""
         placed = {m: gpus for m, gpus in self._gpus.items() if m in self._specs}
         residents = [Resident(m, gpus, self.need(m).mib) for m, gpus in placed.items()]
-        free, cpu_free = free_memory(self.hardware, residents)
+        shown = Hardware({**self.hardware.gpus, **self._retiring}, self.hardware.cpu_mib)
+        free, cpu_free = free_memory(shown, residents)
         gpus = []
-        for gpu, mib in self.hardware.gpus.items():
+        for gpu, mib in shown.gpus.items():
             on_it = sorted(m for m, on in placed.items() if gpu in on)
             gpus.append({"id": gpu, "memory_mib": mib, "declared_mib": sum(self.declared(m).mib for m in on_it),
-                         "counted_mib": mib - free[gpu], "measured_mib": self._measured_on(gpu), "models": on_it})
+                         "counted_mib": mib - free[gpu], "measured_mib": self._measured_on(gpu), "models": on_it,
+                         "retiring": gpu in self._retiring})
         on_cpu = sorted(m for m, on in placed.items() if not on)
         cpu = {"memory_mib": self.hardware.cpu_mib,
                "declared_mib": sum(self.declared(m).mib for m in on_cpu), "models": on_cpu}

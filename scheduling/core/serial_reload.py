@@ -23,7 +23,8 @@ class SerialReload:
         """Adopt a reloaded config: new model table and swap groups from now on.
 
         Requests for removed models are refused; requests for restarted models (whose command
-        changed) keep waiting and start them again once the old process has stopped. Either
+        changed, or that run on a GPU the new hardware lacks) keep waiting and start them again
+        once the old process has stopped. Either
         kind of model stops at once when idle, else when its requests or start end. Ids in
         `restart` that `models` lacks are ignored. Effects come in model id order.
         """
@@ -36,6 +37,7 @@ class SerialReload:
         else:
             self.memory = self.memory or MemoryBook(hardware, models)
             self.memory.reconfigure(models, hardware, self._holding())
+            restart = {*restart, *self.memory.on_retiring()}
         replaced = sorted(set(removed) | (set(restart) & models.keys()))
         effects: list[Effect] = []
         for model in replaced:

@@ -35,8 +35,8 @@ class RuntimeDouble:
 
     # -- calls into the scheduler -------------------------------------------------------------
 
-    def call(self, method: str, *args) -> list[Effect]:
-        effects = getattr(self.scheduler, method)(*args, self.now)
+    def call(self, method: str, *args, **keywords) -> list[Effect]:
+        effects = getattr(self.scheduler, method)(*args, self.now, **keywords)
         for effect in effects:
             self.apply(effect)
         idle = (self.superseded & self.up) - set(self.running.values()) - self.stops
@@ -62,12 +62,16 @@ class RuntimeDouble:
             self.ended[ticket_id] = "finished"
         return self.call("cancel", ticket_id)
 
-    def reconfigure(self, models, policy, restart) -> list[Effect]:
-        """Reload: from now on, no process started before this may serve the changed models."""
+    def reconfigure(self, models, policy, restart, hardware=None) -> list[Effect]:
+        """Reload: from now on, no process started before this may serve the changed models, nor those on a GPU
+        the new `hardware` lacks."""
         dropped = set(self.scheduler.snapshot(self.now).loaded) | set(self.starts) | self.stops
-        self.superseded |= (dropped - set(models)) | set(restart)
+        memory = getattr(self.scheduler, "memory", None)
+        moved = set() if hardware is None or memory is None else {
+            model for model, gpus in memory.placed().items() if set(gpus) - set(hardware.gpus)}
+        self.superseded |= (dropped - set(models)) | set(restart) | (moved & set(models))
         self.configured = set(models)
-        return self.call("reconfigure", models, policy, restart)
+        return self.call("reconfigure", models, policy, restart, **({} if hardware is None else {"hardware": hardware}))
 
     def answer_start(self, model: str, ok: bool) -> list[Effect]:
         del self.starts[model]

@@ -1,9 +1,11 @@
 """Random interleavings against the serial scheduler placing models on described hardware (no groups: memory
 alone decides what runs together): each GPU's declared use never exceeds its memory; no busy, pinned or
 leased model is stopped to make room; each start's victims are the least-cost set (brute force); and the
-best waiting request never waits, while nothing is under way, for a model that would fit now."""
+best waiting request never waits, while nothing is under way, for a model that would fit now. Reloads remove,
+rename and add GPUs under running models: those finish on their retiring GPU, then start again on a listed one."""
 
 import itertools
+from dataclasses import replace
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -25,6 +27,7 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
                 settings=st.builds(SerialSettings, st.sampled_from([0, 60]), st.sampled_from([0, 10])))
     def start(self, gpus, needs, settings):
         self.hardware = Hardware({str(i): size for i, size in enumerate(gpus)})
+        self.sizes = {"0": gpus[0], "1": gpus[-1], "x": 24_000}  # a GPU keeps its size through reloads
         self.specs = {}
         for model, (mib, count, pinned) in zip(MODELS, needs):
             need = MemoryNeed(mib, min(count, len(gpus)))
@@ -57,8 +60,8 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
         return effects
 
     def check_least_cost(self, start, placed, costs, untouchable):
-        residents = [Resident(m, gpus, self.specs[m].memory.mib, costs[m]) for m, gpus in placed.items()
-                     if m != start.model and m not in self.runtime.stops]
+        residents = [replace(r, cost=costs[r.model]) for r in self.listed(placed)
+                     if r.model != start.model and r.model not in self.runtime.stops]
         need = self.specs[start.model].memory
         evictable = [r for r in residents if r.model not in untouchable]
         chosen = sum(costs[m] for m in start.evict if m in costs)
@@ -81,6 +84,27 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
         self.leased = {m for m, (_, until) in self.leases.items() if self.runtime.now < until}
         self.observe("call", "apply_leases", dict(self.leases))
 
+    @rule(ids=st.lists(st.sampled_from(["0", "1", "x"]), min_size=1, max_size=2, unique=True))
+    def reload_hardware(self, ids):
+        """A reload listing these GPUs: a model on more GPUs than remain is cut down to them (so restarted)."""
+        self.hardware = Hardware({gpu: self.sizes[gpu] for gpu in ids})
+        specs = {m: replace(spec, memory=MemoryNeed(spec.memory.mib, min(spec.memory.gpus, len(ids))))
+                 for m, spec in self.specs.items()}
+        restart = [m for m in MODELS if specs[m] != self.specs[m]]
+        self.specs = specs
+        policy = SwapPolicy([SwapGroup("(placement)", MODELS, swap=False, exclusive=False)], MODELS)
+        self.observe("reconfigure", specs, policy, restart, self.hardware)
+
+    def listed(self, placed=None) -> list[Resident]:
+        """The models holding memory (`placed`, else now) as placement counts them: on the GPUs listed now (none on
+        retiring ones)."""
+        residents = []
+        for model, gpus in (self.scheduler.memory.placed() if placed is None else placed).items():
+            listed = tuple(gpu for gpu in gpus if gpu in self.hardware.gpus)
+            if listed or not gpus:
+                residents.append(Resident(model, listed, self.specs[model].memory.mib))
+        return residents
+
     @invariant()
     def the_next_deadline_is_ahead(self):
         deadline = self.scheduler.next_deadline()
@@ -95,8 +119,7 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
     @invariant()
     def no_gpu_holds_more_than_it_has(self):
         memory = self.scheduler.memory
-        placed = [Resident(m, gpus, self.specs[m].memory.mib) for m, gpus in memory.placed().items()]
-        gpus, _ = free_memory(self.hardware, placed)
+        gpus, _ = free_memory(self.hardware, self.listed())
         assert all(free >= 0 for free in gpus.values()), f"over capacity: {gpus} with {memory.placed()}"
 
     @invariant()
@@ -108,7 +131,7 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
         if not ranked:
             return
         memory = self.scheduler.memory
-        placed = [Resident(m, gpus, self.specs[m].memory.mib) for m, gpus in memory.placed().items()]
+        placed = self.listed()
         model = ranked[0][0].model
         if model in memory.placed() or model in set(self.runtime.running.values()):
             return  # loaded, or its crashed process's jobs are not reported ended yet
