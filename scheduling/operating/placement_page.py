@@ -84,7 +84,7 @@ def boxes(answer: Iterable[Mapping], leases: Iterable, lease_list_url: str) -> l
             longest[lease.model] = lease
     shown = []
     for number, box in enumerate(answer, 1):
-        memory = [_memory(f"GPU {gpu['id']}", gpu) for gpu in box["gpus"]]
+        memory = [_memory(f"GPU {gpu['id']}" + (" (retiring)" if gpu.get("retiring") else ""), gpu) for gpu in box["gpus"]]
         if box["cpu"]["memory_mib"] is not None:
             memory.append(_memory("CPU", box["cpu"]))
         models = []

@@ -48,3 +48,10 @@ def test_each_box_is_numbered_and_a_model_shows_its_longest_lease_linked_in_the_
                                                                                  "lease #4")
     assert (chat.lease.id, chat.lease.expires_at, chat.lease.url) == (4, NOW + timedelta(minutes=60),
                                                                       "/admin/leases/?id__exact=4")
+
+
+def test_a_gpu_a_reload_removed_while_models_run_on_it_says_it_is_retiring():
+    shown = answer(None)
+    shown["gpus"].append({"id": "1", "memory_mib": 24_576, "declared_mib": 0, "models": [], "retiring": True})
+    [box] = boxes([shown], [], "/leases/")
+    assert [m.name for m in box.memory] == ["GPU 0", "GPU 1 (retiring)"]
