@@ -15,7 +15,8 @@ slots, service CPU per streamed chunk); llama-swap parity (a chat relayed to a p
 scheduler, a WebSocket message through the passthrough, captures on against off, llama-swap's activity API on a
 million rows); queue capacity; and distributed mode beside one process
 (grant and dispatch gap over Redis, added latency through a front end, throughput through one and
-two front ends; skipped, saying why, without PostgreSQL and Redis). The targets for llamaswap alone
+two front ends; skipped, saying why, without PostgreSQL and Redis); and the latency API key quotas add per
+request, counted in the process and in Redis. The targets for llamaswap alone
 are judged on the first data-path run, with no third server on the machine.
 Prints one markdown report and, with `--write`, replaces the text between that file's results
 markers with it; the report says how long the run took (the first run also installs LiteLLM).
@@ -44,8 +45,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import (distributed, interactive, llama_swap_parity, load, peer, placement, prediction,  # noqa: E402
-                   prediction_core, proxy, replay, scheduler_core, slots, streaming, thrash, whatif)
+from bench import (distributed, interactive, key_quotas, llama_swap_parity, load, peer, placement,  # noqa: E402
+                   prediction, prediction_core, proxy, replay, scheduler_core, slots, streaming, thrash, whatif)
 from bench.common import REPO, Stats, added, direct_base, load_average, machine, stats, versions  # noqa: E402
 
 BEGIN = "<!-- bench:results -->"
@@ -507,6 +508,19 @@ def distributed_part(report: Report, sizes: Sizes) -> None:
     )
 
 
+def quotas_part(report: Report, quick: bool) -> None:
+    """The quota gate's cost per request of a key with rpm, tpm and concurrency, counted here and in Redis."""
+    results, why = key_quotas.measure(key_quotas.QUICK_ROUNDS if quick else key_quotas.ROUNDS)
+    for result in results:
+        report.figure(f"API key quotas: latency added per request of a key with rpm, tpm and concurrency, counted "
+                      f"{result.counter}, {result.added_us.n} rounds",
+                      f"p50 {result.added_us.p50:+.0f} µs, p95 {result.added_us.p95:+.0f} µs")
+    blocks: list[list[str] | str] = [[key_quotas.HEADER, *(key_quotas.row(result) for result in results)]]
+    if why:
+        blocks.append(f"Redis not measured: {why}")
+    report.section("API key quotas: the gate's added latency per request", *blocks)
+
+
 # -- the report --------------------------------------------------------------------------------
 
 # Each summary row ends with its part's mark, a cell past the table's last column (which markdown drops), and
@@ -645,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         "llama-swap parity": lambda: parity_part(report, sizes),
         "queue capacity": lambda: capacity_part(report, sizes),
         "distributed mode": lambda: distributed_part(report, sizes),
+        "key quotas": lambda: quotas_part(report, args.quick),
     }
     chosen = {hyphenated(name): name for name in parts}
     if args.only and (unknown := [name for name in args.only if name not in chosen]):

@@ -39,7 +39,8 @@ class _Line:
     def __init__(self) -> None:
         self.turn = asyncio.Lock()  # asyncio's lock wakes its waiters in arrival order
         self.freed = asyncio.Event()
-        self.users = 0
+        self.users = 0  # its requests admitted here and not yet ended
+        self.waiting = 0  # those of them without a place yet
 
 
 log = logging.getLogger("llamaswap.quota")
@@ -56,37 +57,42 @@ async def within_quota(scope: KeyScope, counter: QuotaCounter | None = None) -> 
         yield tally
         return
     counter = counter or quota_counter()
-    if (over := await counter.admit(scope.name, limits)) is not None:
+    here = (asyncio.get_running_loop(), scope.name)
+    # A place is taken at admission only when none of the key's requests wait here: they go first.
+    queued = here in _LINES and _LINES[here].waiting > 0
+    admission = await counter.admit(scope.name, limits, take_place=limits.concurrency is not None and not queued)
+    if (over := admission.over) is not None:
         raise ProxyError(429, over.message(), "rate_limit_exceeded", headers={"Retry-After": over.retry_after_header()})
-    line = place = None
+    place, line = admission.place, None
     if limits.concurrency is not None:
-        line = _LINES.setdefault((asyncio.get_running_loop(), scope.name), _Line())
+        line = _LINES.setdefault(here, _Line())
         line.users += 1
     try:
-        if line is not None:
+        if line is not None and place is None:
             place = await _wait_for_place(counter, scope.name, limits.concurrency, line)
         yield tally
     finally:
+        await counter.end(scope.name, place, tally.tokens if limits.tpm is not None else 0)
         if line is not None:
             if place is not None:
-                await counter.give_back(scope.name, place)
                 line.freed.set()
             line.users -= 1
             if not line.users:
-                _LINES.pop((asyncio.get_running_loop(), scope.name), None)
-        if limits.tpm is not None:
-            await counter.spend(scope.name, tally.tokens)
+                _LINES.pop(here, None)
 
 
 async def _wait_for_place(counter: QuotaCounter, key: str, concurrency: int, line: _Line):
-    async with line.turn:
-        for tries in itertools.count():
-            line.freed.clear()  # before asking: a place freed meanwhile sets it again
-            if (place := await counter.take(key, concurrency)) is not None:
-                return place
-            if not tries:
-                log.info("a request of the API key '%s' waits for one of its %d places at once (concurrency)",
-                         key, concurrency)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(line.freed.wait(), RETRY_S)
-
+    line.waiting += 1
+    try:
+        async with line.turn:
+            for tries in itertools.count():
+                line.freed.clear()  # before asking: a place freed meanwhile sets it again
+                if (place := await counter.take(key, concurrency)) is not None:
+                    return place
+                if not tries:
+                    log.info("a request of the API key '%s' waits for one of its %d places at once (concurrency)",
+                             key, concurrency)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(line.freed.wait(), RETRY_S)
+    finally:
+        line.waiting -= 1

@@ -80,15 +80,22 @@ class RateWindows:
     def __init__(self) -> None:
         self._admitted: dict[str, deque[float]] = {}
         self._spent: dict[str, deque[tuple[float, int]]] = {}
+        self._spent_total: dict[str, int] = {}  # the sum of `_spent[key]`, so a check under tpm reads no entry
         self._holding: dict[str, int] = {}
 
     def admit(self, key: str, limits: QuotaLimits, now: float) -> OverQuota | None:
         """Admit one request of `key` now (counted against rpm), or say which limit refuses it until when."""
-        admitted = _pruned(self._admitted.setdefault(key, deque()), lambda t: t, now)
-        spent = _pruned(self._spent.setdefault(key, deque()), lambda entry: entry[0], now)
-        if limits.rpm is not None and (freed := rpm_freed_at(admitted, limits.rpm, now)) is not None:
+        admitted = self._admitted.setdefault(key, deque())
+        while admitted and admitted[0] <= now - WINDOW_S:
+            admitted.popleft()
+        spent = self._spent.setdefault(key, deque())
+        while spent and spent[0][0] <= now - WINDOW_S:
+            self._spent_total[key] -= spent.popleft()[1]
+        if (limits.rpm is not None and len(admitted) >= limits.rpm
+                and (freed := rpm_freed_at(admitted, limits.rpm, now)) is not None):
             return OverQuota(key, "rpm", limits.rpm, freed - now)
-        if limits.tpm is not None and (freed := tpm_freed_at(spent, limits.tpm, now)) is not None:
+        if (limits.tpm is not None and self._spent_total.get(key, 0) >= limits.tpm
+                and (freed := tpm_freed_at(spent, limits.tpm, now)) is not None):
             return OverQuota(key, "tpm", limits.tpm, freed - now)
         if limits.rpm is not None:
             admitted.append(now)
@@ -98,6 +105,7 @@ class RateWindows:
         """Count `tokens` (a request's prompt and completion) against `key`'s tpm from `now`."""
         if tokens > 0:
             self._spent.setdefault(key, deque()).append((now, tokens))
+            self._spent_total[key] = self._spent_total.get(key, 0) + tokens
 
     def take(self, key: str, concurrency: int) -> bool:
         """One of `key`'s places at once, if fewer than `concurrency` are held."""
@@ -113,9 +121,3 @@ class RateWindows:
         else:
             self._holding.pop(key, None)
 
-
-def _pruned(entries: deque, time_of, now: float) -> deque:
-    """`entries` (ascending) without those that left the window."""
-    while entries and time_of(entries[0]) <= now - WINDOW_S:
-        entries.popleft()
-    return entries

@@ -147,44 +147,91 @@ def make_counter(request):
             connection.delete(name)
 
 
+async def admitted(counter, key: str, limits: QuotaLimits) -> OverQuota | None:
+    return (await counter.admit(key, limits, take_place=False)).over
+
+
 async def test_both_counters_answer_rpm_with_the_exact_retry_after(make_counter):
     clock = Clock()
     one, two = make_counter(clock), make_counter(clock)  # two front ends
     limits = QuotaLimits(rpm=3)
-    assert await one.admit("k", limits) is None
+    assert await admitted(one, "k", limits) is None
     clock.now += 10.5
-    assert await two.admit("k", limits) is None
-    assert await one.admit("k", limits) is None
+    assert await admitted(two, "k", limits) is None
+    assert await admitted(one, "k", limits) is None
     clock.now += 1
-    assert await two.admit("k", limits) == OverQuota("k", "rpm", 3, 48.5)
-    assert await one.admit("other", limits) is None
+    assert await admitted(two, "k", limits) == OverQuota("k", "rpm", 3, 48.5)
+    assert await admitted(one, "other", limits) is None
     clock.now += 48.5
-    assert await one.admit("k", limits) is None
+    assert await admitted(one, "k", limits) is None
 
 
 async def test_both_counters_answer_tpm_from_spent_tokens(make_counter):
     clock = Clock()
     one, two = make_counter(clock), make_counter(clock)
     limits = QuotaLimits(tpm=1000)
-    assert await one.admit("k", limits) is None
-    await one.spend("k", 700)
+    assert await admitted(one, "k", limits) is None
+    await one.end("k", None, 700)
     clock.now += 25
-    await two.spend("k", 500)
+    await two.end("k", None, 500)
     clock.now += 5
-    assert await two.admit("k", limits) == OverQuota("k", "tpm", 1000, 30.0)
-    clock.now += 30
-    assert await one.admit("k", limits) is None
+    assert await admitted(two, "k", limits) == OverQuota("k", "tpm", 1000, 30.0)
+    clock.now += 30  # the 700 leaves: 500 left, under the limit
+    assert await admitted(one, "k", limits) is None
+    await one.end("k", None, 600)
+    clock.now += 25  # the 500 leaves too: 600 left
+    assert await admitted(two, "k", limits) is None
+    await two.end("k", None, 400)
+    assert await admitted(one, "k", limits) == OverQuota("k", "tpm", 1000, 35.0)
 
 
 async def test_both_counters_hold_places_at_once_across_front_ends(make_counter):
     clock = Clock()
     one, two = make_counter(clock), make_counter(clock)
-    first, second = await one.take("k", 2), await two.take("k", 2)
-    assert first is not None and second is not None
-    assert await one.take("k", 2) is None and await two.take("k", 2) is None
+    limits = QuotaLimits(rpm=100, concurrency=2)
+    first = await one.admit("k", limits, take_place=True)
+    second = await two.admit("k", limits, take_place=True)
+    assert first.over is None and first.place is not None and second.place is not None
+    third = await one.admit("k", limits, take_place=True)
+    assert third.over is None and third.place is None  # admitted, with no place yet
+    assert await two.take("k", 2) is None
     assert await one.take("other", 2) is not None
-    await two.give_back("k", second)
+    await two.end("k", second.place, 0)
     assert await one.take("k", 2) is not None
+
+
+steps = st.lists(st.tuples(st.floats(0, 40, allow_nan=False), st.integers(0, 400)), min_size=1, max_size=30)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rpm=st.one_of(st.none(), st.integers(1, 5)), tpm=st.one_of(st.none(), st.integers(1, 1000)), program=steps)
+def test_redis_answers_exactly_as_the_windows_in_this_process(rpm, tpm, program):
+    """Random programs of requests (each after a pause, ending with some tokens): the same refusals, to the
+    same Retry-After, from Redis as from this process."""
+    redis_reachable()
+    limits = QuotaLimits(rpm=rpm, tpm=tpm)
+    prefix = f"llamaswap-test-quota-{uuid.uuid4().hex[:12]}"
+
+    async def run() -> list:
+        clock = Clock()
+        here, shared = InProcessQuotaCounter(clock), RedisQuotaCounter(REDIS_URL, prefix=prefix, clock=clock)
+        answers = []
+        for pause, tokens in program:
+            clock.now += pause
+            for counter in (here, shared):
+                admission = await counter.admit("k", limits, take_place=False)
+                answers.append((counter is here, admission.over))
+                if admission.over is None:
+                    await counter.end("k", None, tokens)
+        return answers
+
+    try:
+        answers = asyncio.run(run())
+    finally:
+        with redis.Redis.from_url(REDIS_URL) as connection:
+            for name in connection.scan_iter(f"{prefix}:*"):
+                connection.delete(name)
+    assert [over for is_here, over in answers if is_here] == [over for is_here, over in answers if not is_here]
 
 
 async def test_a_place_held_by_a_front_end_that_died_lapses():
@@ -205,11 +252,10 @@ async def test_with_redis_away_requests_are_admitted_uncounted_and_the_log_says_
     limits = QuotaLimits(rpm=1, tpm=1, concurrency=1)
     with caplog.at_level(logging.WARNING, logger="llamaswap.quota"):
         for _ in range(3):
-            assert await away.admit("k", limits) is None
-            await away.spend("k", 50)
-            place = await away.take("k", 1)
-            assert place is not None
-            await away.give_back("k", place)
+            admission = await away.admit("k", limits, take_place=True)
+            assert admission.over is None and admission.place is not None
+            assert await away.take("k", 1) is not None
+            await away.end("k", admission.place, 50)
     warnings = [r.getMessage() for r in caplog.records if r.name == "llamaswap.quota"]
     assert len(warnings) == 1 and "admitted uncounted" in warnings[0], warnings
 
