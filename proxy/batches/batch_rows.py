@@ -8,7 +8,7 @@ import json
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from proxy.batches import storage
@@ -163,8 +163,14 @@ def claim_lines(batch_id: str, runner: str, count: int) -> list[tuple[int, int, 
     if not found or not Batch.objects.filter(pk=batch_id, runner=runner).exists():
         return []
     # One conditional UPDATE per line: of two runners racing for it, one gets it.
-    return [row for row in found
-            if BatchRequest.objects.filter(pk=row[0], state="pending").update(state="running", runner=runner)]
+    return [row for row in found if BatchRequest.objects.filter(pk=row[0], state="pending").update(
+        state="running", runner=runner, attempts=F("attempts") + 1)]
+
+
+def send_again(pk: int, runner: str, most: int) -> bool:
+    """Put this runner's running line back to pending, unless it has been sent `most` times already."""
+    return bool(BatchRequest.objects.filter(pk=pk, state="running", runner=runner, attempts__lt=most).update(
+        state="pending", runner=""))
 
 
 def record_result(pk: int, runner: str, succeeded: bool, result: dict) -> bool:

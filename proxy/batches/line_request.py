@@ -21,10 +21,22 @@ from scheduling.tickets import Refused, TicketRequest, stamped
 
 # The scheduler stopped for a shutdown: the line is not ended, it runs again after the restart.
 SHUTTING_DOWN = "shutting_down"
+# The model could not be reached, or stopped mid-answer: the line may run again (`ModelGone`).
+UNREACHABLE = "upstream_unreachable"
+CUT_OFF = "upstream_failed"
 
 
 class Interrupted(Exception):
     """The line could not finish because the service is stopping; it stays to run again."""
+
+
+class ModelGone(Exception):
+    """The line's model stopped answering before its answer was whole: its process died, or a worker taking over
+    from a dead one stopped it. The line may run again; `result` is its error line should it not."""
+
+    def __init__(self, result: dict) -> None:
+        super().__init__(result["response"]["body"])
+        self.result = result
 
 
 class KeptResponse:
@@ -54,8 +66,8 @@ class KeptResponse:
 
 async def send_line(service, custom_id: str, url: str, body: dict, priority: int, key: KeyScope) -> tuple[bool, dict]:
     """(succeeded, the line of the output or error file), sent with the rights of the batch's key. Raises
-    Interrupted when the service is stopping."""
-    request_id = ""
+    Interrupted when the service is stopping, ModelGone when the model stopped answering."""
+    request_id, gone = "", False
     try:
         choice = await choose_model(service, body["model"])
         try:
@@ -69,8 +81,8 @@ async def send_line(service, custom_id: str, url: str, body: dict, priority: int
                 raise ProxyError(403, f"the API key '{key.name}' may not use model '{model_cfg.id}'",
                                  "model_not_allowed")
             forwarded = forwarded_body(parsed, model_cfg.use_model_name or choice.body_model, model_cfg.filters)
-            status, answer, request_id = await _scheduled(service, model_cfg, body["model"], url, forwarded, priority,
-                                                          key)
+            status, answer, request_id, gone = await _scheduled(service, model_cfg, body["model"], url, forwarded,
+                                                                priority, key)
         finally:
             choice.release()
     except Refused as exc:
@@ -79,9 +91,12 @@ async def send_line(service, custom_id: str, url: str, body: dict, priority: int
         return False, error_line(custom_id, exc.code, exc.message)
     except ProxyError as exc:
         status, answer = exc.status, json.loads(error_body(exc.status, exc.message, exc.code))
+        gone = exc.code == UNREACHABLE
     response = {"status_code": status, "request_id": request_id, "body": answer}
-    return 200 <= status < 300, {"id": new_id("batch_req_"), "custom_id": custom_id, "response": response,
-                                 "error": None}
+    result = {"id": new_id("batch_req_"), "custom_id": custom_id, "response": response, "error": None}
+    if gone:
+        raise ModelGone(result)
+    return 200 <= status < 300, result
 
 
 async def _scheduled(service, model_cfg, requested: str, url: str, body: bytes, priority: int, key: KeyScope):
@@ -94,10 +109,13 @@ async def _scheduled(service, model_cfg, requested: str, url: str, body: bytes, 
                        lambda: lease.cut) as held:
         lease.held_by(asyncio.current_task())
         async with service.client_for(model_cfg) as client:
-            await relay(kept, client, model_cfg.id, "POST", lease.upstream + upstream_path(url),
-                        [(b"content-type", b"application/json")], body, held.end)
+            outcome = await relay(kept, client, model_cfg.id, "POST", lease.upstream + upstream_path(url),
+                                  [(b"content-type", b"application/json")], body, held.end)
     if held.cut is not None:
         if held.cut.code == SHUTTING_DOWN:
             raise Interrupted()
         raise held.cut
-    return kept.status, kept.body(), str(lease.ticket_id)
+    request_id = str(lease.ticket_id)
+    if outcome.status_code != kept.status:  # the model's headers said one status, the relay ended with a 502
+        return outcome.status_code, json.loads(error_body(outcome.status_code, outcome.error, CUT_OFF)), request_id, True
+    return kept.status, kept.body(), request_id, False

@@ -19,7 +19,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from proxy.batches import batch_rows, storage
-from proxy.batches.line_request import Interrupted, send_line
+from proxy.batches.line_request import Interrupted, ModelGone, send_line
 from proxy.batches.lines import parse_line
 from scheduling import batch_metrics
 from scheduling.metrics import BATCH_LINES_ENDED
@@ -30,6 +30,8 @@ from scheduling.rows.connections import on_fresh_connection
 log = logging.getLogger("llamaswap.batches")
 CLAIM = timedelta(seconds=30)
 POLL_S = 1.0
+# A line whose model stopped answering (it died, or a worker taking over stopped it) is sent at most this often.
+MAX_SENDS = 3
 EXPIRED = "This request could not be executed before the completion window expired."
 CANCELLED = "This request was not executed because the batch was cancelled."
 
@@ -141,7 +143,14 @@ class BatchRunner:
         pk, number, custom_id, offset, length = row
         raw = await loop_read(input_file, offset, length)
         line = parse_line(number, raw.rstrip(b"\r\n"))
-        succeeded, result = await send_line(self.service, custom_id, line.url, line.body, priority, key)
+        try:
+            succeeded, result = await send_line(self.service, custom_id, line.url, line.body, priority, key)
+        except ModelGone as gone:
+            if await _db(batch_rows.send_again, pk, self.name, MAX_SENDS):
+                log.warning("batch line %s: %s; it runs again", custom_id, gone)
+                self.wake.set()
+                return
+            succeeded, result = False, gone.result
         if await _db(batch_rows.record_result, pk, self.name, succeeded, result):
             BATCH_LINES_ENDED.labels("succeeded" if succeeded else "failed").inc()
 
