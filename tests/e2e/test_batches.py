@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import ExitStack
 from pathlib import Path
+import textwrap
 import threading
 
 import httpx
 import openai
 import pytest
 
-from tests.served import Served, fake_cmd, read_events, wait_until
+from tests.e2e.conftest import db_rows
+from tests.e2e.test_distributed import distributed  # noqa: F401 - the fixture, for the distributed backend
+from tests.served import Served, Worker, fake_cmd, model_ports, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
 DONE = {"completed", "failed", "expired", "cancelled"}
@@ -31,6 +35,54 @@ def config(events, slots: int = 1) -> str:
             settings:
               serial: {{slots: {{chat: {slots}}}}}
     """
+
+
+class Backend:
+    """Where the batch's rows live: SQLite (the default), PostgreSQL, or distributed mode (PostgreSQL, Redis, a
+    worker running the model, the service a front end)."""
+
+    def __init__(self, kind: str, tmp_path: Path, request, stack: ExitStack) -> None:
+        self.kind, self.tmp, self.stack = kind, tmp_path, stack
+        self.env: dict = {}
+        self.psycopg = None
+        self.url = ""
+        if kind == "postgresql":
+            self.url, self.psycopg = request.getfixturevalue("postgres")
+            self.env = {"DATABASE_URL": self.url}
+        elif kind == "distributed":
+            env, self.psycopg = request.getfixturevalue("distributed")
+            self.url = env["DATABASE_URL"]
+            self.env = {name: value for name, value in env.items() if name != "LLAMASWAP_DATA_DIR"}
+        self.worker: Worker | None = None
+
+    def serve(self, text: str) -> Served:
+        """The service (not started); in distributed mode its worker is started first, once."""
+        if self.kind == "distributed" and self.worker is None:
+            text = f"startPort: {model_ports(8)}\n" + textwrap.dedent(text)
+            worker_env = {**self.env, "LLAMASWAP_DATA_DIR": str(self.tmp / "worker-data")}
+            self.worker = self.stack.enter_context(Worker(self.tmp / "worker", text, worker_env))
+        return Served(self.tmp, self.worker.config_path.read_text() if self.worker else text, env=self.env)
+
+    def rows(self, served: Served) -> list[dict]:
+        """The request rows."""
+        if self.psycopg is None:
+            return db_rows(served.data_dir)
+        with self.psycopg.connect(self.url) as connection:
+            cursor = connection.execute("SELECT * FROM scheduling_queuedrequest ORDER BY id")
+            names = [column.name for column in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+    def let_claims_lapse(self) -> None:
+        """Distributed mode: a killed front end's claims on its batches run out (30 s later, here at once)."""
+        if self.kind == "distributed":
+            with self.psycopg.connect(self.url) as connection:
+                connection.execute("UPDATE scheduling_batch SET runner_until = now() - interval '1 hour'")
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "distributed"])
+def backend(request, tmp_path):
+    with ExitStack() as stack:
+        yield Backend(request.param, tmp_path, request, stack)
 
 
 def client(served) -> openai.OpenAI:
@@ -66,9 +118,9 @@ def batch_starts(events) -> list[str]:
     return [e["id"] for e in read_events(events) if e["event"] == "start"]
 
 
-def test_upload_create_poll_download(tmp_path, rows):
+def test_upload_create_poll_download(tmp_path, backend):
     events = tmp_path / "events.jsonl"
-    with Served(tmp_path, config(events)) as served:
+    with backend.serve(config(events)) as served:
         api = client(served)
         content = jsonl(5)
         uploaded = api.files.create(file=("in.jsonl", content), purpose="batch")
@@ -92,8 +144,9 @@ def test_upload_create_poll_download(tmp_path, rows):
         assert api.files.retrieve(done.output_file_id).purpose == "batch_output"
         assert [b.id for b in api.batches.list(limit=5)] == [batch.id]
         # Each line was a request through the scheduler at batch priority, with its row.
-        mine = [r for r in rows(served.data_dir) if r["client"] == "batch"]
-        assert len(mine) == 5 and {r["priority"] for r in mine} == {-100} and {r["state"] for r in mine} == {"completed"}
+        mine = wait_until(lambda: (found := [r for r in backend.rows(served) if r["client"] == "batch"])
+                          and {r["state"] for r in found} == {"completed"} and found, 10, 0.05, "the rows to end")
+        assert len(mine) == 5 and {r["priority"] for r in mine} == {-100}
         assert {str(r["id"]) for r in mine} == {line["response"]["request_id"] for line in output}
 
         more = [api.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
@@ -145,9 +198,9 @@ def test_cancel_stops_sending_and_keeps_what_ran(tmp_path, slots):
         assert max(e["in_flight"] for e in read_events(events) if e["event"] == "start") == slots
 
 
-def test_a_batch_survives_kill_9_and_each_line_is_answered_once(tmp_path):
+def test_a_batch_survives_kill_9_and_each_line_is_answered_once(tmp_path, backend):
     events = tmp_path / "events.jsonl"
-    served = Served(tmp_path, config(events)).start()
+    served = backend.serve(config(events)).start()
     try:
         api = client(served)
         batch = submit(api, jsonl(8, delay=0.3))
@@ -157,7 +210,8 @@ def test_a_batch_survives_kill_9_and_each_line_is_answered_once(tmp_path):
         served.kill()
     finally:
         served.kill()
-    with Served(tmp_path, config(events)) as again:
+    backend.let_claims_lapse()
+    with backend.serve(config(events)) as again:
         done = finished(client(again), batch.id)
         output = lines_of(client(again), done.output_file_id)
     assert done.status == "completed" and done.request_counts.model_dump() == {"total": 8, "completed": 8, "failed": 0}
