@@ -15,7 +15,6 @@ import logging
 from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
-from django.db import DatabaseError
 
 from proxy.upstream import captures
 
@@ -31,9 +30,6 @@ from scheduling import metrics
 from scheduling.operating.config_inputs import model_specs, swap_policy
 from scheduling.core import SerialSettings, build_scheduler
 from scheduling.core.durations import DurationHistory
-from scheduling.door.outage_log import OutageLog
-from scheduling.rows.connections import on_fresh_connection
-from scheduling.rows.leases import SYNC_S, leases_in_force
 from scheduling.rows.recorder import Recorder
 from scheduling.runtime import SchedulerRuntime
 from scheduling.tickets import Outcome, Refused, RequestState, TicketRequest
@@ -194,7 +190,7 @@ class ProxyService:
         loop = asyncio.get_running_loop()
         if self.runtime is not None:  # a front end's machine runs no model: the worker exports its machine's
             system_metrics.SAMPLER.configure(self.config.performance)
-            self._background.add(loop.create_task(self._sync_leases()))
+            self._background.add(loop.create_task(self.runtime.model_leases.run()))
             self._measure_gpu_memory()
         if self.config.preload:
             self._background.add(loop.create_task(self.load(*self.config.preload, why="preload")))
@@ -209,12 +205,8 @@ class ProxyService:
         watch = gpu_memory.GpuMemoryWatch(command, self.fleet, self.runtime.memory_measured)
         self._background.add(asyncio.get_running_loop().create_task(watch.run()))
 
-    def start_loading(self, model: str, why: str) -> None:
-        """Load `model` in the background (a new lease's)."""
-        self._background.add(asyncio.get_running_loop().create_task(self.load(model, why=why)))
-
     async def load(self, *models: str, why: str) -> None:
-        """Load `models`, one at a time, through the scheduler (a preload, a lease's model)."""
+        """Load `models`, one at a time, through the scheduler (a preload)."""
         for model in models:
             try:
                 lease = await self.door.submit(TicketRequest(model=model, path=f"({why})", priority=0, method="LOAD"))
@@ -222,26 +214,6 @@ class ProxyService:
                 log.warning("loading %s (%s) failed: %s", model, why, exc.message)
                 continue
             self.door.release(lease.ticket_id, Outcome(state=RequestState.COMPLETED, status_code=200))
-
-    async def _sync_leases(self) -> None:
-        """Hand the scheduler the model leases the rows hold, whenever they change (a lease made or revoked on
-        any front end or in the admin); at start, load the leased models. The database away: the last read stands."""
-        loop = asyncio.get_running_loop()
-        outage = OutageLog(log, "reading the model leases (the last read stand)")
-        seen = None
-        while True:
-            try:
-                rows = await loop.run_in_executor(None, on_fresh_connection, leases_in_force)
-                outage.worked()
-            except DatabaseError as exc:
-                outage.failed(exc)
-            else:
-                if rows != seen:
-                    self.runtime.apply_leases(rows)
-                    if seen is None and rows:
-                        self._background.add(loop.create_task(self.load(*sorted({m for _, m, _ in rows}), why="lease")))
-                    seen = rows
-            await asyncio.sleep(SYNC_S)
 
     def apply_config(self, config, restart: list[str], serial_settings: SerialSettings) -> None:
         """Switch to a reloaded config; `restart` names models whose process must be replaced.
@@ -318,7 +290,7 @@ class ProxyService:
 
 
 class _Tasks(set):
-    """The service's background tasks (the lease sync, loads): each forgets itself when done; all are
+    """The service's background tasks (the lease keeper, loads): each forgets itself when done; all are
     cancelled at shutdown."""
 
     def add(self, task: asyncio.Task) -> None:

@@ -1,5 +1,9 @@
 """`/api/leases`: keep a model loaded for a while (`scheduling.rows.leases`), so a request from some other tool does
-not stop the model a person is using and throw away its prompt cache. Needs `hardware:` (placement by memory)."""
+not stop the model a person is using and throw away its prompt cache. Needs `hardware:` (placement by memory).
+
+A lease made or revoked here is handed to the scheduler before the answer (`KeepLeases`); where no scheduler
+answers (a distributed front end whose worker is away), the worker's next read of the rows brings it within
+`SYNC_S`. Each lease shown says what it is doing now (its `state`, see docs/configuration.md, Leases)."""
 
 from __future__ import annotations
 
@@ -13,18 +17,23 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from proxy.api.views import api_key_required, changes_state
 from proxy.http.responses import allow_methods, json_error
+from scheduling.door.questions import KeepLeases, NeverFits
 from scheduling.rows.leases import MAX_SECONDS, SYNC_S, leases_in_force, revoke_lease, take_lease
 
-_SHAPE = 'send a JSON body {"model": "<model>", "seconds": <how long, 1 to 2592000>}'
+_SHAPE = f'send a JSON body {{"model": "<model>", "seconds": <how long, 1 to {MAX_SECONDS}>}}'
+_UNANSWERED = {"state": "unknown", "why": f"no scheduler answered; the lease reaches it within {SYNC_S:g} s"}
 
 
 @api_key_required
 @changes_state("POST")
 @allow_methods("GET", "POST")
 async def leases(request: HttpRequest, service) -> HttpResponse:
-    """GET: the leases in force. POST: a new one (201), which loads its model if needed."""
+    """GET: the leases in force, each with its state. POST: a new one (201), in force before the answer, which
+    loads its model when there is room; 409 when the model can never fit."""
     if request.method == "GET":
-        return JsonResponse({"leases": [_shown(*row) for row in await database_sync_to_async(leases_in_force)()]})
+        states = await _kept(service)
+        rows = await database_sync_to_async(leases_in_force)()
+        return JsonResponse({"leases": [_shown(service, row, states) for row in rows]})
     if service.config.hardware is None:
         return json_error(400, "leases keep models placed by memory: describe the GPUs under a top-level hardware: "
                                "section (see docs/configuration.md, Hardware and memory placement)", "placement_off")
@@ -37,31 +46,65 @@ async def leases(request: HttpRequest, service) -> HttpResponse:
         body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError, RecursionError):
         body = None
-    if not isinstance(body, dict) or not isinstance(body.get("model"), str) or not _seconds(body.get("seconds")):
-        return json_error(400, _SHAPE, "invalid_request")
+    problem = _problem(body)
+    if problem is not None:
+        return json_error(400, f"{problem}; {_SHAPE}", "invalid_request")
     config = service.config.resolve(body["model"])
     if config is None:
         return json_error(404, f"model '{body['model']}' is not configured", "model_not_found")
+    try:
+        never = await service.door.ask(NeverFits(config.id))
+    except (TimeoutError, RuntimeError):
+        never = None  # no worker answered: its keeper shows the lease `cannot_fit` once it reads it
+    if never is not None:
+        return json_error(409, f"{never}: a lease for it would never be kept", "lease_cannot_fit")
     lease = await database_sync_to_async(take_lease)(config.id, float(body["seconds"]))
-    service.start_loading(config.id, "lease")
-    return JsonResponse(_shown(lease.pk, lease.model, lease.expires_at), status=201)
+    states = await _kept(service)
+    return JsonResponse(_shown(service, (lease.pk, lease.model, lease.expires_at), states), status=201)
 
 
 @api_key_required
 @changes_state("DELETE")
 @allow_methods("DELETE")
 async def lease(request: HttpRequest, service, lease_id: int) -> HttpResponse:
-    """Revoke a lease (it stops protecting its model within about a second)."""
+    """Revoke a lease: it stops protecting its model before the answer (`takes_effect_within_s` 0), or, where no
+    scheduler answered, within `SYNC_S`."""
     if not await database_sync_to_async(revoke_lease)(lease_id):
         return json_error(404, f"no lease #{lease_id} is in force", "lease_not_found")
-    return JsonResponse({"id": lease_id, "revoked": True, "takes_effect_within_s": SYNC_S})
+    applied = await _kept(service) is not None
+    return JsonResponse({"id": lease_id, "revoked": True, "takes_effect_within_s": 0 if applied else SYNC_S})
 
 
-def _seconds(value: object) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and 1 <= value <= MAX_SECONDS)
+async def _kept(service) -> dict[int, dict] | None:
+    """Have the scheduler read the leases in force now; their states (None: no scheduler answered)."""
+    try:
+        return await service.door.ask(KeepLeases())
+    except (TimeoutError, RuntimeError):
+        return None
 
 
-def _shown(lease_id: int, model: str, expires_at) -> dict:
-    return {"id": lease_id, "model": model, "expires_at": expires_at.isoformat()}
+def _problem(body: object) -> str | None:
+    """What is wrong with a lease's body, naming the field (None: nothing)."""
+    if not isinstance(body, dict):
+        return "the body is not a JSON object"
+    if "model" not in body:
+        return "model is missing"
+    if not isinstance(body["model"], str):
+        return "model is not a string"
+    if "seconds" not in body:
+        return "seconds is missing"
+    seconds = body["seconds"]
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds):
+        return "seconds is not a number"
+    if not 1 <= seconds <= MAX_SECONDS:
+        return f"seconds is {seconds}, out of range: 1 to {MAX_SECONDS} (longer is a pin, pinned: true)"
+    return None
 
+
+def _shown(service, row: tuple, states: dict[int, dict] | None) -> dict:
+    lease_id, model, expires_at = row
+    if model not in service.config.models:
+        state = {"state": "model_removed"}
+    else:
+        state = _UNANSWERED if states is None else states.get(lease_id, _UNANSWERED)
+    return {"id": lease_id, "model": model, "expires_at": expires_at.isoformat(), **state}

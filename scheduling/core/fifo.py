@@ -313,6 +313,9 @@ class FifoScheduler:
     def room_for(self, model: str) -> Room | None:
         return None
 
+    def never_fits(self, model: str) -> str | None:
+        return None
+
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Queued requests in queue order, scored by effective priority."""
         return [(item.ticket, ScoreTerms(item.effective_priority, 0, 0.0)) for item in self._queue]

@@ -51,6 +51,8 @@ class Scheduler(Protocol):
         """The model leases in force (model -> (which, until)): kept loaded, never stopped to make room."""
     def room_for(self, model: str) -> Room | None:
         """How `model` would get its memory now, changing nothing (None: no hardware described)."""
+    def never_fits(self, model: str) -> str | None:
+        """Why `model` can never start however long it waits (None: it can, or no hardware described)."""
     def memory_measured(self, model: str, use: Mapping[str, int]) -> str | None:
         """What `model`'s processes use on each GPU now (MiB by GPU id, measured); a warning to log when it
         uses more than it declared, which placement counts from then on (None: nothing to say)."""

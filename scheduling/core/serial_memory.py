@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .effects import Effect
-from .placement import Room
+from .placement import Resident, Room, assign
 
 
 class SerialMemory:
@@ -26,6 +26,22 @@ class SerialMemory:
             return None
         others = self._others(model)
         return self.memory.room_with(model, others, self._in_use, self._policy.evictions(model, others))
+
+    def never_fits(self, model: str) -> str | None:
+        """Why `model` can never start however long it waits: only stopping pinned models would make room, or it
+        fits on no GPU described (None: it can, or nothing is placed by memory)."""
+        if self.memory is None or model not in self._fleet:
+            return None
+        placed = self.memory.placed()
+        pins = sorted(m for m in placed if m != model and self.memory.protection(m) == "pinned")
+        if assign(self.memory.hardware, self.memory.need(model), [Resident(m, placed[m], self.memory.need(m).mib)
+                                                                  for m in pins]) is not None:
+            return None
+        if not pins:
+            return f"model {model} needs more memory than the hardware described has"
+        verb = "is" if len(pins) == 1 else "are"
+        return (f"model {model} has room only if {' and '.join(f'{m} (pinned)' for m in pins)} {verb} stopped, "
+                "which is never done to make room")
 
     def memory_measured(self, model: str, use: Mapping[str, int]) -> str | None:
         """What `model`'s processes use on each GPU now (MiB by GPU id); a warning to log when it is more

@@ -279,6 +279,14 @@ class Unload(Question):
 
 
 @dataclass(frozen=True)
+class KeepLeases(Question):
+    """Hand the scheduler the model leases in force now; answers their states by lease id (`ModelLeases.states`)."""
+
+    def merge(self, answers: dict[str, Any]) -> dict[int, dict]:
+        return {lease_id: state for answer in answers.values() for lease_id, state in answer.items()}
+
+
+@dataclass(frozen=True)
 class Retune(Question):
     """Rank with these settings from the next pick."""
 
@@ -314,6 +322,11 @@ class CanLoad(FirstFound):
 
     def workers(self, reach: Reach) -> list[str]:
         return reach.serving([self.model])
+
+
+@dataclass(frozen=True)
+class NeverFits(CanLoad):
+    """Asked as `CanLoad`: why `model` can never be loaded however long it waits, or None (`never_fits`)."""
 
 
 @dataclass(frozen=True)
@@ -443,6 +456,11 @@ def _can_load(question: CanLoad, runtime, fleet) -> dict:
             "blocked_by": list(room.blocked_by), "gpus": list(room.gpus), "placed_by_memory": True}
 
 
+@answers(NeverFits)
+def _never_fits(question: NeverFits, runtime, fleet) -> str | None:
+    return runtime.scheduler.never_fits(question.model)
+
+
 @answers(StillGranted)
 def _still_granted(question: StillGranted, runtime, fleet) -> bool:
     return any(request.origin == question.key for _, (request, _, _) in runtime.running_requests())
@@ -494,13 +512,17 @@ def _reprioritize(question: Reprioritize, runtime, fleet) -> list[int]:
 
 
 @answers(Unload)
-def _unload(question: Unload, runtime, fleet):
+async def _unload(question: Unload, runtime, fleet) -> None:
+    await runtime.model_leases.revoke_for(question.models)  # the operator wins: they are not loaded again
     stops = runtime.unload(None if question.models is None else list(question.models))
-    return _stopped(stops) if question.wait and stops else None
+    if question.wait and stops:
+        await asyncio.wait(stops)
 
 
-async def _stopped(stops: list[asyncio.Task]) -> None:
-    await asyncio.wait(stops)
+@answers(KeepLeases)
+async def _keep_leases(question: KeepLeases, runtime, fleet) -> dict[int, dict]:
+    await runtime.model_leases.refresh()
+    return runtime.model_leases.states()
 
 
 @answers(Retune)

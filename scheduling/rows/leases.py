@@ -1,6 +1,6 @@
 """Model leases as rows (`scheduling.models.ModelLease`): the ones in force, read by the process that runs the
-scheduler every `SYNC_S`, so a lease made or revoked through any front end, the API or the admin, a restart or a
-takeover, reaches the scheduler within that time."""
+scheduler (`scheduling.runtime.model_leases`) every `SYNC_S`, so a lease made or revoked in the admin, a restart or
+a takeover reaches the scheduler within that time; one made or revoked through the API, before it is answered."""
 
 from __future__ import annotations
 
@@ -30,3 +30,14 @@ def take_lease(model: str, seconds: float) -> ModelLease:
 def revoke_lease(lease_id: int) -> bool:
     """Whether a lease in force was revoked."""
     return ModelLease.objects.filter(pk=lease_id, expires_at__gt=datetime.now(timezone.utc)).delete()[0] > 0
+
+
+def revoke_leases_of(models: tuple[str, ...] | None) -> list[tuple[int, str]]:
+    """Revoke the leases in force on `models` (None: every one): (id, model) of each revoked."""
+    with transaction.atomic():
+        rows = ModelLease.objects.select_for_update().filter(expires_at__gt=datetime.now(timezone.utc))
+        if models is not None:
+            rows = rows.filter(model__in=models)
+        revoked = [(row.pk, row.model) for row in rows]
+        ModelLease.objects.filter(pk__in=[lease_id for lease_id, _ in revoked]).delete()
+    return revoked

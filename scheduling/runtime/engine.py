@@ -22,6 +22,7 @@ from scheduling.rows.row_columns import decision_fields, outcome_columns, reques
 from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
 
 from .forecasting import Forecasting, job_kind
+from .model_leases import ModelLeases
 from .operators import OperatorActions
 from .processes import Fleet, ModelProcesses
 from .relayed import RelayedRows
@@ -77,6 +78,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         self._version = 0  # counts the scheduler's steps, so a forecast knows when it went stale
         self._forecast: tuple[int, float, dict[int, Outlook]] | None = None
         self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
+        self.model_leases = ModelLeases(self)  # its rows' reads run once the service starts `run()`
 
     # -- clocks -------------------------------------------------------------------------------
     def now(self) -> float:

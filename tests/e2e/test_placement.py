@@ -120,9 +120,9 @@ def test_a_lease_loads_its_model_keeps_it_through_a_restart_and_its_revocation_f
         made = httpx.post(served.base + "/api/leases", json={"model": "b", "seconds": 600}, timeout=10)
         assert made.status_code == 201, made.text
         lease = made.json()
-        assert lease["model"] == "b" and set(lease) == {"id", "model", "expires_at"}
+        assert lease["model"] == "b" and lease["state"] == "loading" and set(lease) == {"id", "model", "expires_at", "state"}
         wait_until(lambda: loaded(served) == {"b"}, 20, 0.1, "the leased model loaded by the lease")
-        assert httpx.get(served.base + "/api/leases", timeout=10).json() == {"leases": [lease]}
+        assert httpx.get(served.base + "/api/leases", timeout=10).json() == {"leases": [lease | {"state": "loaded"}]}
         for bad in ({"model": "b"}, {"model": "b", "seconds": 0}, {"model": "b", "seconds": 10**9}, [], {"model": 3}):
             assert httpx.post(served.base + "/api/leases", json=bad, timeout=10).status_code == 400, bad
         assert httpx.post(served.base + "/api/leases", json={"model": "nope", "seconds": 5}, timeout=10).status_code == 404

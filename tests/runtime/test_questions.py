@@ -58,7 +58,7 @@ SAMPLES = [
     questions.BeginRelayed(TicketRequest("m", "/v1/chat/completions", 0, client="c"), "box", 1.5, "relayed"),
     questions.EndRelayed(7, Outcome("completed", 200, usage={"__tuple__": [1], "n": {"k": 1}}), 2.0, None),
     questions.StillGranted("front#3"),
-    questions.Placement(), questions.CanLoad("a"),
+    questions.Placement(), questions.CanLoad("a"), questions.NeverFits("a"), questions.KeepLeases(),
 ]
 
 
@@ -74,7 +74,8 @@ def test_a_question_crosses_the_wire_unchanged(question):
 def test_an_answer_with_enum_keys_and_nested_dataclasses_crosses_the_wire_unchanged():
     snapshot = questions.merged_snapshot([])
     busy = [questions.BusyModel("a", 2, (questions.RunningEntry(1, 0, 0, 1.5), questions.RunningEntry(2, 0, None, None)))]
-    for value in (snapshot, busy, {"a": "ready"}, {"w a": questions.LogText("a", "text", "3")}, None, True, [1, 2]):
+    leases = {3: {"state": "waiting", "blocked_by": ["b (lease #2)"]}}
+    for value in (snapshot, busy, {"a": "ready"}, {"w a": questions.LogText("a", "text", "3")}, None, True, [1, 2], leases):
         assert from_message(to_message(Answer("key", value))).value == value
     assert set(from_message(to_message(Answer("key", snapshot))).value.depth_by_band) == set(Band)
 

@@ -1,0 +1,161 @@
+"""Model leases end to end (two 24 GiB GPUs, models a, b and c of 20 GiB, a the costlier to load again): a lease
+protects its model from the moment it is answered, in one process and through a distributed front end; a leased
+model lost is loaded again (a kill -9, a failing start retried with growing waits), an operator's unload wins and
+ends the lease; each lease says what it is doing (`state`), and one that can never fit is refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.test_distributed import distributed  # noqa: F401 - the fixture
+from tests.e2e.test_placement import ask, config, loaded
+from tests.served import Served, Worker, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def lease(served, model: str, seconds: float = 600) -> httpx.Response:
+    return httpx.post(served.base + "/api/leases", json={"model": model, "seconds": seconds}, timeout=10)
+
+
+def shown(served) -> dict[str, dict]:
+    """The leases in force by model."""
+    return {entry["model"]: entry for entry in httpx.get(served.base + "/api/leases", timeout=10).json()["leases"]}
+
+
+def ready(served) -> set[str]:
+    return {m["model"] for m in httpx.get(served.base + "/running", timeout=10).json()["running"]
+            if m["state"] == "ready"}
+
+
+def model_pid(served, model: str) -> int:
+    """The pid of `model`'s fake server, found by the port /running says it listens on."""
+    proxy = next(m["proxy"] for m in httpx.get(served.base + "/running", timeout=10).json()["running"]
+                 if m["model"] == model)
+    port = proxy.rstrip("/").rsplit(":", 1)[1].encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"proxy.testing.fakemodel" in args and port in args:
+            return int(cmdline.parent.name)
+    raise AssertionError(f"no fake model server listens on port {port.decode()}")
+
+
+def test_a_new_lease_protects_its_model_before_it_is_answered(tmp_path):
+    """b is cheaper to load again than a, so a request for c would stop b: right after the 201, it stops a."""
+    with Served(tmp_path, config(tmp_path / "events.jsonl", slow="a")) as served:
+        assert ask(served, "a").status_code == 200
+        assert ask(served, "b").status_code == 200
+        made = lease(served, "b")
+        assert made.status_code == 201 and made.json()["state"] == "loaded", made.text
+        assert ask(served, "c").status_code == 200
+        assert loaded(served) == {"b", "c"}
+
+
+def test_through_a_distributed_front_end_a_new_lease_protects_its_model_before_it_is_answered(tmp_path, distributed):
+    env, _ = distributed
+    text = config(tmp_path / "events.jsonl", slow="a")
+    with Worker(tmp_path / "worker", text, env):
+        (tmp_path / "fe").mkdir()
+        with Served(tmp_path / "fe", text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "fe" / "data")}) as front:
+            assert ask(front, "a").status_code == 200
+            assert ask(front, "b").status_code == 200
+            made = lease(front, "b")
+            assert made.status_code == 201 and made.json()["state"] == "loaded", made.text
+            assert ask(front, "c").status_code == 200
+            assert loaded(front) == {"b", "c"}
+            revoked = httpx.delete(front.base + f"/api/leases/{made.json()['id']}", timeout=10).json()
+            assert revoked["takes_effect_within_s"] == 0
+
+
+def test_a_leased_model_killed_is_loaded_again(tmp_path):
+    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+        assert lease(served, "b").status_code == 201
+        wait_until(lambda: shown(served)["b"]["state"] == "loaded", 20, 0.1, "the leased model loaded")
+        os.kill(model_pid(served, "b"), signal.SIGKILL)
+        wait_until(lambda: "b" not in ready(served), 10, 0.05, "the killed model seen gone")
+        wait_until(lambda: shown(served)["b"]["state"] == "loaded", 20, 0.1, "the leased model loaded again")
+        assert ask(served, "b").status_code == 200
+        assert "lease #" in served.log() and "keeps model b loaded" in served.log()
+
+
+def test_an_operator_unload_of_a_leased_model_wins_and_ends_the_lease(tmp_path):
+    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+        made = lease(served, "b").json()
+        wait_until(lambda: shown(served)["b"]["state"] == "loaded", 20, 0.1, "the leased model loaded")
+        unloaded = httpx.post(served.base + "/api/models/unload/b", timeout=30)
+        assert unloaded.status_code == 200, unloaded.text
+        assert shown(served) == {}
+        time.sleep(2.5)  # longer than two reads of the leases: a lease still in force would load b again
+        assert loaded(served) == set()
+        assert f"lease #{made['id']} on model b revoked: an operator unloaded the model" in served.log()
+
+
+def test_a_leased_model_whose_start_fails_is_tried_again_with_growing_waits(tmp_path):
+    starts = tmp_path / "starts"
+    text = f"""
+        healthCheckTimeout: 20
+        hardware:
+          gpus:
+            - {{id: 0, memory: 24GiB}}
+        models:
+          b:
+            cmd: sh -c 'echo ${{PORT}} >> {starts}; exit 3'
+            memory: 20GiB
+    """
+    with Served(tmp_path, text) as served:
+        made = lease(served, "b")
+        assert made.status_code == 201, made.text
+        wait_until(lambda: "last_error" in shown(served)["b"], 20, 0.1, "the failed start shown")
+        entry = shown(served)["b"]
+        assert entry["state"] == "waiting" and "b" in entry["last_error"] and entry["retry_in_s"] <= 1, entry
+        first = time.monotonic()
+        wait_until(lambda: starts.exists() and len(starts.read_text().split()) >= 3, 20, 0.1, "three tries")
+        # waits of 1 s then 2 s: never a tight loop
+        assert time.monotonic() - first >= 2.5
+        assert len(starts.read_text().split()) <= 4
+
+
+def test_each_lease_shows_its_state_and_one_only_pins_would_make_room_for_is_refused(tmp_path):
+    with Served(tmp_path, config(tmp_path / "events.jsonl", pinned=("a",))) as served:
+        assert ask(served, "a").status_code == 200
+        made = lease(served, "b").json()
+        wait_until(lambda: shown(served)["b"]["state"] == "loaded", 20, 0.1, "the leased model loaded")
+        waiting = lease(served, "c")  # room only where a (pinned) or b (leased) is: waits for b's lease
+        assert waiting.status_code == 201 and waiting.json()["state"] == "waiting", waiting.text
+        assert waiting.json()["blocked_by"] == [f"b (lease #{made['id']})"], waiting.json()
+        assert shown(served)["c"]["state"] == "waiting"
+        assert httpx.delete(served.base + f"/api/leases/{made['id']}", timeout=10).status_code == 200
+        wait_until(lambda: shown(served)["c"]["state"] == "loaded", 20, 0.1, "c loaded once b's lease ended")
+        assert loaded(served) == {"a", "c"}
+    (tmp_path / "pins").mkdir()
+    with Served(tmp_path / "pins", config(tmp_path / "events.jsonl", pinned=("a", "b"))) as served:
+        assert ask(served, "a").status_code == 200
+        assert ask(served, "b").status_code == 200
+        refused = lease(served, "c")
+        assert refused.status_code == 409, refused.text
+        message = refused.json()["error"]["message"]
+        assert "room only if" in message and "(pinned)" in message, message
+        assert shown(served) == {}
+
+
+def test_a_bad_lease_is_refused_naming_the_field(tmp_path):
+    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+        for body, named in [
+            ({"seconds": 60}, "model is missing"),
+            ({"model": 3, "seconds": 60}, "model is not a string"),
+            ({"model": "b"}, "seconds is missing"),
+            ({"model": "b", "seconds": "60"}, "seconds is not a number"),
+            ({"model": "b", "seconds": 0}, "seconds is 0, out of range: 1 to 2592000"),
+            ([], "the body is not a JSON object"),
+        ]:
+            refused = httpx.post(served.base + "/api/leases", json=body, timeout=10)
+            assert refused.status_code == 400 and refused.json()["error"]["message"].startswith(named), refused.text
