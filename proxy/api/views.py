@@ -59,16 +59,16 @@ def operator_only(view):
     return wrapper
 
 
-def changes_state(*methods: str):
-    """A view that changes something when called with `methods`: those need an operator key and, from a page
-    on another origin, the key shown as Bearer or x-api-key, not the browser's saved Basic credentials
-    (proxy.http.cross_site). It goes below `api_key_required`."""
+def changes_state(*methods: str, need: Need = Need.OPERATOR):
+    """A view that changes something when called with `methods`: those need a key that may do `need` (an
+    operator's unless said) and, from a page on another origin, the key shown as Bearer or x-api-key, not the
+    browser's saved Basic credentials (proxy.http.cross_site). It goes below `api_key_required`."""
 
     def decorate(view):
         @functools.wraps(view)
         async def wrapper(request: HttpRequest, service, *args, **kwargs):
             if request.method in methods:
-                if denied := route_refusal(request.caller, Need.OPERATOR):
+                if denied := route_refusal(request.caller, need):
                     return _denied(denied)
                 headers = {k.lower(): v for k, v in request.headers.items()}
                 refusal = cross_site_refusal(headers, request.caller)

@@ -11,12 +11,12 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.multipartparser import MultiPartParserError
 
-from proxy.api.views import api_key_required
+from proxy.api.views import api_key_required, changes_state
 from proxy.batches import batch_rows, runner, storage
 from proxy.batches.lines import ENDPOINTS, BadLine
 from proxy.batches.objects import batch_object, file_object, page
 from proxy.batches.upload import BatchFileUploadHandler, FileTooLarge
-from proxy.http.access import Need, route_refusal
+from proxy.http.access import Need
 from proxy.http.holding import asked_priority
 from proxy.http.responses import allow_methods, json_error
 
@@ -26,6 +26,7 @@ MAX_METADATA = 16
 
 @api_key_required
 @allow_methods("GET", "POST")
+@changes_state("POST", need=Need.INFERENCE)
 async def files(request: HttpRequest, service) -> HttpResponse:
     """GET: the files, newest first (`purpose`, `after`, `limit`, `order`). POST: upload a batch input file."""
     if request.method == "GET":
@@ -35,8 +36,6 @@ async def files(request: HttpRequest, service) -> HttpResponse:
         rows, more = await database_sync_to_async(batch_rows.files_page)(
             request.GET.get("purpose"), request.GET.get("after"), limit, request.GET.get("order", "desc") != "asc")
         return JsonResponse(page([file_object(row) for row in rows], more))
-    if denied := route_refusal(request.caller, Need.INFERENCE):
-        return _refused(denied)
     if not request.content_type.startswith("multipart/form-data"):
         return json_error(400, "send the file as multipart/form-data with fields file and purpose=batch",
                           "invalid_request")
@@ -69,6 +68,7 @@ def _read_form(request: HttpRequest):
 
 @api_key_required
 @allow_methods("GET", "DELETE")
+@changes_state("DELETE", need=Need.INFERENCE)
 async def file_entry(request: HttpRequest, service, file_id: str) -> HttpResponse:
     if request.method == "DELETE":
         if not await database_sync_to_async(batch_rows.delete_file)(file_id):
@@ -98,6 +98,7 @@ async def _pieces(file_id: str):
 
 @api_key_required
 @allow_methods("GET", "POST")
+@changes_state("POST", need=Need.INFERENCE)
 async def batches(request: HttpRequest, service) -> HttpResponse:
     """GET: the batches, newest first (`after`, `limit` 1 to 100). POST: create one."""
     if request.method == "GET":
@@ -106,8 +107,6 @@ async def batches(request: HttpRequest, service) -> HttpResponse:
             return json_error(400, "limit must be a whole number from 1 to 100", "invalid_limit")
         rows, more = await database_sync_to_async(batches_page)(request.GET.get("after"), limit)
         return JsonResponse(page(rows, more))
-    if denied := route_refusal(request.caller, Need.INFERENCE):
-        return _refused(denied)
     try:
         body = json.loads(request.body or b"null")
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -165,10 +164,9 @@ async def batch_entry(request: HttpRequest, service, batch_id: str) -> HttpRespo
 
 @api_key_required
 @allow_methods("POST")
+@changes_state("POST", need=Need.INFERENCE)
 async def batch_cancel(request: HttpRequest, service, batch_id: str) -> HttpResponse:
     """Stop sending the batch's lines: `cancelling` while those in flight end, then `cancelled`."""
-    if denied := route_refusal(request.caller, Need.INFERENCE):
-        return _refused(denied)
     row = await database_sync_to_async(batch_rows.cancel_batch)(batch_id)
     if row is None:
         return _no_batch(batch_id)
@@ -179,10 +177,6 @@ async def batch_cancel(request: HttpRequest, service, batch_id: str) -> HttpResp
 def _limit(request: HttpRequest, most: int) -> int | None:
     raw = request.GET.get("limit", "20")
     return int(raw) if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= most else None
-
-
-def _refused(denied) -> HttpResponse:
-    return json_error(denied.status, denied.message, denied.code)
 
 
 def _no_file(file_id: str) -> HttpResponse:

@@ -332,6 +332,9 @@ def test_a_batch_runs_with_its_keys_rights(tmp_path, rows):
         api = openai.OpenAI(base_url=served.base + "/v1", api_key=scoped, max_retries=0)
         content = jsonl(2) + jsonl(1, prefix="other").replace(b'"model": "chat"', b'"model": "other"')
         batch = submit(api, content, extra_headers={"X-LlamaSwap-Priority": "interactive"})
+        reading = openai.OpenAI(base_url=served.base + "/v1", api_key=reader, max_retries=0)
+        with pytest.raises(openai.PermissionDeniedError):  # a read-only key deletes nothing
+            reading.files.delete(batch.input_file_id)
         done = finished(api, batch.id)
         assert done.request_counts.model_dump() == {"total": 3, "completed": 2, "failed": 1}
         [refused] = lines_of(api, done.error_file_id)

@@ -80,6 +80,10 @@ CHANGES = [
     ("PUT", "/api/profiles/active", b'{"name": "quiet"}'),
     ("POST", "/v1/chat/completions", b'{"model": "idle", "messages": []}'),
     ("GET", "/upstream/idle/health", None),
+    ("POST", "/v1/files", b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--x--\r\n'),
+    ("DELETE", "/v1/files/file-0", None),
+    ("POST", "/v1/batches", b'{"input_file_id": "file-0", "endpoint": "/v1/chat/completions", "completion_window": "24h"}'),
+    ("POST", "/v1/batches/batch_0/cancel", None),
 ]
 
 
@@ -98,6 +102,7 @@ def test_a_change_from_another_origin_with_basic_credentials_is_403_and_changes_
         assert "Basic" in error["message"] and "Bearer" in error["message"]
     assert running(unchanged) == ["loaded"] and starts(unchanged, "idle") == 0
     assert httpx.get(unchanged.base + "/api/profiles", headers=BEARER, timeout=10).json()["active"] is None
+    assert httpx.get(unchanged.base + "/v1/batches", headers=BEARER, timeout=10).json()["data"] == []
 
 
 @pytest.mark.parametrize("caller", [
@@ -120,7 +125,7 @@ def test_a_wrong_key_beside_the_saved_basic_credentials_does_not_unlock_them(unc
 
 
 def test_reads_from_another_origin_are_still_answered(unchanged):
-    for path in ("/running", "/v1/models", "/api/queue"):
+    for path in ("/running", "/v1/models", "/api/queue", "/v1/files", "/v1/batches"):
         r = httpx.get(unchanged.base + path, headers={**BASIC, "Sec-Fetch-Site": "cross-site"}, timeout=10)
         assert r.status_code == 200, (path, r.text)
 
