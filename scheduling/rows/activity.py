@@ -103,7 +103,7 @@ def _integer(params: QueryDict, name: str, default: int | None, low: int, high: 
 
 def activity_page(query: ActivityQuery) -> dict[str, Any]:
     """One page of rows, newest first, and the cursor for the next (older) page or None."""
-    rows = QueuedRequest.objects.order_by("-id")
+    rows = QueuedRequest.objects.exclude(method="LOAD").order_by("-id")  # a lease's or preload's load: no request
     if query.models:
         rows = rows.filter(model__in=query.models)
     if query.keys:

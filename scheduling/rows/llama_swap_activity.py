@@ -121,7 +121,7 @@ def _whole(params: QueryDict, name: str, low: int, high: int) -> int | None:
 
 
 def _ended_rows(models: tuple[str, ...]):
-    rows = QueuedRequest.objects.exclude(state__in=UNENDED_STATES)
+    rows = QueuedRequest.objects.exclude(state__in=UNENDED_STATES).exclude(method="LOAD")  # no client's request
     return rows.filter(model__in=models) if models else rows
 
 

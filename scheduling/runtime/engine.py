@@ -161,7 +161,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             waiter.future.set_exception(Refused(499, "cancelled", reason))
             waiter.future.exception()  # mark retrieved: the caller may already be gone
         self.recorder.update(ticket_id, state=RequestState.CANCELLED, error=reason, finished_at=self._wall(self.now()))
-        self._observer(Unserved(waiter.ticket.model, waiter.request.route, 499, cancelled=True))
+        self._observe(waiter.request, Unserved(waiter.ticket.model, waiter.request.route, 499, cancelled=True))
 
     def _where(self, ticket_id: int) -> str:
         """Where a request not yet granted waits, in words: queued, or its model starting for it."""
@@ -195,7 +195,8 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             ticket_id, state=state, status_code=reason.status, error=reason.message,
             finished_at=self._wall(self.now()),
         )
-        self._observer(Unserved(waiter.ticket.model, waiter.request.route, reason.status, cancelled=state == RequestState.CANCELLED))
+        self._observe(waiter.request, Unserved(waiter.ticket.model, waiter.request.route, reason.status,
+                                               cancelled=state == RequestState.CANCELLED))
         now = self.now()
         self._run(lambda: self.scheduler.cancel(ticket_id, now))
 
@@ -222,7 +223,8 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         ))
         if outcome.state == RequestState.FAILED:  # the model may have died: the next request must start it again
             self.fleet.check_exited(request.model)
-        self._observer(
+        self._observe(
+            request,
             Finished(
                 model=request.model,
                 route=request.route,
@@ -293,7 +295,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         self._leases[effect.ticket_id] = lease
         waiter.future.set_result(lease)
         self.recorder.update(effect.ticket_id, state=RequestState.DISPATCHED, dispatched_at=self._wall(now), **decision_fields(decision))
-        self._observer(Dispatched(decision))
+        self._observe(waiter.request, Dispatched(decision))
 
     def _refuse(self, effect: Refuse) -> None:
         waiter = self._waiting.pop(effect.ticket_id, None)
@@ -309,9 +311,16 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             if effect.code == "concurrency_limit":  # a place frees when the first of its jobs ends
                 retry_after = self.next_job_end_in(waiter.request.model) or retry_after
             waiter.future.set_exception(Refused(effect.status, effect.code, effect.message, retry_after))
-        self._observer(
-            Unserved(waiter.ticket.model if waiter else "", waiter.request.route if waiter else "other", effect.status)
+        self._observe(
+            waiter and waiter.request,
+            Unserved(waiter.ticket.model if waiter else "", waiter.request.route if waiter else "other", effect.status),
         )
+
+    def _observe(self, request: TicketRequest | None, event: RuntimeEvent) -> None:
+        """Count a request in the metrics; a load made for a lease or a preload (method LOAD) is no client's
+        request: what counts of it is its model's load (`ModelLoaded`)."""
+        if request is None or request.method != "LOAD":
+            self._observer(event)
 
     def _cut(self, ticket_ids: list[int], reason: Refused) -> None:
         """End these running requests now: their rows say `reason`, and their holders tell their clients."""

@@ -159,3 +159,22 @@ def test_a_bad_lease_is_refused_naming_the_field(tmp_path):
         ]:
             refused = httpx.post(served.base + "/api/leases", json=body, timeout=10)
             assert refused.status_code == 400 and refused.json()["error"]["message"].startswith(named), refused.text
+
+
+def test_loads_made_for_a_lease_or_a_preload_are_not_counted_as_requests(tmp_path):
+    text = config(tmp_path / "events.jsonl") + """
+        hooks:
+          on_startup:
+            preload: [a]
+    """
+    with Served(tmp_path, text) as served:
+        assert lease(served, "b").status_code == 201
+        wait_until(lambda: ready(served) == {"a", "b"}, 20, 0.1, "the preload and the leased model loaded")
+        assert ask(served, "b").status_code == 200
+        wait_until(lambda: len(served.rows()) == 3 and all(r["finished_at"] for r in served.rows()), 10, 0.1,
+                   "the loads' rows and the request's ended")
+        counted = [line for line in httpx.get(served.base + "/metrics", timeout=10).text.splitlines()
+                   if line.startswith("llamaswap_requests_total{")]
+        assert len(counted) == 1 and 'model="b"' in counted[0] and counted[0].endswith(" 1.0"), counted
+        assert len(httpx.get(served.base + "/api/activity", timeout=10).json()["data"]) == 1
+        assert httpx.get(served.base + "/api/metrics/activity", timeout=10).json()["total"] == 1

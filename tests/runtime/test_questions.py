@@ -12,6 +12,7 @@ import pytest
 
 from scheduling.door import questions
 from scheduling.core import Band, SerialSettings
+from scheduling.core.durations import JobKind
 from scheduling.door.frontdoor import FrontDoor
 from scheduling.door.in_process import InProcessFrontDoor
 from scheduling.door.questions import ANSWERS, Question, answers
@@ -59,6 +60,7 @@ SAMPLES = [
     questions.EndRelayed(7, Outcome("completed", 200, usage={"__tuple__": [1], "n": {"k": 1}}), 2.0, None),
     questions.StillGranted("front#3"),
     questions.Placement(), questions.CanLoad("a"), questions.NeverFits("a"), questions.KeepLeases(),
+    questions.RunTime(JobKind("a", "/v1/chat/completions", False, "normal"), 3, 1),
 ]
 
 
