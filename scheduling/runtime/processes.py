@@ -24,6 +24,13 @@ class Fleet(Protocol):
     def check_exited(self, model: str) -> bool: ...  # a dead process is reported as a crash at once
 
 
+# Why a model stops, as the log says it (a start's evictions are said by the fleet, naming the model starting).
+STOP_REASONS = {
+    "ttl": "idle for its ttl", "unload": "an operator unloaded it", "evict": "stopped for a swap",
+    "reload": "a config reload changed or removed it", "shutdown": "llamaswap is shutting down",
+}
+
+
 class ModelProcesses:
     """Part of `SchedulerRuntime`."""
 
@@ -83,6 +90,7 @@ class ModelProcesses:
         self._run(lambda: self.scheduler.model_ready(effect.model, self.now()))
 
     async def _stop_model(self, effect: StopModel) -> None:
+        log.info("stopping model %s: %s", effect.model, STOP_REASONS.get(effect.reason, effect.reason))
         self._observer(ModelStateChanged(effect.model, ModelState.STOPPING))
         try:
             try:

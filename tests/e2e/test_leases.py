@@ -97,6 +97,7 @@ def test_an_operator_unload_of_a_leased_model_wins_and_ends_the_lease(tmp_path):
         time.sleep(2.5)  # longer than two reads of the leases: a lease still in force would load b again
         assert loaded(served) == set()
         assert f"lease #{made['id']} on model b revoked: an operator unloaded the model" in served.log()
+        assert "stopping model b: an operator unloaded it" in served.log()
 
 
 def test_a_leased_model_whose_start_fails_is_tried_again_with_growing_waits(tmp_path):
