@@ -6,7 +6,9 @@ ends the lease; each lease says what it is doing (`state`), and one that can nev
 from __future__ import annotations
 
 import os
+import re
 import signal
+import textwrap
 import time
 from pathlib import Path
 
@@ -179,3 +181,18 @@ def test_loads_made_for_a_lease_or_a_preload_are_not_counted_as_requests(tmp_pat
         assert len(counted) == 1 and 'model="b"' in counted[0] and counted[0].endswith(" 1.0"), counted
         assert len(httpx.get(served.base + "/api/activity", timeout=10).json()["data"]) == 1
         assert httpx.get(served.base + "/api/metrics/activity", timeout=10).json()["total"] == 1
+
+
+def test_a_lease_whose_model_a_reload_removed_says_so(tmp_path):
+    text = config(tmp_path / "events.jsonl")
+    with Served(tmp_path, text) as served:
+        made = lease(served, "b").json()
+        wait_until(lambda: shown(served)["b"]["state"] == "loaded", 20, 0.1, "the leased model loaded")
+        start_port = served.config_path.read_text().split("\n", 1)[0]
+        without_b = re.sub(r"\n *b:\n(?: {12}.*\n)+", "\n", text)
+        assert "b:" not in without_b and "c:" in without_b
+        served.config_path.write_text(start_port + "\n" + textwrap.dedent(without_b))
+        served.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: shown(served)["b"]["state"] == "model_removed", 20, 0.1, "the lease shown model_removed")
+        assert shown(served)["b"]["id"] == made["id"]
+        wait_until(lambda: "b" not in loaded(served), 20, 0.1, "the removed model stopped")
