@@ -54,12 +54,18 @@ def model_pid(served, model: str) -> int:
 def test_a_new_lease_protects_its_model_before_it_is_answered(tmp_path):
     """b is cheaper to load again than a, so a request for c would stop b: right after the 201, it stops a."""
     with Served(tmp_path, config(tmp_path / "events.jsonl", slow="a")) as served:
-        assert ask(served, "a").status_code == 200
-        assert ask(served, "b").status_code == 200
-        made = lease(served, "b")
-        assert made.status_code == 201 and made.json()["state"] == "loaded", made.text
-        assert ask(served, "c").status_code == 200
-        assert loaded(served) == {"b", "c"}
+        lease_b_then_ask_for_c(served)
+
+
+def lease_b_then_ask_for_c(served) -> dict:
+    """With a and b loaded, lease b and at once ask for c: c must stop a. Returns the lease."""
+    assert ask(served, "a").status_code == 200
+    assert ask(served, "b").status_code == 200
+    made = lease(served, "b")
+    assert made.status_code == 201 and made.json()["state"] == "loaded", made.text
+    assert ask(served, "c").status_code == 200
+    assert loaded(served) == {"b", "c"}
+    return made.json()
 
 
 def test_through_a_distributed_front_end_a_new_lease_protects_its_model_before_it_is_answered(tmp_path, distributed):
@@ -68,13 +74,8 @@ def test_through_a_distributed_front_end_a_new_lease_protects_its_model_before_i
     with Worker(tmp_path / "worker", text, env):
         (tmp_path / "fe").mkdir()
         with Served(tmp_path / "fe", text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "fe" / "data")}) as front:
-            assert ask(front, "a").status_code == 200
-            assert ask(front, "b").status_code == 200
-            made = lease(front, "b")
-            assert made.status_code == 201 and made.json()["state"] == "loaded", made.text
-            assert ask(front, "c").status_code == 200
-            assert loaded(front) == {"b", "c"}
-            revoked = httpx.delete(front.base + f"/api/leases/{made.json()['id']}", timeout=10).json()
+            made = lease_b_then_ask_for_c(front)
+            revoked = httpx.delete(front.base + f"/api/leases/{made['id']}", timeout=10).json()
             assert revoked["takes_effect_within_s"] == 0
 
 
