@@ -27,7 +27,7 @@ def test_both_schedulers_offer_the_whole_interface_with_the_same_signatures(cls)
         for name, member in inspect.getmembers(Scheduler, inspect.isfunction)
         if not name.startswith("_")
     }
-    assert len(protocol_methods) == 23
+    assert len(protocol_methods) == 24
     for name, member in protocol_methods.items():
         assert list(inspect.signature(getattr(cls, name)).parameters) == list(
             inspect.signature(member).parameters
