@@ -120,6 +120,8 @@ class ModelLeases:
         try:
             grant = await self._runtime.submit(TicketRequest(model=model, path="(lease)", priority=0, method="LOAD"))
         except Refused as exc:
+            if exc.code == "shutting_down":
+                return  # nothing to try again, nor to warn of
             self._failure[model] = exc.message
             log.warning("loading leased model %s failed (%s); trying again in %.0f s", model, exc.message,
                         retry_after(self._loads[model]))
