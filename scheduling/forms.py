@@ -146,7 +146,7 @@ class SchedulerSettingsForm(forms.ModelForm):
 
     class Meta:
         model = SchedulerSettings
-        fields = ("aging_divisor", "swap_affinity_bonus", "slots")
+        fields = ("aging_divisor", "swap_affinity_bonus", "slots", "fairness")
         labels = SchedulerSettings.CONFIG_NAMES  # the config file's spelling, not capitalised
 
     def clean_slots(self) -> dict[str, object] | None:

@@ -392,6 +392,8 @@ def _dispatched(event: Dispatched) -> None:
         REORDERS.labels(band, "aging").inc()
     if decision.changed_by_affinity:
         REORDERS.labels(band, "swap_affinity").inc()
+    if decision.changed_by_fairness:
+        REORDERS.labels(band, "fair_share").inc()
 
 
 def _finished(event: Finished) -> None:

@@ -66,6 +66,8 @@ class Recorded:
     load_s: float | None = None  # the start of its model its dispatch needed took this long
     dispatched_s: float | None = None  # when it was recorded sent to its model
     refused: str = ""  # why the recording refused it in a way a replay cannot reproduce ("failed start", ...)
+    key: str | None = None  # the API key row it came with, and that key's weight (fair share's turns)
+    weight: int = 1
 
     @property
     def kind(self) -> JobKind:
@@ -125,6 +127,7 @@ class ReplayResult:
     busy_share: float  # of the time from the first arrival to the last job's end, with a job or load running
     reorders_aging: int  # picks aging changed (Decision.changed_by_aging)
     reorders_affinity: int  # picks swap affinity changed
+    reorders_fairness: int  # requests fair share sent before an older equal one
     handling: Handling = field(default_factory=Handling)
     loading_gpu_s: float = 0.0  # GPU-seconds spent starting models (see the module's docstring)
     evicted_for_memory: int = 0  # models stopped to make room for another's memory
@@ -163,7 +166,7 @@ class _Replay:
         self.sim = Simulation(self.scheduler, self)
         self.results: dict[int, Replayed] = {}
         self.granted = 0
-        self.swaps = self.aging = self.affinity = self.for_memory = 0
+        self.swaps = self.aging = self.affinity = self.fairness = self.for_memory = 0
         self.drawn: dict[str, float] = {}  # each model's load time as last drawn
         self.loading_gpu_s = 0.0
         self.active = 0  # jobs and loads running
@@ -196,6 +199,7 @@ class _Replay:
             busy_share=self.busy / span if span > 0 else 0.0,
             reorders_aging=self.aging,
             reorders_affinity=self.affinity,
+            reorders_fairness=self.fairness,
             handling=Handling(**self.counts),
             loading_gpu_s=self.loading_gpu_s,
             evicted_for_memory=self.for_memory,
@@ -226,7 +230,8 @@ class _Replay:
         for after, event in ((record.left_after_s, left), (record.max_wait_s, "timed_out")):
             if after is not None:
                 self.sim.at(now + after, event, record.id)
-        self._apply(self.scheduler.submit(Ticket(record.id, record.model, record.priority, now), now), now)
+        ticket = Ticket(record.id, record.model, record.priority, now, key=record.key, weight=record.weight)
+        self._apply(self.scheduler.submit(ticket, now), now)
 
     def _event(self, event: str, subject, now: float) -> None:
         if event in CORE_EVENTS:
@@ -269,6 +274,7 @@ class _Replay:
         self.granted += 1
         self.aging += decision.changed_by_aging
         self.affinity += decision.changed_by_affinity
+        self.fairness += decision.changed_by_fairness
         self.results[record.id] = Replayed(
             record.id, record.model, str(decision.band), record.arrival_s, "served", now, self.granted,
             decision.needs_swap,

@@ -15,14 +15,14 @@ from scheduling.door import frontdoor
 from scheduling.operating.config_inputs import model_specs, swap_policy
 from scheduling.core import SerialSettings
 from scheduling.core.replay import Fidelity, Recorded, ReplayResult, Setup, fidelity, replay
-from scheduling.models import QueuedRequest, SettingsChange
+from scheduling.models import ApiKey, QueuedRequest, SettingsChange
 from scheduling.tickets import RequestState
 from scheduling.rows.row_durations import load_time
 from scheduling.operating.settings_store import stored_serial_settings
 
 _FIELDS = (
     "id", "model", "priority", "arrived_at", "dispatched_at", "finished_at", "duration_ms", "state", "error",
-    "needed_swap", "serial_queue_wait_ms", "route", "stream", "max_wait_s",
+    "needed_swap", "serial_queue_wait_ms", "route", "stream", "max_wait_s", "api_key",
 )
 
 
@@ -58,8 +58,9 @@ def recorded_window(since: datetime, until: datetime) -> RecordedWindow:
     arrived = QueuedRequest.objects.filter(arrived_at__gte=since, arrived_at__lt=until)
     rows = arrived.filter(peer="").order_by("arrived_at", "id").values_list(*_FIELDS)
     records, first_dispatch = [], {}
+    weights = dict(ApiKey.objects.values_list("name", "weight"))  # as they are now: the rows keep no weight
     for row in rows:
-        record = _recorded(row, since)
+        record = _recorded(row, since, weights)
         records.append(record)
         if record.dispatched_s is not None:
             model, needed_swap = row[1], row[9]
@@ -72,9 +73,9 @@ def recorded_window(since: datetime, until: datetime) -> RecordedWindow:
     return RecordedWindow(since, until, records, warm, changes, arrived.exclude(peer="").count())
 
 
-def _recorded(row: tuple, since: datetime) -> Recorded:
+def _recorded(row: tuple, since: datetime, weights: dict[str, int]) -> Recorded:
     (ticket_id, model, priority, arrived_at, dispatched_at, finished_at, duration_ms, state, error,
-     needed_swap, queue_wait_ms, route, stream, max_wait_s) = row
+     needed_swap, queue_wait_ms, route, stream, max_wait_s, api_key) = row
     arrival = (arrived_at - since).total_seconds()
     dispatched = None if dispatched_at is None else (dispatched_at - since).total_seconds()
     load = None
@@ -97,6 +98,8 @@ def _recorded(row: tuple, since: datetime) -> Recorded:
         load_s=load,
         dispatched_s=dispatched,
         refused=_refusal(state, error, max_wait_s),
+        key=api_key or None,
+        weight=max(1, weights.get(api_key, 1)),  # a 0 written with SQL counts as 1
     )
 
 

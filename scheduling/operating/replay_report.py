@@ -30,7 +30,7 @@ def typed_number(text: str) -> int | float | str:
 def shown(settings: SerialSettings) -> str:
     slots = ", ".join(f"{m}: {n}" for m, n in settings.slots.items()) or "1 each"
     return f"agingDivisor={typed_number(str(settings.aging_divisor))} swapAffinityBonus={settings.swap_affinity_bonus} " \
-           f"slots={slots}"
+           f"slots={slots} fairness={settings.fairness}"
 
 
 def hardware_text(hardware) -> str:
@@ -72,6 +72,7 @@ def comparison_rows(before: ReplayResult, after: ReplayResult, comparison: Compa
         ("GPU busy share", f"{before.busy_share:.1%}", f"{after.busy_share:.1%}"),
         ("picks aging changed", str(before.reorders_aging), str(after.reorders_aging)),
         ("picks affinity changed", str(before.reorders_affinity), str(after.reorders_affinity)),
+        ("picks fair share changed", str(before.reorders_fairness), str(after.reorders_fairness)),
     ]
 
 

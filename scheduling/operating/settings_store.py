@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from scheduling.door import frontdoor
 from scheduling.core import SerialSettings
+from scheduling.core.fairness import fairness_problem
 from scheduling.core.settings import serial_settings_problems, slot_count_problem
 from scheduling.models import SchedulerSettings, SettingsChange
 from scheduling.door.questions import Retune
@@ -48,8 +49,8 @@ def ignored_slot_lines(slots: object, models: Collection[str] | None) -> list[st
 
 
 def ignored_values(stored: SchedulerSettings) -> dict[str, str]:
-    """agingDivisor and swapAffinityBonus overrides the scheduler leaves out, by model field, with why: a
-    value the admin refuses, written into the table some other way (SQL, an older version)."""
+    """agingDivisor, swapAffinityBonus and fairness overrides the scheduler leaves out, by model field, with why:
+    a value the admin refuses, written into the table some other way (SQL, an older version)."""
     ignored = {}
     for field, others in (("aging_divisor", "swap_affinity_bonus"), ("swap_affinity_bonus", "aging_divisor")):
         value = getattr(stored, field)
@@ -60,6 +61,8 @@ def ignored_values(stored: SchedulerSettings) -> dict[str, str]:
         problem = serial_settings_problems(values["aging_divisor"], values["swap_affinity_bonus"]).get(name)
         if problem is not None:
             ignored[field] = problem
+    if stored.fairness is not None and (problem := fairness_problem(stored.fairness)) is not None:
+        ignored["fairness"] = problem
     return ignored
 
 
@@ -110,7 +113,7 @@ def as_text(value: float | int | Mapping[str, int] | None) -> str | None:
         return ", ".join(f"{model}: {count}" for model, count in sorted(value.items())) or "every model 1"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
-    return repr(value)
+    return value if isinstance(value, str) else repr(value)
 
 
 def save_settings(edited: SchedulerSettings, changed_by: str) -> list[SettingsChange]:
@@ -151,8 +154,8 @@ def push_to_running_scheduler() -> bool:
     except (TimeoutError, RuntimeError):
         log.exception("could not apply scheduler settings %s to the running scheduler", settings)
         return False
-    log.info("scheduler settings now agingDivisor=%s swapAffinityBonus=%s slots=%s", settings.aging_divisor,
-             settings.swap_affinity_bonus, as_text(settings.slots))
+    log.info("scheduler settings now agingDivisor=%s swapAffinityBonus=%s slots=%s fairness=%s",
+             settings.aging_divisor, settings.swap_affinity_bonus, as_text(settings.slots), settings.fairness)
     return True
 
 

@@ -173,7 +173,8 @@ def activity_row(row: QueuedRequest) -> dict[str, Any]:
         ),
         changed_pick=[
             term
-            for term, flag in (("aging", row.changed_by_aging), ("swap_affinity", row.changed_by_affinity))
+            for term, flag in (("aging", row.changed_by_aging), ("swap_affinity", row.changed_by_affinity),
+                               ("fair_share", row.changed_by_fairness))
             if flag
         ],
         needed_swap=row.needed_swap,

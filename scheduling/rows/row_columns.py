@@ -58,6 +58,7 @@ def decision_fields(decision: Decision) -> dict[str, Any]:
         "runner_up_score": decision.runner_up_score,
         "changed_by_aging": decision.changed_by_aging,
         "changed_by_affinity": decision.changed_by_affinity,
+        "changed_by_fairness": decision.changed_by_fairness,
         "needed_swap": decision.needs_swap,
         "explanation": decision.explain(),
         "slot": decision.slot,

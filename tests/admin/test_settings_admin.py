@@ -21,9 +21,10 @@ pytestmark = pytest.mark.django_db
 CHANGE_URL = reverse("admin:scheduling_schedulersettings_change", args=[1])
 
 
-def post_settings(client, aging="", bonus="", slots=""):
+def post_settings(client, aging="", bonus="", slots="", fairness=""):
     return client.post(
-        CHANGE_URL, {"aging_divisor": aging, "swap_affinity_bonus": bonus, "slots": slots, "_save": "Save"}
+        CHANGE_URL,
+        {"aging_divisor": aging, "swap_affinity_bonus": bonus, "slots": slots, "fairness": fairness, "_save": "Save"},
     )
 
 
@@ -82,12 +83,12 @@ def test_the_audit_trail_cannot_be_edited_or_deleted(admin_client, config_file):
 def test_the_page_says_where_each_value_comes_from(admin_client, config_file):
     page = admin_client.get(CHANGE_URL).content.decode()
     assert "scheduler-in-use\">serial" in page
-    assert page.count("config file</td>") == 3
+    assert page.count("config file</td>") == 4
     assert 'id="setting-slots"' in page and "beta: 2</td>" in page
     post_settings(admin_client, bonus="0")
     page = admin_client.get(CHANGE_URL).content.decode()
     assert "admin override by admin at " in page
-    assert page.count("config file</td>") == 2
+    assert page.count("config file</td>") == 3
 
 
 def test_saving_without_a_running_scheduler_says_when_it_will_apply(admin_client, config_file):
@@ -204,6 +205,23 @@ def test_a_slots_override_replaces_the_config_files_slots_and_blank_falls_back()
 def test_a_slots_edit_reaches_the_running_scheduler(admin_client, running_scheduler):
     post_settings(admin_client, slots="alpha: 2")
     assert [dict(settings.slots) for settings in running_scheduler.retuned] == [{"alpha": 2}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fair_share_is_turned_on_live_audited_and_blank_falls_back_to_the_config(admin_client, admin_user,
+                                                                                 running_scheduler):
+    assert post_settings(admin_client, fairness="keys").status_code == 302
+    assert [settings.fairness for settings in running_scheduler.retuned] == ["keys"]
+    change = SettingsChange.objects.get()
+    assert (change.setting, change.old_value, change.new_value) == ("fairness", None, "keys")
+    post_settings(admin_client)
+    assert running_scheduler.retuned[-1].fairness == "off"  # the config file's
+
+
+def test_a_fairness_the_admin_refuses_written_some_other_way_is_left_out(caplog):
+    SchedulerSettings.objects.update_or_create(pk=1, defaults={"fairness": "users"})
+    assert settings_store.stored_serial_settings(CONFIGURED) == CONFIGURED
+    assert "ignoring the admin's fairness override 'users'" in caplog.text
 
 
 @pytest.mark.parametrize("count", ["0", "2.0", "two", "true"])

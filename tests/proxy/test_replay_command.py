@@ -11,7 +11,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from django.core.management import call_command
 
-from scheduling.models import QueuedRequest
+from scheduling.models import ApiKey, QueuedRequest
+from scheduling.operating.replay_history import recorded_window
 
 pytestmark = pytest.mark.django_db
 
@@ -39,12 +40,12 @@ def config(tmp_path):
 
 
 def row(ticket_id, model, priority, arrived, *, state="completed", sent=None, decided=None, ran=None, swap=None,
-        ended=None, error=""):
+        ended=None, error="", key=""):
     """A row; times in seconds after T. `decided`: when the scheduler picked it (its queue wait ends)."""
     at = lambda s: None if s is None else T + timedelta(seconds=s)  # noqa: E731
     QueuedRequest.objects.create(
         id=ticket_id, model=model, path="/v1/chat/completions", route="chat", priority=priority, state=state,
-        arrived_at=at(arrived), dispatched_at=at(sent), needed_swap=swap, error=error,
+        arrived_at=at(arrived), dispatched_at=at(sent), needed_swap=swap, error=error, api_key=key,
         serial_queue_wait_ms=None if decided is None else round((decided - arrived) * 1000),
         duration_ms=None if ran is None else round(ran * 1000),
         finished_at=at(ended if ended is not None else (None if sent is None or ran is None else sent + ran)),
@@ -74,7 +75,7 @@ def test_the_settings_in_force_reproduce_the_recording(config, recorded):
     result = replay(config)
     assert result["fidelity"] == {"compared": 3, "pairs": 2, "same_order": 1.0, "wait_error_s": 0.0}
     in_force = result["in_force"]
-    assert in_force["settings"] == {"agingDivisor": 30, "swapAffinityBonus": 5, "slots": {}}
+    assert in_force["settings"] == {"agingDivisor": 30, "swapAffinityBonus": 5, "slots": {}, "fairness": "off"}
     assert in_force["swaps"] == 2 and in_force["busy_share"] == 1.0
     assert in_force["waits"]["interactive"]["max"] == 11.0 and in_force["waits"]["normal"]["max"] == 13.0
     assert in_force["handling"] | {"left": 1, "failed_starts": 1, "unconfigured": 1} == in_force["handling"]
@@ -83,8 +84,25 @@ def test_the_settings_in_force_reproduce_the_recording(config, recorded):
 
 def test_a_proposed_setting_is_replayed_beside_them(config, recorded):
     result = replay(config, "--set", "agingDivisor=0", "--set", "slots.beta=2")
-    assert result["proposed"]["settings"] == {"agingDivisor": 0, "swapAffinityBonus": 5, "slots": {"beta": 2}}
+    assert result["proposed"]["settings"] == {"agingDivisor": 0, "swapAffinityBonus": 5, "slots": {"beta": 2},
+                                              "fairness": "off"}
     assert result["in_force"]["waits"] == result["proposed"]["waits"]  # nothing here turns on aging or slots
+
+
+def test_fair_share_is_replayed_with_the_keys_the_rows_recorded_and_their_weights_now(config):
+    """alpha runs key a's first job for 10 s while a's two more and b's one queue; with fair share b's
+    goes second, ahead of a's older one. b's weight is read from its key row, as it is now."""
+    ApiKey.objects.create(name="b", prefix="b", secret_hash="-", weight=3)
+    row(1, "alpha", 0, 0, sent=2, decided=0, ran=10, swap=True, key="a")
+    for ticket_id, (arrived, key) in enumerate([(1, "a"), (2, "a"), (3, "b")], start=2):
+        sent = 10 + ticket_id * 2
+        row(ticket_id, "alpha", 0, arrived, sent=sent, decided=sent, ran=2, swap=False, key=key)
+    records = recorded_window(T, T + timedelta(hours=1)).records
+    assert [(r.key, r.weight) for r in records] == [("a", 1), ("a", 1), ("a", 1), ("b", 3)]
+    result = replay(config, "--set", "fairness=keys")
+    assert result["proposed"]["settings"]["fairness"] == "keys"
+    assert result["in_force"]["reorders"]["fair_share"] == 0
+    assert result["proposed"]["reorders"]["fair_share"] == 1  # b's went before a's third
 
 
 def test_a_sweep_has_one_run_per_value(config, recorded):
@@ -106,7 +124,9 @@ def test_the_text_report_puts_both_runs_side_by_side(config, recorded):
     ("agingDivisor=-5", "--set agingDivisor=-5: -5 is negative — use 0 to disable aging"),
     ("swapAffinityBonus=abc", "--set swapAffinityBonus=abc: 'abc' is not a number"),
     ("slots.nope=2", "--set slots.nope=2: 'nope' is not a configured model — use one of alpha, beta"),
-    ("aging=5", "--set aging=5: no setting 'aging' — use agingDivisor=N, swapAffinityBonus=N or slots.MODEL=N"),
+    ("aging=5", "--set aging=5: no setting 'aging' — use agingDivisor=N, swapAffinityBonus=N, slots.MODEL=N or "
+                "fairness=keys|off"),
+    ("fairness=on", "--set fairness=on: 'on' is not a fairness mode — use keys"),
     ("slots.alpha=1025", "--set slots.alpha=1025: alpha: 1025 is above the maximum of 1024"),
     (f"slots.alpha={2**70}", f"--set slots.alpha={2**70}: alpha: {2**70} is above the maximum of 1024"),
 ])

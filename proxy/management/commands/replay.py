@@ -22,7 +22,7 @@ from scheduling.operating.replay_report import (
     change_text, comparison_rows, fidelity_text, handling_lines, hardware_text, shown, typed_number, waits_text,
 )
 
-KEYS = "agingDivisor=N, swapAffinityBonus=N or slots.MODEL=N"
+KEYS = "agingDivisor=N, swapAffinityBonus=N, slots.MODEL=N or fairness=keys|off"
 
 
 class SettingError(ValueError):
@@ -36,11 +36,13 @@ def with_setting(base: SerialSettings, option: str, assignment: str, models) -> 
     if not sep or not key:
         raise SettingError(f"{option} {assignment!r}: expected KEY=VALUE with KEY one of {KEYS}")
     value = typed_number(text.strip())
-    aging, bonus, slots = base.aging_divisor, base.swap_affinity_bonus, dict(base.slots)
+    aging, bonus, slots, fairness = base.aging_divisor, base.swap_affinity_bonus, dict(base.slots), base.fairness
     if key == "agingDivisor":
         aging = value
     elif key == "swapAffinityBonus":
         bonus = value
+    elif key == "fairness":
+        fairness = value
     elif key.startswith("slots.") and key[len("slots."):]:
         model = key[len("slots."):]
         if model not in models:
@@ -49,22 +51,24 @@ def with_setting(base: SerialSettings, option: str, assignment: str, models) -> 
         slots[model] = value
     else:
         raise SettingError(f"{option} {assignment}: no setting {key!r} — use {KEYS}")
-    problems = serial_settings_problems(aging, bonus, slots)
+    problems = serial_settings_problems(aging, bonus, slots, fairness)
     if problems:
         raise SettingError(f"{option} {assignment}: {next(iter(problems.values()))}")
-    return SerialSettings(aging_divisor=aging, swap_affinity_bonus=bonus, slots=slots)
+    return SerialSettings(aging_divisor=aging, swap_affinity_bonus=bonus, slots=slots, fairness=fairness)
 
 
 def run_json(result: ReplayResult) -> dict:
     return {
         "settings": {"agingDivisor": result.settings.aging_divisor,
-                     "swapAffinityBonus": result.settings.swap_affinity_bonus, "slots": dict(result.settings.slots)},
+                     "swapAffinityBonus": result.settings.swap_affinity_bonus, "slots": dict(result.settings.slots),
+                     "fairness": result.settings.fairness},
         "waits": {band: dataclasses.asdict(w) for band, w in waits_by_band(result).items()},
         "swaps": result.swaps,
         "loading_gpu_s": result.loading_gpu_s,
         "evicted_for_memory": result.evicted_for_memory,
         "busy_share": result.busy_share,
-        "reorders": {"aging": result.reorders_aging, "affinity": result.reorders_affinity},
+        "reorders": {"aging": result.reorders_aging, "affinity": result.reorders_affinity,
+                     "fair_share": result.reorders_fairness},
         "handling": dataclasses.asdict(result.handling),
     }
 
