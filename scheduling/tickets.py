@@ -56,6 +56,7 @@ class TicketRequest:
     max_wait_s: float | None = None  # refused if not granted this long after it arrived (the caller's limit)
     selector: str = ""  # the selector (a virtual model ID) that picked `model`, if one did
     api_key: str = ""  # the API key row's name (never its secret); "" for a config file apiKey or none
+    key_weight: int = 1  # that key's fair-share weight
     asked_priority: int | None = None  # the priority header before the key's clamp (None: no header)
 
 

@@ -34,6 +34,7 @@ def ticket_request(scope: dict, headers: dict[str, str], *, model: str, requeste
         priority=key.applied_priority(asked),
         asked_priority=asked,
         api_key=key.name,
+        key_weight=key.weight,
         requested_model=requested,
         method=method,
         stream=stream,

@@ -22,6 +22,7 @@ class KeyScope:
     max_priority: int | None = None
     default_priority: int | None = None
     limits: QuotaLimits = UNLIMITED
+    weight: int = 1  # its share of turns among keys with fairness: keys (`scheduling.core.fairness`)
 
     def allows_model(self, model: str) -> bool:
         return not self.models or any(fnmatchcase(model, glob) for glob in self.models)

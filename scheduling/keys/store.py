@@ -47,7 +47,8 @@ class KeyRows:
 def scope_of(row: ApiKey) -> KeyScope:
     return KeyScope(name=row.name, models=row.model_globs(), operator=row.operator, read_only=row.read_only,
                     max_priority=row.max_priority, default_priority=row.default_priority,
-                    limits=QuotaLimits(row.rpm, row.tpm, row.concurrency))
+                    limits=QuotaLimits(row.rpm, row.tpm, row.concurrency),
+                    weight=max(1, row.weight))  # a 0 written with SQL counts as 1
 
 
 def make_key(row: ApiKey) -> str:

@@ -112,7 +112,8 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         record = ticket_id is None
         if record:
             ticket_id = self._ticket_id()
-        ticket = Ticket(id=ticket_id, model=request.model, priority=request.priority, arrival=arrival)
+        ticket = Ticket(id=ticket_id, model=request.model, priority=request.priority, arrival=arrival,
+                        key=request.api_key or None, weight=request.key_weight)
         waiter = _Waiter(self._loop.create_future(), ticket, request)
         self._waiting[ticket.id] = waiter
         if request.max_wait_s is not None:  # counted from arrival: a carried request's wait so far counts

@@ -49,7 +49,8 @@ class Command(BaseCommand):
                                ("tpm", "tokens per minute, from usage (over it: 429)"),
                                ("concurrency", "requests at once (more wait for one to end)")):
             create.add_argument(f"--{limit}", type=int, help=f"at most this many {meaning}; default: no limit")
-        create.add_argument("--weight", type=int, default=1, help="fair-share weight (stored, not enforced yet)")
+        create.add_argument("--weight", type=int, default=1, help="its share of turns among keys with fairness: keys "
+                                                                     "(2: twice the turns of a key of 1)")
         create.add_argument("--operator", action="store_true", help="may unload, cancel, switch profiles, take "
                                                                     "leases, read /logs and captures")
         create.add_argument("--read-only", action="store_true", help="reads only: no inference")
