@@ -42,6 +42,12 @@ def queued(served: Served, secret: str) -> int:
     return sum(entry["state"] == "waiting" for entry in response.json()["data"])
 
 
+def activity(served: Served, secret: str) -> list[dict]:
+    response = httpx.get(served.base + "/api/activity", headers=auth(secret), timeout=10)
+    assert response.status_code == 200, response.text
+    return response.json()["data"]
+
+
 def started_ids(served: Served, prefix: str) -> list[str]:
     return [e["id"] for e in read_events(served.events) if e.get("event") == "start" and e["id"].startswith(prefix)]
 
@@ -69,6 +75,10 @@ def test_four_of_key_a_then_two_of_key_b_run_in_turns_a_b_a_b_a_a(served):
     wait_until(lambda: chat(served, "chat", None).status_code == 401, 2.0, 0.05, "the keys to count")
     sent = [(a, f"even-a{n}") for n in range(4)] + [(b, f"even-b{n}") for n in range(2)]
     assert serve_in_turn(served, holder, sent) == ["even-a0", "even-b0", "even-a1", "even-b1", "even-a2", "even-a3"]
+    fair = wait_until(lambda: [entry for entry in activity(served, holder) if "fair_share" in entry["changed_pick"]],
+                      10, 0.05, "the fair picks' rows")
+    assert len(fair) == 2 and {entry["api_key"] for entry in fair} == {"b"}
+    assert all("fair share between API keys" in entry["explanation"] for entry in fair)
 
 
 def test_a_key_of_weight_two_gets_two_turns_to_one(served):
