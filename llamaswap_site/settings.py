@@ -13,11 +13,17 @@ LLAMASWAP_CONFIG_DIR a directory whose *.yaml files are merged after it (set by 
 REDIS_URL            optional redis://host:port/db: distributed mode (front ends + `llamaswap worker`),
                      with a PostgreSQL DATABASE_URL
 LLAMASWAP_CHANNEL_LAYER  "lists" (default: messages wait in Redis until read) or "pubsub" (fewer round trips)
+LLAMASWAP_LOGIN_FAILURE_LIMIT   wrong admin passwords in a row, per user name and address, before logins are
+                     refused (default 5)
+LLAMASWAP_LOGIN_COOLOFF_SECONDS how long they are refused after the last try (default 900)
+LLAMASWAP_TRUSTED_PROXIES       comma-separated addresses of reverse proxies whose X-Forwarded-For names the
+                     client (llamaswap_site/client_ip.py); default none: the TCP peer is the client
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 from llamaswap_site.environment import channel_layers_from_url, database_from_url, load_or_create_secret_key
@@ -49,6 +55,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "django_prometheus",
     "channels",
     "scheduling",
@@ -67,6 +74,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "llamaswap_site.urls"
@@ -108,6 +117,18 @@ LLAMASWAP_QUOTA_COUNTER = (
     "proxy.http.quota_counters.RedisQuotaCounter" if LLAMASWAP_QUOTA_REDIS_URL
     else "proxy.http.quota_counters.InProcessQuotaCounter"
 )
+
+# The admin's login is throttled (django-axes): after AXES_FAILURE_LIMIT wrong passwords in a row for one user
+# name from one address, that pair is refused (429, `scheduling.login_lockout`) until AXES_COOLOFF_TIME has passed
+# since its last try; a right password resets the count. The attempts are rows, so every front end sees them.
+# `llamaswap axes_reset` (or axes_reset_username NAME) lifts the locks.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = int(os.environ.get("LLAMASWAP_LOGIN_FAILURE_LIMIT", "") or 5)
+AXES_COOLOFF_TIME = timedelta(seconds=float(os.environ.get("LLAMASWAP_LOGIN_COOLOFF_SECONDS", "") or 900))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "llamaswap_site.client_ip.client_ip"
+AXES_LOCKOUT_CALLABLE = "scheduling.login_lockout.locked_out"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
