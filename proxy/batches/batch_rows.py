@@ -5,6 +5,7 @@ event loop). The runner's steps are conditional updates naming the runner, so a 
 from __future__ import annotations
 
 import json
+from itertools import islice
 from datetime import datetime, timedelta
 
 from django.db import transaction
@@ -118,20 +119,13 @@ def batch_state(batch_id: str) -> tuple[str, datetime, str, int, str, KeyScope]:
 
 def validate(batch_id: str, runner: str) -> None:
     """Read the input file into one row per line (again from the start if a previous run was cut short), then
-    `in_progress`; or `failed` naming the first line that does not fit the batch's endpoint."""
+    `in_progress`; or `failed` naming the first line that does not fit the batch's endpoint. The file is read
+    twice, checked then written CREATE_CHUNK rows at a time, so memory stays flat however many lines it has."""
     batch = Batch.objects.get(pk=batch_id)
-    errors, model, found = [], "", []
+    errors, model = [], ""
     try:
-        offset = 0
-        with open(storage.path_of(batch.input_file_id), "rb") as source:
-            for number, raw in enumerate(source, start=1):
-                line = parse_line(number, raw.rstrip(b"\r\n"))
-                if line.url != batch.endpoint:
-                    raise BadLine(number, f"url {line.url} is not the batch's endpoint {batch.endpoint}")
-                model = model or line.body["model"]
-                found.append(BatchRequest(batch_id=batch_id, line=number, custom_id=line.custom_id, offset=offset,
-                                          length=len(raw)))
-                offset += len(raw)
+        for _, line in _rows_of(batch):
+            model = model or line.body["model"]
     except FileNotFoundError:
         errors = [{"code": "invalid_file", "message": f"input file {batch.input_file_id} was deleted", "param":
                    "input_file_id", "line": None}]
@@ -146,9 +140,24 @@ def validate(batch_id: str, runner: str) -> None:
             Batch.objects.filter(pk=batch_id).update(status="failed", failed_at=now,
                                                      errors={"object": "list", "data": errors})
             return
-        for start in range(0, len(found), CREATE_CHUNK):
-            BatchRequest.objects.bulk_create(found[start:start + CREATE_CHUNK])
+        rows = (row for row, _ in _rows_of(batch))
+        while chunk := list(islice(rows, CREATE_CHUNK)):
+            BatchRequest.objects.bulk_create(chunk)
         Batch.objects.filter(pk=batch_id).update(status="in_progress", in_progress_at=now, model=model)
+
+
+def _rows_of(batch: Batch):
+    """Each line of the batch's input file as its row (not saved) and its request; BadLine at the first that
+    does not fit the batch's endpoint."""
+    offset = 0
+    with open(storage.path_of(batch.input_file_id), "rb") as source:
+        for number, raw in enumerate(source, start=1):
+            line = parse_line(number, raw.rstrip(b"\r\n"))
+            if line.url != batch.endpoint:
+                raise BadLine(number, f"url {line.url} is not the batch's endpoint {batch.endpoint}")
+            yield BatchRequest(batch_id=batch.id, line=number, custom_id=line.custom_id, offset=offset,
+                               length=len(raw)), line
+            offset += len(raw)
 
 
 def reclaim_lines(batch_id: str) -> int:
@@ -182,13 +191,16 @@ def record_result(pk: int, runner: str, succeeded: bool, result: dict) -> bool:
 
 def end_pending(batch_id: str, code: str, message: str) -> int:
     """Lines never sent (the batch expired or was cancelled) end failed with `code`; returns how many."""
-    pending = list(BatchRequest.objects.filter(batch_id=batch_id, state="pending").only("pk", "custom_id"))
-    now = timezone.now()
-    for row in pending:
-        row.state, row.ended_at = "failed", now
-        row.result = json.dumps(error_line(row.custom_id, code, message), ensure_ascii=False)
-    BatchRequest.objects.bulk_update(pending, ["state", "result", "ended_at"], batch_size=CREATE_CHUNK)
-    return len(pending)
+    ended = 0
+    while pending := list(BatchRequest.objects.filter(batch_id=batch_id, state="pending").order_by("line")
+                          .only("pk", "custom_id")[:CREATE_CHUNK]):  # a chunk at a time: memory stays flat
+        now = timezone.now()
+        for row in pending:
+            row.state, row.ended_at = "failed", now
+            row.result = json.dumps(error_line(row.custom_id, code, message), ensure_ascii=False)
+        BatchRequest.objects.bulk_update(pending, ["state", "result", "ended_at"])
+        ended += len(pending)
+    return ended
 
 
 def error_line(custom_id: str, code: str, message: str) -> dict:
