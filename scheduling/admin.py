@@ -540,20 +540,12 @@ def overview_view(request: HttpRequest) -> HttpResponse:
     """The operators' Overview: charts of the request history over a window (`scheduling.operating.overview`)."""
     if not request.user.has_perm("scheduling.view_queuedrequest"):
         raise PermissionDenied
-    context = {
-        **admin.site.each_context(request),
-        "title": "Overview",
-        "presets": list(overview.PRESETS),
-        "since": request.GET.get("since", ""),
-        "until": request.GET.get("until", ""),
-    }
-    try:
-        window = overview.Window.from_query(request.GET, timezone.now())
-    except overview.BadWindow as exc:
-        return TemplateResponse(request, "admin/scheduling/overview.html", {**context, "problem": str(exc)}, status=400)
+    window, chosen = overview.chosen_window(request.GET, timezone.now())
+    context = {**admin.site.each_context(request), "title": "Overview", **chosen}
+    if window is None:
+        return TemplateResponse(request, "admin/scheduling/overview.html", context, status=400)
     summary = overview.summarize(window)
-    context.update(window=window, step=window.step_text, totals=summary.totals,
-                   charts=overview.charts(summary))
+    context.update(totals=summary.totals, charts=overview.charts(summary))
     return TemplateResponse(request, "admin/scheduling/overview.html", context)
 
 

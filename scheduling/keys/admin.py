@@ -4,14 +4,20 @@ the last one would open the server."""
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
 
 from scheduling.keys.store import make_key
 from scheduling.models import ApiKey
+from scheduling.operating import key_usage, overview
 
 _SCOPE = ("allowed_models", "operator", "read_only", "max_priority", "default_priority", "expires_at")
 _QUOTAS = ("rpm", "tpm", "concurrency", "weight")
@@ -19,15 +25,15 @@ _QUOTAS = ("rpm", "tpm", "concurrency", "weight")
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "prefix_shown", "state", "kind", "models_shown", "max_priority", "default_priority",
+    list_display = ("name", "usage", "prefix_shown", "state", "kind", "models_shown", "max_priority", "default_priority",
                     "rpm", "tpm", "concurrency", "weight", "created_at", "last_used_at", "expires_at")
     list_filter = ("enabled", "operator", "read_only")
     search_fields = ("name", "prefix")
-    readonly_fields = ("prefix_shown", "created_at", "last_used_at")
+    readonly_fields = ("prefix_shown", "created_at", "last_used_at", "usage")
     actions = ("revoke",)
 
     def get_fieldsets(self, request: HttpRequest, obj: ApiKey | None = None):
-        head = ("name",) if obj is None else ("name", "prefix_shown", "enabled", "created_at", "last_used_at")
+        head = ("name",) if obj is None else ("name", "usage", "prefix_shown", "enabled", "created_at", "last_used_at")
         return [(None, {"fields": head}), ("Scope", {"fields": _SCOPE}),
                 ("Quotas and fair share", {"fields": _QUOTAS})]
 
@@ -37,6 +43,32 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
+
+    def get_urls(self):
+        usage = path("<int:object_id>/usage/", self.admin_site.admin_view(self.usage_view),
+                     name="scheduling_apikey_usage")
+        return [usage, *super().get_urls()]
+
+    @admin.display(description="usage")
+    def usage(self, obj: ApiKey) -> str:
+        return format_html('<a href="{}">requests, tokens, waits, errors</a>',
+                           reverse("admin:scheduling_apikey_usage", args=[obj.pk]))
+
+    def usage_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
+        """The key's requests, tokens, queue waits and error statuses over a window, charted like the Overview."""
+        if not (self.has_view_or_change_permission(request) and request.user.has_perm("scheduling.view_queuedrequest")):
+            raise PermissionDenied
+        key = get_object_or_404(ApiKey, pk=object_id)
+        window, chosen = overview.chosen_window(request.GET, timezone.now())
+        context = {**self.admin_site.each_context(request), "opts": self.opts, "title": f"Usage of {key.name}",
+                   "key": key, **chosen}
+        if window is None:
+            return TemplateResponse(request, "admin/scheduling/apikey/usage.html", context, status=400)
+        usage = key_usage.summarize(key.name, window)
+        history = reverse("admin:scheduling_queuedrequest_changelist")
+        context.update(totals=usage.totals, charts=key_usage.charts(usage),
+                       history_url=f"{history}?{urlencode({'api_key': key.name})}")
+        return TemplateResponse(request, "admin/scheduling/apikey/usage.html", context)
 
     @admin.display(description="prefix")
     def prefix_shown(self, obj: ApiKey) -> str:

@@ -126,6 +126,17 @@ class Window:
         return [min(self.step_ms, self.span_ms - k * self.step_ms) for k in range(len(self.starts))]
 
 
+def chosen_window(query, now: datetime) -> tuple[Window | None, dict]:
+    """A page of window charts' window (None when the query names none it can show) and the template's context
+    for the choice: the presets, what was typed, and the problem."""
+    context = {"presets": list(PRESETS), "since": query.get("since", ""), "until": query.get("until", "")}
+    try:
+        window = Window.from_query(query, now)
+    except BadWindow as exc:
+        return None, {**context, "problem": str(exc)}
+    return window, {**context, "window": window, "step": window.step_text}
+
+
 def _ms(moment: datetime) -> int:
     return round(moment.timestamp() * 1000)
 
@@ -201,8 +212,8 @@ def summarize(window: Window) -> Overview:
         window=window,
         depth={band: _time_average(depth0[band], depth_in[band], depth_out[band], step_ms, lengths)
                for band in BANDS},
-        wait_p50_s={band: [_percentile(h, 0.50) for h in histograms[band]] for band in BANDS},
-        wait_p95_s={band: [_percentile(h, 0.95) for h in histograms[band]] for band in BANDS},
+        wait_p50_s={band: [percentile(h, 0.50) for h in histograms[band]] for band in BANDS},
+        wait_p95_s={band: [percentile(h, 0.95) for h in histograms[band]] for band in BANDS},
         dispatches_per_h=[n * rate for n, rate in zip(dispatched_per_bucket, per_hour)],
         reorders_per_h={term: [n * rate for n, rate in zip(counts, per_hour)] for term, counts in reorders.items()},
         loads=dict(sorted(loads.items())),
@@ -251,7 +262,7 @@ def _grouped(window: Window) -> list[tuple]:
     )
     inner, params = rows.query.sql_with_params()
     # Integers only from here on (no user input): the step, the span and the bin edges.
-    numbers = {"step": window.step_ms, "span": window.span_ms, "bin": _wait_bin("(d - a)", 0, len(WAIT_EDGES_MS))}
+    numbers = {"step": window.step_ms, "span": window.span_ms, "bin": wait_bin("(d - a)", 0, len(WAIT_EDGES_MS))}
     parts = " UNION ALL ".join(part % numbers for part in _PARTS)
     # Used by every part, the CTE is read and converted once (SQLite 3.35+ and PostgreSQL 12+ materialize it).
     with connection.cursor() as cursor:
@@ -281,16 +292,16 @@ def _time_average(level: int, ins: list[tuple[int, int]], outs: list[tuple[int, 
     return averages
 
 
-def _wait_bin(wait: str, low: int, high: int) -> str:
+def wait_bin(wait: str, low: int, high: int) -> str:
     """SQL for the index of the first edge at or above the wait, a CASE that halves the edges at each level."""
     if high - low == 1:
         return str(low)
     middle = (low + high) // 2
-    return (f"CASE WHEN {wait} <= {WAIT_EDGES_MS[middle - 1]} THEN {_wait_bin(wait, low, middle)} "
-            f"ELSE {_wait_bin(wait, middle, high)} END")
+    return (f"CASE WHEN {wait} <= {WAIT_EDGES_MS[middle - 1]} THEN {wait_bin(wait, low, middle)} "
+            f"ELSE {wait_bin(wait, middle, high)} END")
 
 
-def _percentile(histogram: list[int], share: float) -> float | None:
+def percentile(histogram: list[int], share: float) -> float | None:
     """The upper edge, in seconds, of the bin holding the request ranked at `share`; None without requests."""
     total = sum(histogram)
     if not total:
@@ -306,12 +317,12 @@ def _percentile(histogram: list[int], share: float) -> float | None:
 def _band_total(band: str, arrived: int, histograms: list[list[int]]) -> dict:
     merged = [sum(column) for column in zip(*histograms)]
     return {"band": band, "arrived": arrived, "dispatched": sum(merged),
-            "p50_s": _percentile(merged, 0.50), "p95_s": _percentile(merged, 0.95)}
+            "p50_s": percentile(merged, 0.50), "p95_s": percentile(merged, 0.95)}
 
 
-def charts(overview: Overview) -> list[dict]:
-    """The page's charts: a title, what the numbers mean, and the SVG."""
-    window = overview.window
+def chart_maker(window: Window):
+    """`chart(title, about, series, unit, stacked_bars)`: one of the window's charts, its buckets labelled under the
+    axis (their starts) and in the tooltips (their spans), as the page's template draws it."""
     long = window.until - window.since > timedelta(days=1)
     tick = "%b %d" if window.step >= timedelta(days=1) else ("%b %d %H:%M" if long else "%H:%M")
     starts = [timezone.localtime(start) for start in window.starts]
@@ -323,6 +334,13 @@ def charts(overview: Overview) -> list[dict]:
     def chart(title: str, about: str, series: list[Series], unit: str = "", stacked_bars: bool = False) -> dict:
         drawn = Chart(title, labels, spans, series, unit, stacked_bars)
         return {"title": title, "about": about, "svg": render(drawn)}
+
+    return chart
+
+
+def charts(overview: Overview) -> list[dict]:
+    """The page's charts: a title, what the numbers mean, and the SVG."""
+    chart = chart_maker(overview.window)
 
     colours = dict(zip(BANDS, PALETTE))
     return [
