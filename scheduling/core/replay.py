@@ -387,6 +387,16 @@ def waits_by_band(result: ReplayResult) -> dict[str, Waits]:
     return {band: waits(values) for band, values in by_band.items()}
 
 
+def waits_by_key(result: ReplayResult, records: Iterable[Recorded]) -> dict[str, Waits]:
+    """Waits of the requests sent to their model, by the API key row they came with ("" for none)."""
+    key_of = {record.id: record.key or "" for record in records}
+    by_key: dict[str, list[float]] = {}
+    for request in result.requests.values():
+        if request.wait_s is not None:
+            by_key.setdefault(key_of.get(request.id, ""), []).append(request.wait_s)
+    return {key: waits(values) for key, values in sorted(by_key.items())}
+
+
 @dataclass(frozen=True)
 class Change:
     id: int

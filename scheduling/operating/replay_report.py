@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping
 
 from django.utils.safestring import SafeString
 
@@ -60,11 +61,18 @@ def fidelity_text(measured: Fidelity) -> str:
     return f"the settings in force against the recording, {measured.compared:,} requests sent in both: {order}; {error}"
 
 
-def comparison_rows(before: ReplayResult, after: ReplayResult, comparison: Comparison) -> list[tuple[str, str, str]]:
-    """(what, in force, proposed) rows: waits by band, swaps, GPU busy share, reorders by term."""
+def group_name(group: str) -> str:
+    """A band, or an API key's name (`--by key`): "" is the requests with no row key."""
+    return group or "(no row key)"
+
+
+def comparison_rows(before: ReplayResult, after: ReplayResult, comparison: Comparison,
+                    groups: Mapping[str, tuple[Waits, Waits]] | None = None) -> list[tuple[str, str, str]]:
+    """(what, in force, proposed) rows: waits by band (or by the `groups` given), swaps, GPU busy share, reorders
+    by term."""
     rows = [("settings", shown(before.settings), shown(after.settings))]
-    for band, (ahead, behind) in comparison.bands.items():
-        rows.append((f"{band} wait p50/p95/max s", waits_text(ahead), waits_text(behind)))
+    for group, (ahead, behind) in (comparison.bands if groups is None else groups).items():
+        rows.append((f"{group_name(group)} wait p50/p95/max s", waits_text(ahead), waits_text(behind)))
     return rows + [
         ("swaps (model loads)", str(before.swaps), str(after.swaps)),
         ("GPU-seconds loading models", f"{before.loading_gpu_s:.1f}", f"{after.loading_gpu_s:.1f}"),

@@ -105,6 +105,28 @@ def test_fair_share_is_replayed_with_the_keys_the_rows_recorded_and_their_weight
     assert result["proposed"]["reorders"]["fair_share"] == 1  # b's went before a's third
 
 
+def test_waits_are_grouped_by_the_key_the_requests_came_with(config):
+    row(1, "alpha", 0, 0, sent=2, decided=0, ran=10, swap=True, key="a")
+    row(2, "alpha", 0, 1, sent=12, decided=12, ran=2, swap=False, key="a")
+    row(3, "alpha", 0, 3, sent=14, decided=14, ran=2, swap=False, key="b")
+    row(4, "alpha", 0, 4, sent=16, decided=16, ran=2, swap=False)  # a config file key's, or an open server's
+    result = replay(config)
+    by_key = result["in_force"]["waits_by_key"]
+    assert list(by_key) == ["", "a", "b"] and [by_key[k]["count"] for k in by_key] == [1, 2, 1]
+    assert by_key["b"]["max"] == 11.0 and by_key["a"]["max"] == 11.0 and by_key[""]["max"] == 12.0
+
+    def text(*args):
+        out = io.StringIO()
+        call_command("replay", "--config", config, "--since", T.isoformat(), "--by", "key", *args, stdout=out)
+        return out.getvalue()
+
+    compared = text("--set", "agingDivisor=10")
+    assert "(no row key) wait p50/p95/max s" in compared and "a wait p50/p95/max s" in compared
+    assert "interactive wait" not in compared
+    swept = text("--sweep", "agingDivisor=10,60")
+    assert "(no row key) p50/p95/max s" in swept and "b p50/p95/max s" in swept and "batch p50" not in swept
+
+
 def test_a_sweep_has_one_run_per_value(config, recorded):
     result = replay(config, "--sweep", "swapAffinityBonus=0,5,50")
     assert [run["value"] for run in result["sweep"]["runs"]] == [0, 5, 50]

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -17,9 +18,10 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from scheduling.core import SerialSettings, serial_settings_problems
-from scheduling.core.replay import ReplayResult, compare, waits_by_band
+from scheduling.core.replay import Recorded, ReplayResult, compare, waits, waits_by_band, waits_by_key
 from scheduling.operating.replay_report import (
-    change_text, comparison_rows, fidelity_text, handling_lines, hardware_text, shown, typed_number, waits_text,
+    change_text, comparison_rows, fidelity_text, group_name, handling_lines, hardware_text, shown, typed_number,
+    waits_text,
 )
 
 KEYS = "agingDivisor=N, swapAffinityBonus=N, slots.MODEL=N or fairness=keys|off"
@@ -57,12 +59,14 @@ def with_setting(base: SerialSettings, option: str, assignment: str, models) -> 
     return SerialSettings(aging_divisor=aging, swap_affinity_bonus=bonus, slots=slots, fairness=fairness)
 
 
-def run_json(result: ReplayResult) -> dict:
+def run_json(result: ReplayResult, records: Iterable[Recorded] = ()) -> dict:
+    """A run's figures; with the window's `records`, its waits by API key too ("" for no row key)."""
     return {
         "settings": {"agingDivisor": result.settings.aging_divisor,
                      "swapAffinityBonus": result.settings.swap_affinity_bonus, "slots": dict(result.settings.slots),
                      "fairness": result.settings.fairness},
         "waits": {band: dataclasses.asdict(w) for band, w in waits_by_band(result).items()},
+        "waits_by_key": {key: dataclasses.asdict(w) for key, w in waits_by_key(result, records).items()},
         "swaps": result.swaps,
         "loading_gpu_s": result.loading_gpu_s,
         "evicted_for_memory": result.evicted_for_memory,
@@ -86,7 +90,9 @@ class Command(BaseCommand):
         parser.add_argument("--try-config", metavar="FILE",
                             help="replay the proposal with this config file instead (its hardware, models' memory, "
                             "groups or matrix, and settings), beside the one in force")
-        parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+        parser.add_argument("--by", choices=("band", "key"), default="band",
+                            help="show the waits by band (default) or by the API key the requests came with")
+        parser.add_argument("--json", action="store_true", help="print JSON for scripts (waits by band and by key)")
         parser.add_argument("--config", help="llama-swap config.yaml (default: LLAMASWAP_CONFIG)")
 
     def handle(self, *args, **options):
@@ -117,6 +123,7 @@ class Command(BaseCommand):
             self._fail(str(exc))
         # (path, config) of the run in force and of the proposal's
         self.configs = ((path, config), (options["try_config"] or path, proposing))
+        self.by_key = options["by"] == "key"
         if sweep is None:
             played = replays(since, until, [proposed], config, tried)
             self._print_comparison(played.window, played.fidelity, played.before, played.after[0], options["json"])
@@ -184,12 +191,17 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps({
                 "window": self._window_json(window),
                 "fidelity": dataclasses.asdict(measured),
-                "in_force": {"config": self.configs[0][0], **run_json(before)},
-                "proposed": {"config": self.configs[1][0], **run_json(after)},
+                "in_force": {"config": self.configs[0][0], **run_json(before, window.records)},
+                "proposed": {"config": self.configs[1][0], **run_json(after, window.records)},
                 "changed_most": [dataclasses.asdict(c) for c in comparison.changed_most],
             }, indent=2))
             return
-        rows = comparison_rows(before, after, comparison)
+        groups = None
+        if self.by_key:
+            ahead, behind = waits_by_key(before, window.records), waits_by_key(after, window.records)
+            empty = waits(())
+            groups = {key: (ahead.get(key, empty), behind.get(key, empty)) for key in sorted({*ahead, *behind})}
+        rows = comparison_rows(before, after, comparison, groups)
         (path, config), (tried_path, tried) = self.configs
         if tried is not config:
             rows[1:1] = [("config", path, tried_path), ("hardware", hardware_text(config.hardware),
@@ -210,8 +222,8 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps({
                 "window": self._window_json(window),
                 "fidelity": dataclasses.asdict(measured),
-                "in_force": {"config": self.configs[0][0], **run_json(before)},
-                "sweep": {"key": key, "config": self.configs[1][0], "runs": [{"value": typed_number(value), **run_json(r)} for value, r in runs]},
+                "in_force": {"config": self.configs[0][0], **run_json(before, window.records)},
+                "sweep": {"key": key, "config": self.configs[1][0], "runs": [{"value": typed_number(value), **run_json(r, window.records)} for value, r in runs]},
             }, indent=2))
             return
         lines = self._header(window, measured) + ["", f"In force: {shown(before.settings)}"]
@@ -219,13 +231,17 @@ class Command(BaseCommand):
         if tried is not config:
             lines.append(f"Swept with {tried_path} (hardware: {hardware_text(tried.hardware)})")
         lines.append("")
-        bands = list(waits_by_band(before))
-        head = [key, *(f"{band} p50/p95/max s" for band in bands), "swaps", "GPU-s loading", "GPU busy",
+        def grouped(result):
+            return waits_by_key(result, window.records) if self.by_key else waits_by_band(result)
+
+        groups = sorted({group for _, result in [("in force", before), *runs] for group in grouped(result)},
+                        key=list(waits_by_band(before)).index if not self.by_key else None)
+        head = [key, *(f"{group_name(group)} p50/p95/max s" for group in groups), "swaps", "GPU-s loading", "GPU busy",
                 "aging / affinity changed"]
         table = [head]
         for value, result in [("in force", before), *runs]:
-            by_band = waits_by_band(result)
-            table.append([value, *(waits_text(by_band[band]) for band in bands), str(result.swaps),
+            by_group = grouped(result)
+            table.append([value, *(waits_text(by_group.get(group, waits(()))) for group in groups), str(result.swaps),
                           f"{result.loading_gpu_s:.1f}", f"{result.busy_share:.1%}", f"{result.reorders_aging} / {result.reorders_affinity}"])
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
