@@ -16,7 +16,8 @@ scheduler, a WebSocket message through the passthrough, captures on against off,
 million rows); queue capacity; and distributed mode beside one process
 (grant and dispatch gap over Redis, added latency through a front end, throughput through one and
 two front ends; skipped, saying why, without PostgreSQL and Redis); and the latency API key quotas add per
-request, counted in the process and in Redis. The targets for llamaswap alone
+request, counted in the process and in Redis; and the Batch API (added cost per line against a client sending the
+same requests, the service's peak memory at 10 000 and 50 000 lines). The targets for llamaswap alone
 are judged on the first data-path run, with no third server on the machine.
 Prints one markdown report and, with `--write`, replaces the text between that file's results
 markers with it; the report says how long the run took (the first run also installs LiteLLM).
@@ -45,7 +46,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import (distributed, interactive, key_quotas, llama_swap_parity, load, peer, placement,  # noqa: E402
+from bench import (batches, distributed, interactive, key_quotas, llama_swap_parity, load, peer, placement,  # noqa: E402
                    prediction, prediction_core, proxy, replay, scheduler_core, slots, streaming, thrash, whatif)
 from bench.common import REPO, Stats, added, direct_base, load_average, machine, stats, versions  # noqa: E402
 
@@ -521,6 +522,19 @@ def quotas_part(report: Report, quick: bool) -> None:
     report.section("API key quotas: the gate's added latency per request", *blocks)
 
 
+def batches_part(report: Report, quick: bool) -> None:
+    """A batch's added cost per line against a client sending the same requests, and memory at two file sizes."""
+    result = batches.measure_per_line(2_000 if quick else 10_000)
+    report.judge(f"Batch API, {result.lines:,} tiny lines, one slot, against a client sending them one at a time",
+                 "added per line (wall time difference ÷ lines)", f"≤ {batches.TARGET_ADDED_MS:g} ms",
+                 f"{result.added_ms:.2f} ms", result.added_ms <= batches.TARGET_ADDED_MS)
+    peaks = {lines: batches.peak_rss_for(lines) for lines in (10_000, 50_000)}
+    report.figure("Batch API: service peak RSS through a 10 000- and a 50 000-line batch (read, cancelled, written)",
+                  ", ".join(f"{peak:.0f} MiB" for peak in peaks.values()))
+    report.section("Batch API: cost per line and memory",
+                   batches.per_line_table(result), batches.memory_table(peaks))
+
+
 # -- the report --------------------------------------------------------------------------------
 
 # Each summary row ends with its part's mark, a cell past the table's last column (which markdown drops), and
@@ -660,6 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         "queue capacity": lambda: capacity_part(report, sizes),
         "distributed mode": lambda: distributed_part(report, sizes),
         "key quotas": lambda: quotas_part(report, args.quick),
+        "batches": lambda: batches_part(report, args.quick),
     }
     chosen = {hyphenated(name): name for name in parts}
     if args.only and (unknown := [name for name in args.only if name not in chosen]):

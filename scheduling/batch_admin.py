@@ -14,6 +14,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from scheduling.door import frontdoor
+from scheduling.door.queue_entries import seconds_in_words
 from scheduling.models import Batch, BatchRequest
 from scheduling.operating.batch_progress import counted, of_row, time_left_question
 from scheduling.rows.batch_status import cancel
@@ -69,7 +70,7 @@ class BatchAdmin(ReadOnly):
             seconds = door.ask_now(question)
         except (TimeoutError, RuntimeError):
             return "unknown: the scheduler did not answer"
-        return "unknown: no job of its model finished yet" if seconds is None else _duration(seconds)
+        return "unknown: no job of its model finished yet" if seconds is None else seconds_in_words(seconds)
 
     @admin.display(description="lines")
     def lines(self, obj: Batch):
@@ -135,10 +136,3 @@ class BatchRequestAdmin(ReadOnly):
         code = body.get("error", {}).get("code") if isinstance(body, dict) and isinstance(body.get("error"), dict) else None
         return f"{response.get('status_code')} {code}" if code else str(response.get("status_code"))
 
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f} min {seconds % 60:.0f} s"
-    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:.0f} min"

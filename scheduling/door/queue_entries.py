@@ -103,21 +103,21 @@ def describe(outlook: Outlook, model: str, jobs: list[tuple[str, str, float]] = 
         place = f"#{outlook.position} in the queue, {ahead} ahead" if ahead else "next in the queue"
     if outlook.eta_s is None:
         behind = sorted(jobs, key=lambda job: (job[0] != model, -job[2]))
-        running = f"; behind a {behind[0][1]} job on {behind[0][0]}, running for {_seconds(behind[0][2])}" if behind else ""
+        running = f"; behind a {behind[0][1]} job on {behind[0][0]}, running for {seconds_in_words(behind[0][2])}" if behind else ""
         return f"{place}{running}; no prediction: {outlook.unknown}"
     if outlook.position is None:
-        return f"{place}, ~{_seconds(outlook.eta_s)} left"
+        return f"{place}, ~{seconds_in_words(outlook.eta_s)} left"
     parts = []
     if outlook.after is not None:
         parts.append(_blocker(outlook.after))
     if outlook.load_s:
-        parts.append(f"loading {model} takes ~{_seconds(outlook.load_s)}")
+        parts.append(f"loading {model} takes ~{seconds_in_words(outlook.load_s)}")
     reason = f": {', then '.join(parts)}" if parts else ""
-    return f"{place}; ~{_seconds(outlook.eta_s)}{reason}"
+    return f"{place}; ~{seconds_in_words(outlook.eta_s)}{reason}"
 
 
 def _blocker(blocker: Blocker) -> str:
-    when = f"~{_seconds(blocker.in_s)}"
+    when = f"~{seconds_in_words(blocker.in_s)}"
     if blocker.kind == "job":
         if blocker.expected:
             return f"{blocker.band} requests expected meanwhile run until {when}"
@@ -127,7 +127,8 @@ def _blocker(blocker: Blocker) -> str:
     return f"{blocker.model} stops in {when}"
 
 
-def _seconds(seconds: float) -> str:
+def seconds_in_words(seconds: float) -> str:
+    """A wait as people say it: whole seconds under a minute, minutes under an hour, then hours."""
     if seconds < 60:
         return f"{max(1, round(seconds))} s"
     if seconds < 3600:
