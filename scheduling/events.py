@@ -40,6 +40,8 @@ class Finished:
     seconds: float
     ttfb_s: float | None
     usage: dict[str, Any] = field(default_factory=dict)
+    key: str = ""  # the API key row's name ("" for a config file apiKey or none)
+    queue_wait_s: float | None = None  # from arrival to dispatch (None: relayed to a peer, never queued)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Unserved:
     route: str
     status: int
     cancelled: bool = False
+    key: str = ""  # the API key row's name ("" for a config file apiKey or none)
 
 
 @dataclass(frozen=True)

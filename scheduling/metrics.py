@@ -7,7 +7,9 @@ immutable snapshots and plain attributes; they never touch the event loop.
 Counters and histograms are fed by the runtime's observer (`record_event`) on the
 event-loop thread; prometheus_client makes those updates thread-safe.
 
-Labels stay bounded: band, a fixed route list, configured model IDs, status codes.
+Labels stay bounded: band, a fixed route list, configured model IDs, status codes, and API keys: a key
+row's name (the operator's table), "config" (a config file apiKey) or "none" (an open server), at most
+MAX_KEY_LABELS names per process, the rest as "other".
 
 In distributed mode each series has one exporter, so summing it over every scrape target counts
 each thing once: the worker exports the scheduler's series (queue, dispatches, models, slots) on
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -106,6 +108,44 @@ BATCH_LINES_ENDED = Counter(
     "the batch was cancelled or expired).",
     ["outcome"],
 )
+KEY_REQUESTS = Counter(
+    "llamaswap_key_requests_total",
+    "Model requests that reached the scheduler, by the API key that sent them and how they ended.",
+    ["key", "status"],
+)
+KEY_TOKENS = Counter(
+    "llamaswap_key_tokens_total",
+    "Tokens reported by the model server's usage, by the API key that sent the request and direction.",
+    ["key", "direction"],
+)
+KEY_QUEUE_WAIT = Histogram(
+    "llamaswap_key_queue_wait_seconds",
+    "Time dispatched requests spent queued, by the API key that sent them (observed when they end).",
+    ["key"],
+    buckets=QUEUE_WAIT_BUCKETS,
+)
+MAX_KEY_LABELS = 1000
+
+
+@dataclass
+class KeyLabels:
+    """The `key` label of a request's key row name: "" is "config" when the config file has apiKeys (then
+    every request without a row key showed one), else "none"; past `limit` names, "other"."""
+
+    config_keys: bool = False
+    limit: int = MAX_KEY_LABELS
+    seen: set[str] = field(default_factory=set)
+
+    def of(self, name: str) -> str:
+        if not name:
+            return "config" if self.config_keys else "none"
+        if name not in self.seen and len(self.seen) >= self.limit:
+            return "other"
+        self.seen.add(name)
+        return name
+
+
+KEY_LABELS = KeyLabels()
 
 
 def _create_band_series() -> None:
@@ -331,6 +371,7 @@ def export_service(runtime: SnapshotSource, fleet: ModelStates, config) -> None:
 def export_front_end(config) -> None:
     """Create the per-model series of the requests this process serves at zero (see `export_service`),
     a peer's models (`<peer>/<model>`) included."""
+    KEY_LABELS.config_keys = bool(config.api_keys)
     peer_models = [peer.qualified(model) for peer in config.peers.values() for model in peer.models]
     for model in [*config.models, *peer_models]:
         REQUEST_DURATION.labels(model)
@@ -362,7 +403,8 @@ SCHEDULER_SERIES = (
     DISPATCHED, REORDERS, QUEUE_WAIT, MODEL_LOADS, MODEL_LOAD_SECONDS, EVICTIONS, EXPORT.scheduler,
     EXPORT.model_states, EXPORT.model_slots, EXPORT.placement,
 )
-REQUEST_SERIES = (REQUESTS, REQUEST_DURATION, FIRST_BYTE, TOKENS, BATCH_LINES_ENDED)
+REQUEST_SERIES = (REQUESTS, REQUEST_DURATION, FIRST_BYTE, TOKENS, BATCH_LINES_ENDED, KEY_REQUESTS, KEY_TOKENS,
+                  KEY_QUEUE_WAIT)
 # A front end's /metrics: no queue or model series, which only the worker knows.
 FRONT_END = _registry_without(*SCHEDULER_SERIES)
 # A worker's metrics port (proxy.api.worker_metrics): no request series; each front end counts those it served.
@@ -397,20 +439,26 @@ def _dispatched(event: Dispatched) -> None:
 
 
 def _finished(event: Finished) -> None:
-    model = event.model
-    REQUESTS.labels(model, event.route, status_label(event.status, event.state)).inc()
+    model, key = event.model, KEY_LABELS.of(event.key)
+    status = status_label(event.status, event.state)
+    REQUESTS.labels(model, event.route, status).inc()
+    KEY_REQUESTS.labels(key, status).inc()
     REQUEST_DURATION.labels(model).observe(event.seconds)
     if event.ttfb_s is not None:
         FIRST_BYTE.labels(model).observe(event.ttfb_s)
+    if event.queue_wait_s is not None:
+        KEY_QUEUE_WAIT.labels(key).observe(event.queue_wait_s)
     for direction in TOKEN_DIRECTIONS:
         count = event.usage.get(f"{direction}_tokens")
         if isinstance(count, int) and count > 0:
             TOKENS.labels(model, direction).inc(count)
+            KEY_TOKENS.labels(key, direction).inc(count)
 
 
 def _unserved(event: Unserved) -> None:
     """Answered by the scheduler with an error (429, failed start, shutdown) or cancelled while queued."""
     REQUESTS.labels(event.model or UNKNOWN, event.route, str(event.status)).inc()
+    KEY_REQUESTS.labels(KEY_LABELS.of(event.key), str(event.status)).inc()
 
 
 def _evicted(event: Evicted) -> None:

@@ -85,6 +85,7 @@ class _Held:
     route: str
     granted_at: float  # on this front end's event loop clock, as the relay's first byte
     worker: str  # the channel of the worker that granted it
+    api_key: str = ""  # the API key row's name, for its per-key series
 
     def finished(self, outcome: Outcome, now: float) -> events.Finished:
         first_byte = outcome.first_byte_monotonic
@@ -92,6 +93,7 @@ class _Held:
             model=self.lease.model, route=self.route, band=self.lease.decision.band, state=outcome.state,
             status=outcome.status_code, seconds=now - self.granted_at,
             ttfb_s=None if first_byte is None else first_byte - self.granted_at, usage=outcome.usage or {},
+            key=self.api_key, queue_wait_s=self.lease.decision.queue_wait_s,
         )
 
 
@@ -136,12 +138,12 @@ class ChannelLayerFrontDoor:
             reply = await self._through_redis(self._reply_channel, deadline)
         except Refused as exc:
             await self._refused_here(request, "", arrived_at, exc)
-            self._observer(events.Unserved(request.model, request.route, 503))
+            self._observer(events.Unserved(request.model, request.route, 503, key=request.api_key))
             raise
         key = f"{reply}#{next(self._keys)}"
         worker = self.workers.channel_for(request.model) or await self.workers.wait_for(request.model, ROUTE_WAIT_S)
         if worker is None:
-            self._observer(events.Unserved(request.model, request.route, 503))
+            self._observer(events.Unserved(request.model, request.route, 503, key=request.api_key))
             raise Refused(
                 503, "no_worker", f"no scheduler worker serves model {request.model!r}: start `llamaswap worker` with a "
                 "config that has it, on the machine that runs it", 5,
@@ -161,19 +163,20 @@ class ChannelLayerFrontDoor:
                 queued(key)
             answer: Granted = await granted
         except Refused as exc:
-            self._observer(events.Unserved(request.model, request.route, exc.status))
+            self._observer(events.Unserved(request.model, request.route, exc.status, key=request.api_key))
             raise
         except asyncio.CancelledError:
             if self._waiting.pop(key, None) is not None:
                 self._send_later(Cancel(key), worker)
             elif granted.done() and not granted.cancelled() and granted.exception() is None:  # granted as the client left
                 self._send_later(Release(key, LEFT_BEFORE_GRANT), granted.result().worker)
-            self._observer(events.Unserved(request.model, request.route, 499, cancelled=True))
+            self._observer(events.Unserved(request.model, request.route, 499, cancelled=True, key=request.api_key))
             raise
         finally:
             del self._submitted[key]
         lease = Lease(answer.ticket_id, request.model, answer.upstream, answer.decision)
-        self._leases[answer.ticket_id] = _Held(key, lease, request.route, self._loop.time(), answer.worker)
+        self._leases[answer.ticket_id] = _Held(key, lease, request.route, self._loop.time(), answer.worker,
+                                               request.api_key)
         return lease
 
     async def _refused_here(self, request: TicketRequest, key: str, arrived_at: float, refusal: Refused) -> None:
@@ -236,6 +239,7 @@ class ChannelLayerFrontDoor:
         self._observer(events.Finished(
             model=request.model, route=request.route, band=band_of(request.priority), state=outcome.state,
             status=outcome.status_code, seconds=seconds, ttfb_s=first_byte_s, usage=outcome.usage or {},
+            key=request.api_key,
         ))
 
     async def ask(self, question: Question) -> Any:

@@ -162,7 +162,8 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             waiter.future.set_exception(Refused(499, "cancelled", reason))
             waiter.future.exception()  # mark retrieved: the caller may already be gone
         self.recorder.update(ticket_id, state=RequestState.CANCELLED, error=reason, finished_at=self._wall(self.now()))
-        self._observe(waiter.request, Unserved(waiter.ticket.model, waiter.request.route, 499, cancelled=True))
+        self._observe(waiter.request, Unserved(waiter.ticket.model, waiter.request.route, 499, cancelled=True,
+                                               key=waiter.request.api_key))
 
     def _where(self, ticket_id: int) -> str:
         """Where a request not yet granted waits, in words: queued, or its model starting for it."""
@@ -197,7 +198,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             finished_at=self._wall(self.now()),
         )
         self._observe(waiter.request, Unserved(waiter.ticket.model, waiter.request.route, reason.status,
-                                               cancelled=state == RequestState.CANCELLED))
+                                               cancelled=state == RequestState.CANCELLED, key=waiter.request.api_key))
         now = self.now()
         self._run(lambda: self.scheduler.cancel(ticket_id, now))
 
@@ -235,6 +236,8 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
                 seconds=now - granted_at,
                 ttfb_s=None if outcome.first_byte_monotonic is None else outcome.first_byte_monotonic - granted_at,
                 usage=outcome.usage or {},
+                key=request.api_key,
+                queue_wait_s=decision.queue_wait_s,
             )
         )
         return True
@@ -314,7 +317,8 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             waiter.future.set_exception(Refused(effect.status, effect.code, effect.message, retry_after))
         self._observe(
             waiter and waiter.request,
-            Unserved(waiter.ticket.model if waiter else "", waiter.request.route if waiter else "other", effect.status),
+            Unserved(waiter.ticket.model if waiter else "", waiter.request.route if waiter else "other", effect.status,
+                     key=waiter.request.api_key if waiter else ""),
         )
 
     def _observe(self, request: TicketRequest | None, event: RuntimeEvent) -> None:

@@ -46,5 +46,6 @@ class RelayedRows:
             Finished(
                 model=request.model, route=request.route, band=band_of(request.priority), state=outcome.state,
                 status=outcome.status_code, seconds=seconds, ttfb_s=first_byte_s, usage=outcome.usage or {},
+                key=request.api_key,
             )
         )
