@@ -3,8 +3,9 @@ rpm/tpm check and count, taking and giving back a place at once, counting the to
 limits, against a key with none, alternating in one loop, counted in this process and in Redis.
 
 Each round is one request of the key: admitted, holding its place, ending with 30 tokens. The limits are too high
-to refuse anything, so every round pays the full check; the windows fill as the rounds go (a tpm check reads each
-entry of its key's last 60 s), and the report names the most entries a check read. Run from the repository root:
+to refuse anything, so every round pays the full check; the windows fill as the rounds go (a check under the
+limits reads their counts and running total, not their entries), and the report names how many they held. Run
+from the repository root:
 `python bench/key_quotas.py [--rounds N]` (the Redis rows need the Redis server the tests use,
 `LLAMASWAP_TEST_REDIS`).
 """
@@ -98,7 +99,7 @@ def measure(rounds: int) -> tuple[list[Result], str | None]:
 
 
 HEADER = ("| counter | rounds | added p50 | added p95 | added p99 | a request without limits, p50 | "
-          "entries a tpm check read, at most |\n|---|---|---|---|---|---|---|")
+          "entries in the key's windows at the end |\n|---|---|---|---|---|---|---|")
 
 
 def row(result: Result) -> str:
