@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from .placement import Demand, Hardware, MemoryNeed, Resident, Room, assign, eviction_cost, free_memory, make_room
+from .placement import (
+    Demand, Hardware, MemoryNeed, Resident, Room, assign, eviction_cost, fits_at_all, free_memory, make_room,
+)
 from .ticket import ModelSpec
 
 UNKNOWN_LOAD_S = 30.0
@@ -90,6 +92,25 @@ class MemoryBook:
 
     def declared(self, model: str) -> MemoryNeed:
         return self._specs[model].memory or MemoryNeed(0, 0)
+
+    def never_fits(self, model: str) -> str | None:
+        """Why `model` could not start even with nothing else loaded (its measured use is more than the hardware
+        holds, or a reload's hardware no longer holds its declaration), or None: no wait would help."""
+        need = self.need(model)
+        if fits_at_all(self.hardware, need):
+            return None
+        declared = self.declared(model).mib
+        why = (f"measured with nvidia-smi (it declared {declared} MiB)" if need.mib > declared
+               else "as it declared (memory:)")
+        if need.gpus == 0:
+            return (f"model {model!r} needs {need.mib} MiB of the CPU's memory, {why}, more than hardware.cpu.memory "
+                    f"({self.hardware.cpu_mib} MiB), so it can never start here")
+        largest = max(self.hardware.gpus, key=self.hardware.gpus.__getitem__)
+        on = "on a GPU" if need.gpus == 1 else f"on each of {need.gpus} GPUs"
+        return (f"model {model!r} needs {need.mib} MiB {on}, {why}, more than the hardware holds (the largest GPU, "
+                f"{largest}, has {self.hardware.gpus[largest]} MiB), so it can never start here — raise the GPUs' "
+                "memory under hardware.gpus if it is understated, or make the model use less (its context size), "
+                "then reload")
 
     # -- what happens -------------------------------------------------------------------------
 

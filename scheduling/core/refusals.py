@@ -24,6 +24,10 @@ def start_failed(ticket_id: int, model: str, reason: str) -> Refuse:
     return Refuse(ticket_id, 503, "model_start_failed", f"model {model!r} failed to start: {reason}")
 
 
+def never_fits(ticket_id: int, why: str) -> Refuse:
+    return Refuse(ticket_id, 503, "model_too_large", why)
+
+
 def unloaded(ticket_id: int, model: str) -> Refuse:
     return Refuse(
         ticket_id, 503, "model_unloaded", f"model {model!r} was unloaded while this request waited for it; retry"

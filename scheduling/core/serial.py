@@ -294,7 +294,7 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
         """Give free slots to the best requests that can use them, until none can."""
         if self._shut_down:
             return []
-        effects: list[Effect] = []
+        effects = self._refuse_never_fitting(now)
         while self._dispatch_walk(now, effects):
             pass
         return effects
@@ -415,7 +415,7 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
     def _start_launches(self, now: float) -> list[Effect]:
         """Send each pending StartModel once no model it depends on is still stopping or busy,
         and no model removed by a reload is still up."""
-        effects: list[Effect] = []
+        effects = self._refuse_never_fitting(now)
         for launch in self._launches.values():
             if launch.started:
                 continue

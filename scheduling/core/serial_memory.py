@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from . import refusals
 from .effects import Effect
 from .placement import Resident, Room, assign
 
@@ -47,3 +48,27 @@ class SerialMemory:
         """What `model`'s processes use on each GPU now (MiB by GPU id); a warning to log when it is more
         than the model declared, which its next placement then counts (see `MemoryBook.measured`)."""
         return None if self.memory is None else self.memory.measured(model, use)
+
+    def _refuse_never_fitting(self, now: float) -> list[Effect]:
+        """Refuse every request waiting for a model memory can never hold (its measured use grew past the hardware,
+        or a reload shrank the hardware): at once, rather than left starting forever in front of other models'."""
+        if self.memory is None:
+            return []
+        effects: list[Effect] = []
+        for model in self._fleet.ids():
+            launch = self._launches.get(model)
+            unstarted = launch is not None and not launch.started
+            if not (unstarted or self._fleet.waiting(model)) or model in self._fleet.ready_for_work():
+                continue
+            why = self.memory.never_fits(model)
+            if why is None:
+                continue
+            if unstarted:
+                del self._launches[model]
+                if launch.ticket is not None:
+                    effects.append(refusals.never_fits(launch.ticket.id, why))
+                    self._orphan(launch)
+            for ticket in self._queue.tickets_for(model):
+                self._dequeue(ticket.id, now)
+                effects.append(refusals.never_fits(ticket.id, why))
+        return effects

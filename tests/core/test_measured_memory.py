@@ -3,7 +3,9 @@ declared counts its measured figure from then on, its next start included; a new
 
 from hypothesis import given, strategies as st
 
-from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, StartModel, SwapGroup, SwapPolicy, Ticket
+from scheduling.core import (
+    ModelSpec, Refuse, SerialScheduler, SerialSettings, StartModel, StopModel, SwapGroup, SwapPolicy, Ticket,
+)
 from scheduling.core.memory_book import MemoryBook
 from scheduling.core.placement import Hardware, MemoryNeed
 
@@ -101,3 +103,40 @@ def test_what_placement_counts_is_never_below_the_declaration_nor_any_use_measur
     assert [w is not None for w in warnings] == told
     book.gone("m")
     assert book.need("m").mib == highest  # the next start counts it too
+
+
+def test_a_model_measured_above_every_gpu_is_refused_at_once_once_stopped_and_never_blocks_another():
+    s = scheduler()
+    run(s, 1, "small", 0.0)
+    assert [type(e).__name__ for e in s.submit(Ticket(2, "small", 0, 10.0), 10.0)] == ["Grant"]
+    assert s.submit(Ticket(3, "small", 0, 11.0), 11.0) == []  # waits for small's one slot
+    s.memory_measured("small", {"0": 5_000})  # more than the 4 GiB GPU: it runs, but can never start again
+    why = ("model 'small' needs 5000 MiB on a GPU, measured with nvidia-smi (it declared 1024 MiB), more than the "
+           "hardware holds (the largest GPU, 0, has 4096 MiB), so it can never start here — raise the GPUs' memory "
+           "under hardware.gpus if it is understated, or make the model use less (its context size), then reload")
+    assert s.memory.never_fits("small") == why
+    assert s.finished(2, 12.0)[0].ticket_id == 3  # loaded, it still serves
+    assert s.unload(["small"], 13.0) == [StopModel("small", "unload")]  # with #3 running on it
+    assert s.submit(Ticket(4, "small", 0, 14.0), 14.0) == [Refuse(4, 503, "model_too_large", why)]
+    s.finished(3, 15.0)
+    s.model_stopped("small", 16.0)
+    assert s.submit(Ticket(5, "small", 0, 17.0), 17.0) == [Refuse(5, 503, "model_too_large", why)]
+    effects = s.submit(Ticket(6, "other", 0, 18.0), 18.0)
+    assert [(e.model, e.gpus) for e in effects if isinstance(e, StartModel)] == [("other", ("0",))]
+    assert s.room_for("small") is None
+
+
+def test_a_start_waiting_when_a_reload_leaves_too_little_memory_for_its_measured_use_is_refused():
+    s = scheduler()
+    run(s, 1, "small", 0.0)
+    s.memory_measured("small", {"0": 3_000})
+    s.unload(["small"], 3.0)
+    s.model_stopped("small", 4.0)
+    assert s.submit(Ticket(2, "other", 0, 5.0), 5.0)[0] == StartModel("other", (), ("0",))
+    s.model_ready("other", 6.0)  # #2 runs on other
+    effects = s.submit(Ticket(3, "small", 0, 7.0), 7.0)  # 3000 + 2048 > 4096: it waits for other's request
+    assert not any(isinstance(e, (StartModel, Refuse)) for e in effects)
+    smaller = Hardware({"0": 2_560})  # other's 2 GiB fits; small's measured 3000 MiB never does
+    effects = s.reconfigure(SPECS, SwapPolicy([SwapGroup("all", tuple(SPECS), swap=False, exclusive=False)], SPECS),
+                            [], 8.0, smaller)
+    assert [(e.ticket_id, e.status, e.code) for e in effects if isinstance(e, Refuse)] == [(3, 503, "model_too_large")]
