@@ -104,3 +104,20 @@ def test_in_distributed_mode_the_worker_measures_and_a_front_end_shows_it(tmp_pa
             metrics = httpx.get(worker.metrics_url, timeout=10).text
             assert 'llamaswap_gpu_memory_measured_bytes{gpu="0"}' in metrics
             assert "model small uses 3072 MiB of GPU memory" in worker.log()
+
+
+def test_a_model_measured_above_every_gpu_is_refused_at_once_after_it_stops_and_others_still_run(tmp_path):
+    events = tmp_path / "events.jsonl"
+    text = config(events).replace('"--gpu-memory", "3072"', "").replace("3072", "5000")
+    text = config(events).replace("--gpu-memory 3072", "--gpu-memory 5000")
+    with Served(tmp_path, text, env=with_fake_nvidia_smi(tmp_path)) as served:
+        assert ask(served, "small").status_code == 200  # by its declaration it fits
+        wait_until(lambda: measured(served.base, "small") == 5000, 10, 0.1, "small's use to be measured")
+        assert httpx.post(served.base + "/api/models/unload/small", timeout=30).status_code == 200
+        refused = ask(served, "small")
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert "'small' needs 5000 MiB on a GPU, measured with nvidia-smi (it declared 1024 MiB)" in message
+        assert "the largest GPU, 0, has 4096 MiB" in message
+        assert ask(served, "other").status_code == 200  # nothing waits in its way
+        assert "Traceback" not in served.log()
