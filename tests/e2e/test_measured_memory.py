@@ -108,7 +108,6 @@ def test_in_distributed_mode_the_worker_measures_and_a_front_end_shows_it(tmp_pa
 
 def test_a_model_measured_above_every_gpu_is_refused_at_once_after_it_stops_and_others_still_run(tmp_path):
     events = tmp_path / "events.jsonl"
-    text = config(events).replace('"--gpu-memory", "3072"', "").replace("3072", "5000")
     text = config(events).replace("--gpu-memory 3072", "--gpu-memory 5000")
     with Served(tmp_path, text, env=with_fake_nvidia_smi(tmp_path)) as served:
         assert ask(served, "small").status_code == 200  # by its declaration it fits
