@@ -36,7 +36,7 @@ class SerialReload:
             self.memory = None
         else:
             self.memory = self.memory or MemoryBook(hardware, models)
-            self.memory.reconfigure(models, hardware, self._holding())
+            self.memory.reconfigure(models, hardware, self._fleet.not_stopped())  # a crashed one holds none
             restart = {*restart, *self.memory.on_retiring()}
         replaced = sorted(set(removed) | (set(restart) & models.keys()))
         effects: list[Effect] = []
