@@ -119,4 +119,6 @@ def test_a_model_measured_above_every_gpu_is_refused_at_once_after_it_stops_and_
         assert "'small' needs 5000 MiB on a GPU, measured with nvidia-smi (it declared 1024 MiB)" in message
         assert "the largest GPU, 0, has 4096 MiB" in message
         assert ask(served, "other").status_code == 200  # nothing waits in its way
+        asked = httpx.get(served.base + "/api/placement/can-load/small", timeout=10).json()
+        assert (asked["fits_now"], asked["loaded"], asked["never_fits"]) == (False, False, message)
         assert "Traceback" not in served.log()

@@ -70,8 +70,10 @@ def test_two_models_run_at_once_on_their_own_gpus_and_a_third_stops_the_one_chea
         placed = shown["boxes"][0]["models"]
         assert placed["a"]["load_s"] > placed["b"]["load_s"] and placed["a"]["eviction_cost"] > placed["b"]["eviction_cost"]
         asked = httpx.get(served.base + "/api/placement/can-load/c", timeout=10).json()
-        assert asked == {"model": "c", "fits_now": False, "would_evict": ["b"], "blocked_by": [], "gpus": ["1"],
-                         "placed_by_memory": True}
+        assert asked == {"model": "c", "fits_now": False, "loaded": False, "would_evict": ["b"], "blocked_by": [],
+                         "gpus": ["1"], "placed_by_memory": True, "never_fits": None}
+        asked = httpx.get(served.base + "/api/placement/can-load/a", timeout=10).json()
+        assert (asked["loaded"], asked["fits_now"], asked["gpus"], asked["would_evict"]) == (True, True, ["0"], [])
         assert loaded(served) == {"a", "b"}  # asking changed nothing
         assert httpx.get(served.base + "/api/placement/can-load/nope", timeout=10).status_code == 404
         assert ask(served, "c").status_code == 200  # a takes over a second to load, b a fraction: b goes
