@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from . import refusals
 from .effects import Effect
+from .fleet import ModelState
 from .placement import Resident, Room, assign
 
 
@@ -43,6 +44,19 @@ class SerialMemory:
         verb = "is" if len(pins) == 1 else "are"
         return (f"model {model} has room only if {' and '.join(f'{m} (pinned)' for m in pins)} {verb} stopped, "
                 "which is never done to make room")
+
+    def can_load(self, model: str) -> dict:
+        """`/api/placement/can-load`: loaded, where it runs; never fitting, why (`never_fits`); else what its start
+        would stop now."""
+        answer = {"fits_now": False, "loaded": False, "would_evict": [], "blocked_by": [], "gpus": [],
+                  "placed_by_memory": True, "never_fits": self.memory.never_fits(model)}
+        if self._fleet.state(model) is ModelState.READY and self.memory.gpus_of(model) is not None:
+            return {**answer, "fits_now": True, "loaded": True, "gpus": list(self.memory.gpus_of(model))}
+        room = self.room_for(model)
+        if room is None:
+            return answer
+        return {**answer, "fits_now": not room.evict and not room.blocked_by, "would_evict": sorted(room.evict),
+                "blocked_by": list(room.blocked_by), "gpus": list(room.gpus)}
 
     def memory_measured(self, model: str, use: Mapping[str, int]) -> str | None:
         """What `model`'s processes use on each GPU now (MiB by GPU id); a warning to log when it is more

@@ -449,20 +449,8 @@ def _placement(question: Placement, runtime, fleet) -> list[dict]:
 
 @answers(CanLoad)
 def _can_load(question: CanLoad, runtime, fleet) -> dict:
-    """Loaded: where it is; never fitting: why (`never_fits`); else what its start would stop now."""
-    view = runtime.scheduler.placement()
-    if view is None:
-        return {"fits_now": None, "would_evict": [], "blocked_by": [], "placed_by_memory": False}
-    never = runtime.scheduler.memory.never_fits(question.model)
-    if fleet.state(question.model) == ModelState.READY and question.model in view["models"]:
-        return {"fits_now": True, "loaded": True, "would_evict": [], "blocked_by": [],
-                "gpus": view["models"][question.model]["gpus"], "placed_by_memory": True, "never_fits": never}
-    room = runtime.scheduler.room_for(question.model)
-    if room is None:
-        return {"fits_now": False, "loaded": False, "would_evict": [], "blocked_by": [], "gpus": [],
-                "placed_by_memory": True, "never_fits": never}
-    return {"fits_now": not room.evict and not room.blocked_by, "loaded": False, "would_evict": sorted(room.evict),
-            "blocked_by": list(room.blocked_by), "gpus": list(room.gpus), "placed_by_memory": True, "never_fits": None}
+    answer = runtime.scheduler.placement() is not None and runtime.scheduler.can_load(question.model)
+    return answer or {"fits_now": None, "would_evict": [], "blocked_by": [], "placed_by_memory": False}
 
 
 @answers(NeverFits)
