@@ -40,7 +40,7 @@ class SerialMemory:
                                                                   for m in pins]) is not None:
             return None
         if not pins:
-            return f"model {model} needs more memory than the hardware described has"
+            return self.memory.never_fits(model) or f"model {model} needs more memory than the hardware described has"
         verb = "is" if len(pins) == 1 else "are"
         return (f"model {model} has room only if {' and '.join(f'{m} (pinned)' for m in pins)} {verb} stopped, "
                 "which is never done to make room")
