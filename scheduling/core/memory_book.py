@@ -11,7 +11,8 @@ declaration proven short.
 A reload may remove a GPU (or rename it: to the book, the old id is removed and the new one added) while models
 run on it. Those models keep it: it stays in the book, *retiring*, shown with them until the last of them stops,
 and nothing new is placed on it; what they hold there takes nothing from the GPUs the config now lists. The
-scheduler restarts them once idle (`on_retiring`), so they come back on listed GPUs.
+scheduler restarts them once idle (`on_retiring`), so they come back on listed GPUs. A reload lowering a running
+model's `memory:` is trusted from its next start: until then the book counts what its process was started with.
 
 A decision asks for room several times (is the request blocked, what would it stop, where does it go) while
 nothing changes: each answer is kept until the book changes (every change bumps `_version`) or time moves on.
@@ -42,6 +43,7 @@ class MemoryBook:
         self._leases: dict[str, tuple[str, float]] = {}  # model -> (which lease, "lease #3"; until when)
         self._measured: dict[str, dict[str, int]] = {}  # models holding memory: their latest use, MiB by GPU
         self._highest: dict[str, int] = {}  # a model's highest use on one GPU, where above its declaration
+        self._held: dict[str, int] = {}  # a running process's MiB per GPU under a declaration a reload lowered
         self._demand = Demand()
         self._now = 0.0
         self._version = 0  # bumped by every change that room() reads
@@ -55,9 +57,13 @@ class MemoryBook:
     def reconfigure(self, specs: Mapping[str, ModelSpec], hardware: Hardware, holding: Iterable[str]) -> None:
         """A reload: models running on before it keep their GPUs; one placed nowhere yet (it started before
         `hardware:` was described) counts where it would go now, or on the CPU when it fits nowhere."""
+        counted = {m: self.need(m).mib for m in self._gpus if m in self._specs}
         for model in [m for m in self._highest if m not in specs or specs[m].memory != self._specs[m].memory]:
             del self._highest[model]  # a new declaration (or none) is trusted again until measured
         self._specs = dict(specs)
+        for model, mib in counted.items():
+            if model in specs and self.need(model).mib < mib:
+                self._held[model] = mib  # the process started under the old declaration holds it until it stops
         known = {**self._retiring, **self.hardware.gpus}
         self._retiring = {gpu: mib for gpu, mib in known.items() if gpu not in hardware.gpus}
         self.hardware = hardware
@@ -86,9 +92,10 @@ class MemoryBook:
         self._retiring = {gpu: mib for gpu, mib in self._retiring.items() if gpu in held}
 
     def need(self, model: str) -> MemoryNeed:
-        """What placement counts for `model`: its declaration, or its highest measured use where that is more."""
+        """What placement counts for `model`: its declaration, or its highest measured use where that is more, or
+        what its running process was started with before a reload lowered its declaration."""
         declared = self.declared(model)
-        return replace(declared, mib=max(declared.mib, self._highest.get(model, 0)))
+        return replace(declared, mib=max(declared.mib, self._highest.get(model, 0), self._held.get(model, 0)))
 
     def declared(self, model: str) -> MemoryNeed:
         return self._specs[model].memory or MemoryNeed(0, 0)
@@ -155,6 +162,7 @@ class MemoryBook:
     def gone(self, model: str) -> None:
         """Stopped, failed to start, or evicted by a start (which counts it stopped at once)."""
         self._gpus.pop(model, None)
+        self._held.pop(model, None)
         self._measured.pop(model, None)
         self._started_at.pop(model, None)
         self._ready_at.pop(model, None)

@@ -76,7 +76,27 @@ def test_a_new_declaration_is_trusted_again_and_an_unchanged_one_keeps_the_measu
     book.reconfigure(SPECS, ONE_4G, ["small"])
     assert book.need("small").mib == 3_072
     book.reconfigure({**SPECS, "small": ModelSpec("small", memory=MemoryNeed(1_536))}, ONE_4G, ["small"])
-    assert book.need("small").mib == 1_536
+    assert book.need("small").mib == 3_072  # its process still uses what was measured
+    book.gone("small")
+    assert book.need("small").mib == 1_536  # trusted from its next start
+
+
+def BUSY(model: str) -> bool:
+    return True  # a start must wait for it to stop
+
+
+def test_a_reload_lowering_a_running_models_declaration_counts_the_old_figure_until_it_stops():
+    book = MemoryBook(ONE_4G, SPECS)
+    book.starting("small", ("0",), 0.0)
+    lowered = {**SPECS, "small": ModelSpec("small", memory=MemoryNeed(512))}
+    book.reconfigure(lowered, ONE_4G, ["small"])
+    assert book.room("other", ["small"], BUSY).evict == frozenset()  # 1 024 + 2 048 fit in 4 096
+    bigger = {**lowered, "other": ModelSpec("other", memory=MemoryNeed(3_584))}
+    book.reconfigure(bigger, ONE_4G, ["small"])
+    assert book.room("other", ["small"], BUSY).evict == {"small"}  # 3 584 fits beside 512, not the 1 024 held
+    book.gone("small")
+    book.starting("small", ("0",), 5.0)
+    assert book.room("other", ["small"], BUSY).evict == frozenset()  # restarted, it counts 512
 
 
 def test_fifo_places_nothing_so_measures_nothing():
