@@ -9,15 +9,16 @@ rounded up to whole MiB, since placement counts MiB and a need must never be und
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from scheduling.core.placement import Hardware, MemoryNeed, fits_at_all
+from scheduling.core.placement import Hardware, MemoryNeed, Resident, assign, fits_at_all
 
-from .errors import kind_of
+from .errors import ProblemLog, kind_of
 from .fields import MISSING, Section
 from .frozen import FrozenDict
 
@@ -231,3 +232,27 @@ def _checked_need(section: Section, hardware: Hardware, need: MemoryNeed) -> Mem
             "or fix hardware.gpus",
         )
     return None
+
+
+ORDERS_TRIED = 720  # every order of up to 6 pinned models; beyond, the largest first
+
+
+def warn_unfitting_pins(hardware: HardwareSection, pinned: dict[str, MemoryNeed], log: ProblemLog) -> None:
+    """Warn when the pinned models cannot all be loaded at once: a pin is never stopped to make room, so whichever
+    load first keep the others out for good (their requests are refused naming the pins)."""
+    if hardware.hardware is None or len(pinned) < 2:
+        return
+    orders = itertools.islice(itertools.permutations(sorted(pinned, key=lambda m: -pinned[m].mib)), ORDERS_TRIED)
+    for order in orders:
+        residents: list[Resident] = []
+        for model in order:
+            gpus = assign(hardware.hardware, pinned[model], residents)
+            if gpus is None:
+                break
+            residents.append(Resident(model, gpus, pinned[model].mib))
+        else:
+            return
+    log.warn("models", f"the pinned models {', '.join(sorted(pinned))} cannot all be loaded at once on the memory "
+                       "under hardware: — a pinned model is never stopped to make room, so those loaded first keep "
+                       "the others out (their requests are refused, naming the pins); unpin one, lower a memory: or "
+                       "describe more memory")

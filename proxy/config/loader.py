@@ -16,7 +16,7 @@ from scheduling.core.swap import SwapGroup
 
 from .errors import ConfigError, Problem, ProblemLog, kind_of
 from .fields import MISSING, Section
-from .hardware import read_hardware
+from .hardware import read_hardware, warn_unfitting_pins
 from .log_output import LogOutput, read_log_output
 from .macros import MacroScope
 from .model import ModelConfig, ModelDefaults, read_model
@@ -227,6 +227,7 @@ def check_document(data, log: ProblemLog) -> Config:
     send_loading_state = top.boolean("sendLoadingState", False)
     hardware = read_hardware(top)
     models = _read_models(top, start_port, ModelDefaults(global_ttl, unload_timeout, send_loading_state, hardware))
+    warn_unfitting_pins(hardware, {m.id: m.memory for m in models.values() if m.pinned and m.memory}, log)
     index = ModelIndex(models, log)
     routing = top.section("routing")
     router = read_router(top, routing, index)

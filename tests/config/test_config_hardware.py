@@ -259,3 +259,25 @@ def test_the_summary_says_groups_constrain_too_when_given(load):
     text = load(with_models("  m: {cmd: 'run --port ${PORT}', memory: 1GiB}\n") + "groups: {g: {members: [m]}}\n").describe()
     assert "(memory and the router both decide what runs together)" in text
     assert "  m  [group: g; memory: 1024 MiB on 1 GPU]" in text.splitlines()
+
+
+def test_pinned_models_that_cannot_all_be_loaded_at_once_are_warned_about(load):
+    one_gpu = "hardware: {gpus: [{id: 0, memory: 24GiB}]}\n"
+    config = load(with_models("""
+  a: {cmd: 'run --port ${PORT}', memory: 16GiB, pinned: true}
+  b: {cmd: 'run --port ${PORT}', memory: 12GiB, pinned: true}
+  c: {cmd: 'run --port ${PORT}', memory: 4GiB}
+""", hardware=one_gpu))
+    assert [w for w in config.warnings if "cannot all be loaded at once" in w] == [
+        "config.yaml: models: the pinned models a, b cannot all be loaded at once on the memory under hardware: — "
+        "a pinned model is never stopped to make room, so those loaded first keep the others out (their requests are "
+        "refused, naming the pins); unpin one, lower a memory: or describe more memory"], config.warnings
+
+
+def test_pinned_models_that_fit_only_in_one_order_are_not_warned_about(load):
+    # in the file's order the 10 GiB model would take the freest GPU (24 GiB), leaving none for the 20 GiB one
+    config = load(with_models("""
+  a: {cmd: 'run --port ${PORT}', memory: 10GiB, pinned: true}
+  b: {cmd: 'run --port ${PORT}', memory: 20GiB, pinned: true}
+""", hardware="hardware: {gpus: [{id: 0, memory: 24GiB}, {id: 1, memory: 12GiB}]}\n"))
+    assert not [w for w in config.warnings if "cannot all be loaded" in w], config.warnings
