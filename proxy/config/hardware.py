@@ -239,7 +239,7 @@ ORDERS_TRIED = 720  # every order of up to 6 pinned models; beyond, the largest 
 
 def warn_unfitting_pins(hardware: HardwareSection, pinned: dict[str, MemoryNeed], log: ProblemLog) -> None:
     """Warn when the pinned models cannot all be loaded at once: a pin is never stopped to make room, so whichever
-    load first keep the others out for good (their requests are refused naming the pins)."""
+    load first keep the others out for good (their requests wait for an operator's unload)."""
     if hardware.hardware is None or len(pinned) < 2:
         return
     orders = itertools.islice(itertools.permutations(sorted(pinned, key=lambda m: -pinned[m].mib)), ORDERS_TRIED)
@@ -254,5 +254,5 @@ def warn_unfitting_pins(hardware: HardwareSection, pinned: dict[str, MemoryNeed]
             return
     log.warn("models", f"the pinned models {', '.join(sorted(pinned))} cannot all be loaded at once on the memory "
                        "under hardware: — a pinned model is never stopped to make room, so those loaded first keep "
-                       "the others out (their requests are refused, naming the pins); unpin one, lower a memory: or "
+                       "the others out (their requests wait for an operator's unload); unpin one, lower a memory: or "
                        "describe more memory")

@@ -270,8 +270,8 @@ def test_pinned_models_that_cannot_all_be_loaded_at_once_are_warned_about(load):
 """, hardware=one_gpu))
     assert [w for w in config.warnings if "cannot all be loaded at once" in w] == [
         "config.yaml: models: the pinned models a, b cannot all be loaded at once on the memory under hardware: — "
-        "a pinned model is never stopped to make room, so those loaded first keep the others out (their requests are "
-        "refused, naming the pins); unpin one, lower a memory: or describe more memory"], config.warnings
+        "a pinned model is never stopped to make room, so those loaded first keep the others out (their requests wait for "
+        "an operator's unload); unpin one, lower a memory: or describe more memory"], config.warnings
 
 
 def test_pinned_models_that_fit_only_in_one_order_are_not_warned_about(load):
