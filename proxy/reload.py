@@ -51,9 +51,12 @@ async def _reload(service, path: str | None, config_dir: str | None) -> bool:
         return False
     old = service.config
     if new.scheduler.use != old.scheduler.use:
+        hardware = (" (a top-level hardware: section was added, which places by memory with the serial scheduler)"
+                    if old.hardware is None and new.hardware is not None else
+                    " (the hardware: section was removed)" if old.hardware is not None and new.hardware is None else "")
         log.error(
-            "config reload rejected: routing.scheduler.use changed from %s to %s, which needs a restart; "
-            "still serving the previous config", old.scheduler.use, new.scheduler.use,
+            "config reload rejected: routing.scheduler.use changed from %s to %s%s, which needs a restart; "
+            "still serving the previous config", old.scheduler.use, new.scheduler.use, hardware,
         )
         return False
     for warning in new.warnings:

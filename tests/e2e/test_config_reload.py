@@ -111,3 +111,15 @@ def test_a_slots_override_for_a_model_the_reload_removed_is_ignored_with_a_warni
     assert [line for line in metrics.splitlines() if line.startswith("llamaswap_model_slots{")] == [
         'llamaswap_model_slots{model="keep"} 3.0'
     ]
+
+
+def test_a_reload_adding_hardware_to_a_fifo_config_is_refused_saying_so(tmp_path):
+    events = tmp_path / "events.jsonl"
+    fifo = models_yaml(events, {"keep": "--tps 0"}).replace("routing:\n  scheduler:\n    use: serial\n", "")
+    with Served(tmp_path, fifo, extra_args=("--watch-config",)) as s:
+        rewrite(s, "hardware: {gpus: [{id: 0, memory: 24GiB}]}\n"
+                + fifo.replace("    proxy:", "    memory: 8GiB\n    proxy:"))
+        wait_until(lambda: "config reload rejected" in s.log(), timeout=15, what="the reload to be refused")
+        assert ("routing.scheduler.use changed from fifo to serial (a top-level hardware: section was added, which "
+                "places by memory with the serial scheduler), which needs a restart") in s.log()
+        assert chat(s, "keep").status_code == 200
