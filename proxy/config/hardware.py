@@ -170,7 +170,7 @@ def _read_gpu_id(gpu: Section, index: int) -> str | None:
     elif not text or "," in text or any(char.isspace() for char in text):
         gpu.error("id", f'"{text}" is empty or has a comma or a space, which CUDA_VISIBLE_DEVICES cannot hold — {fix}')
     else:
-        return text
+        return str(int(text)) if text.isdigit() else text  # "00" is GPU 0 to CUDA_VISIBLE_DEVICES, so to us
     return None
 
 

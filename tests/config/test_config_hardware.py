@@ -281,3 +281,10 @@ def test_pinned_models_that_fit_only_in_one_order_are_not_warned_about(load):
   b: {cmd: 'run --port ${PORT}', memory: 20GiB, pinned: true}
 """, hardware="hardware: {gpus: [{id: 0, memory: 24GiB}, {id: 1, memory: 12GiB}]}\n"))
     assert not [w for w in config.warnings if "cannot all be loaded" in w], config.warnings
+
+
+def test_a_gpu_index_written_with_leading_zeros_is_that_gpu(config_error):
+    error = config_error("hardware: {gpus: [{id: 0, memory: 24GiB}, {id: '00', memory: 24GiB}]}\n"
+                         "models: {m: {cmd: 'run --port ${PORT}', memory: 1GiB}}\n")
+    assert [(p.key, p.message.split(" —")[0]) for p in error.problems] == [
+        ("hardware.gpus[1].id", '"0" is also the id of hardware.gpus[0]')]
