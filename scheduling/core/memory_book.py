@@ -43,6 +43,7 @@ class MemoryBook:
         self._leases: dict[str, tuple[str, float]] = {}  # model -> (which lease, "lease #3"; until when)
         self._measured: dict[str, dict[str, int]] = {}  # models holding memory: their latest use, MiB by GPU
         self._highest: dict[str, int] = {}  # a model's highest use on one GPU, where above its declaration
+        self._overcommitted: set[str] = set()  # GPUs whose models are measured using more than they have
         self._held: dict[str, int] = {}  # a running process's MiB per GPU under a declaration a reload lowered
         self._demand = Demand()
         self._now = 0.0
@@ -151,6 +152,10 @@ class MemoryBook:
         if model not in self._gpus or model not in self._specs or not self.declared(model).gpus:
             return None  # stopped since it was measured, or on the CPU, whose memory nvidia-smi does not see
         self._measured[model] = dict(use)
+        told = [why for why in (self._above_declaration(model, use), self._overcommit()) if why]
+        return "; ".join(told) or None
+
+    def _above_declaration(self, model: str, use: Mapping[str, int]) -> str | None:
         highest, declared = max(use.values(), default=0), self.declared(model).mib
         if highest <= max(declared, self._highest.get(model, 0)):
             return None
@@ -159,11 +164,21 @@ class MemoryBook:
         return (f"model {model} uses {highest} MiB of GPU memory, more than the {declared} MiB it declared "
                 f"(memory:); placement counts {highest} MiB for it from now on")
 
+    def _overcommit(self) -> str | None:
+        """GPUs whose models are measured using more than the GPU has, told when they become so (once each)."""
+        over = {gpu for gpu, mib in self.hardware.gpus.items() if (self._measured_on(gpu) or 0) > mib}
+        new, self._overcommitted = sorted(over - self._overcommitted), over
+        if not new:
+            return None
+        return "; ".join(f"GPU {gpu}'s models are measured using {self._measured_on(gpu)} MiB, more than its "
+                         f"{self.hardware.gpus[gpu]} MiB (hardware.gpus): its memory is overcommitted" for gpu in new)
+
     def gone(self, model: str) -> None:
         """Stopped, failed to start, or evicted by a start (which counts it stopped at once)."""
         self._gpus.pop(model, None)
         self._held.pop(model, None)
         self._measured.pop(model, None)
+        self._overcommitted = {gpu for gpu in self._overcommitted if (self._measured_on(gpu) or 0) > self.hardware.gpus[gpu]}
         self._started_at.pop(model, None)
         self._ready_at.pop(model, None)
         self._forget_empty_retiring()
@@ -274,7 +289,7 @@ class MemoryBook:
             on_it = sorted(m for m, on in placed.items() if gpu in on)
             gpus.append({"id": gpu, "memory_mib": mib, "declared_mib": sum(self.declared(m).mib for m in on_it),
                          "counted_mib": mib - free[gpu], "measured_mib": self._measured_on(gpu), "models": on_it,
-                         "retiring": gpu in self._retiring})
+                         "retiring": gpu in self._retiring, "overcommitted": gpu in self._overcommitted})
         on_cpu = sorted(m for m, on in placed.items() if not on)
         cpu = {"memory_mib": self.hardware.cpu_mib,
                "declared_mib": sum(self.declared(m).mib for m in on_cpu), "models": on_cpu}

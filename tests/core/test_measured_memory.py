@@ -160,3 +160,17 @@ def test_a_start_waiting_when_a_reload_leaves_too_little_memory_for_its_measured
     effects = s.reconfigure(SPECS, SwapPolicy([SwapGroup("all", tuple(SPECS), swap=False, exclusive=False)], SPECS),
                             [], 8.0, smaller)
     assert [(e.ticket_id, e.status, e.code) for e in effects if isinstance(e, Refuse)] == [(3, 503, "model_too_large")]
+
+
+def test_models_measured_using_more_than_their_gpu_has_are_told_once_and_shown_until_one_stops():
+    book = MemoryBook(ONE_4G, SPECS)
+    book.starting("small", ("0",), 0.0)
+    book.starting("other", ("0",), 0.0)
+    assert book.measured("small", {"0": 1_000}) is None
+    told = book.measured("other", {"0": 3_500})
+    assert told.endswith("GPU 0's models are measured using 4500 MiB, more than its 4096 MiB (hardware.gpus): its "
+                         "memory is overcommitted"), told
+    assert book.measured("other", {"0": 3_500}) is None  # told once
+    assert book.view(BUSY)["gpus"][0]["overcommitted"] is True
+    book.gone("small")
+    assert book.view(BUSY)["gpus"][0]["overcommitted"] is False
