@@ -31,6 +31,9 @@ SIZE_FIX = "write a whole number of MiB, or a number with MiB, GiB, MB or GB"
 GPUS_EXAMPLE = "gpus: [{id: 0, memory: 24GiB}]"
 
 
+LARGEST_GPU_MIB = 1024 * 1024  # no GPU has a TiB: a figure above is a unit mistaken (bytes written as MiB)
+
+
 class SizeError(ValueError):
     """Why a value is not a size (the fix is added by whoever reports it)."""
 
@@ -149,6 +152,9 @@ def _read_gpus(section: Section) -> dict[str, int] | None:
         if gpu_id is None or mib is None:
             valid = False
             continue
+        if mib > LARGEST_GPU_MIB:
+            gpu.log.warn(gpu.path("memory"), f"{mib} MiB is over 1 TiB, more than any GPU has — a bare number is MiB; "
+                                             "write the unit, e.g. memory: 24GiB")
         gpus[gpu_id] = mib
     return gpus if valid else None
 

@@ -288,3 +288,10 @@ def test_a_gpu_index_written_with_leading_zeros_is_that_gpu(config_error):
                          "models: {m: {cmd: 'run --port ${PORT}', memory: 1GiB}}\n")
     assert [(p.key, p.message.split(" —")[0]) for p in error.problems] == [
         ("hardware.gpus[1].id", '"0" is also the id of hardware.gpus[0]')]
+
+
+def test_a_gpu_memory_over_a_tebibyte_is_warned_about_as_a_unit_mistaken(load):
+    config = load(with_models("  m: {cmd: 'run --port ${PORT}', memory: 1GiB}\n",
+                              hardware="hardware: {gpus: [{id: 0, memory: 25769803776}]}\n"))
+    assert any("hardware.gpus[0].memory: 25769803776 MiB is over 1 TiB, more than any GPU has — a bare number is MiB"
+               in warning for warning in config.warnings), config.warnings
