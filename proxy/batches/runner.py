@@ -96,7 +96,7 @@ class BatchRunner:
             log.info("batch %s: %d line(s) cut short by a stop run again", batch_id, reclaimed)
         in_flight: set[asyncio.Task] = set()
         try:
-            final = await self._send_lines(batch_id, in_flight)
+            final = await self._send_lines(batch_id, in_flight, _AtModel())
         finally:
             for task in in_flight:
                 task.cancel()
@@ -104,8 +104,11 @@ class BatchRunner:
             await _db(batch_rows.finalize, batch_id, self.name, final)
             log.info("batch %s: %s", batch_id, final)
 
-    async def _send_lines(self, batch_id: str, in_flight: set[asyncio.Task]) -> str | None:
-        """Send the lines until none is left; returns how the batch ends (None: not this runner's to end)."""
+    async def _send_lines(self, batch_id: str, in_flight: set[asyncio.Task], at_model: _AtModel) -> str | None:
+        """Send the lines until none is left; returns how the batch ends (None: not this runner's to end).
+
+        A line counts against `lines_at_once` while it is at the model, not while its result is written: the next
+        line is claimed and sent as soon as a slot frees, so the model does not idle through the database writes."""
         loop = asyncio.get_running_loop()
         checked = None
         while True:
@@ -120,16 +123,23 @@ class BatchRunner:
                 elif status == "in_progress" and timezone.now() >= expires_at:
                     ending = ("expired", "batch_expired", EXPIRED)
             if ending is None and status == "in_progress":
-                room = lines_at_once(self.service.config, model) - len(in_flight)
+                room = lines_at_once(self.service.config, model) - len(at_model.lines)
                 for row in await _db(batch_rows.claim_lines, batch_id, self.name, room) if room > 0 else []:
-                    in_flight.add(loop.create_task(self._send(input_file, row, priority, key)))
+                    at_model.lines.add(row[0])
+                    in_flight.add(loop.create_task(self._send(input_file, row, priority, key, at_model)))
             if not in_flight:  # every line sent has ended
                 if ending is None:
                     return "completed"
                 never_sent = await _db(batch_rows.end_pending, batch_id, ending[1], ending[2])
                 BATCH_LINES_ENDED.labels("failed").inc(never_sent)
                 return ending[0]
-            done, _ = await asyncio.wait(in_flight, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+            freed = loop.create_task(at_model.freed.wait())
+            try:
+                done, _ = await asyncio.wait({*in_flight, freed}, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                freed.cancel()
+            at_model.freed.clear()
+            done.discard(freed)
             in_flight -= done
             for task in done:
                 failure = None if task.cancelled() else task.exception()
@@ -139,20 +149,36 @@ class BatchRunner:
                     log.error("batch %s: a line failed: %r; taking the batch up again", batch_id, failure)
                     return None
 
-    async def _send(self, input_file: str, row: tuple, priority: int, key) -> None:
+    async def _send(self, input_file: str, row: tuple, priority: int, key, at_model: _AtModel) -> None:
         pk, number, custom_id, offset, length = row
-        raw = await loop_read(input_file, offset, length)
-        line = parse_line(number, raw.rstrip(b"\r\n"))
         try:
+            raw = await loop_read(input_file, offset, length)
+            line = parse_line(number, raw.rstrip(b"\r\n"))
             succeeded, result = await send_line(self.service, custom_id, line.url, line.body, priority, key)
         except ModelGone as gone:
+            at_model.left(pk)
             if await _db(batch_rows.send_again, pk, self.name, MAX_SENDS):
                 log.warning("batch line %s: %s; it runs again", custom_id, gone)
                 self.wake.set()
                 return
             succeeded, result = False, gone.result
+        finally:
+            at_model.left(pk)
         if await _db(batch_rows.record_result, pk, self.name, succeeded, result):
             BATCH_LINES_ENDED.labels("succeeded" if succeeded else "failed").inc()
+
+
+class _AtModel:
+    """The lines of a batch sent and not yet answered, and an event set each time one is answered."""
+
+    def __init__(self) -> None:
+        self.lines: set[int] = set()
+        self.freed = asyncio.Event()
+
+    def left(self, pk: int) -> None:
+        if pk in self.lines:
+            self.lines.discard(pk)
+            self.freed.set()
 
 
 async def loop_read(file_id: str, offset: int, length: int) -> bytes:
