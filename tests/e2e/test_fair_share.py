@@ -3,35 +3,21 @@ and a model server with one slot; the order its event log shows the requests sta
 
 from __future__ import annotations
 
-import textwrap
-
 import httpx
 import pytest
 
 from tests.e2e.test_api_keys import auth, chat, new_key
-from tests.e2e.test_key_quotas import Held, Later
-from tests.served import Served, fake_cmd, model_ports, read_events, wait_until
+from tests.e2e.test_key_quotas import Held, Later, config_text
+from tests.served import Served, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
-
-
-def config_text(events) -> str:
-    return textwrap.dedent(f"""
-        startPort: {model_ports(1)}
-        models:
-          chat: {{cmd: "{fake_cmd('chat', events)}"}}
-        routing:
-          scheduler:
-            use: serial
-            settings: {{serial: {{fairness: keys}}}}
-    """)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fair-share")
     events = tmp / "events.jsonl"
-    with Served(tmp, config_text(events)) as s:
+    with Served(tmp, config_text(events, serial="{fairness: keys}")) as s:
         s.events = events
         yield s
 

@@ -59,8 +59,9 @@ class Later:
         return self.response
 
 
-def config_text(events) -> str:
-    """Four slots on the chat model: a key's waiting request waits for its key, not for the GPU."""
+def config_text(events, serial: str = "{slots: {chat: 4}}") -> str:
+    """One chat model under the serial scheduler's `serial` settings (by default four slots: a key's waiting
+    request waits for its key, not for the GPU)."""
     return textwrap.dedent(f"""
         startPort: {model_ports(1)}
         models:
@@ -68,7 +69,7 @@ def config_text(events) -> str:
         routing:
           scheduler:
             use: serial
-            settings: {{serial: {{slots: {{chat: 4}}}}}}
+            settings: {{serial: {serial}}}
     """)
 
 
