@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 
+from django.utils import timezone
+
 from proxy.batches.batch_rows import error_line
 from proxy.batches.storage import new_id
 from proxy.compat.model_choice import choose_model
 from proxy.http.errors import ProxyError, error_body
 from proxy.http.holding import holding
 from proxy.http.inbound import ModelRequest, forwarded_body, route_label
+from proxy.http.key_cache import KEYS
 from proxy.http.route_paths import upstream_path
 from proxy.upstream.peer_relay import peer_for
 from proxy.upstream.relay import relay
@@ -69,6 +72,7 @@ async def send_line(service, custom_id: str, url: str, body: dict, priority: int
     Interrupted when the service is stopping, ModelGone when the model stopped answering."""
     request_id, gone = "", False
     try:
+        await _check_key(key)
         choice = await choose_model(service, body["model"])
         try:
             if peer_for(service.config, body["model"]) is not None:
@@ -97,6 +101,17 @@ async def send_line(service, custom_id: str, url: str, body: dict, priority: int
     if gone:
         raise ModelGone(result)
     return 200 <= status < 300, result
+
+
+async def _check_key(key: KeyScope) -> None:
+    """A batch's lines run with its key's rights: a key revoked, expired or deleted since has none (with the key
+    table unreadable past its stale limit, the lines go on: the batch is not failed by a database blink)."""
+    if not key.name:
+        return  # made with a config file's key, or on an open server
+    rows = await KEYS.current_async()
+    why = None if rows is None else rows.refusal_of(key.name, timezone.now())
+    if why is not None:
+        raise ProxyError(401, f"{why}; the batch's lines run with its rights", "invalid_api_key")
 
 
 async def _scheduled(service, model_cfg, requested: str, url: str, body: bytes, priority: int, key: KeyScope):

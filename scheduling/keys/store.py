@@ -43,6 +43,13 @@ class KeyRows:
     by_prefix: dict[str, tuple[StoredKey, ...]]
     count: int
 
+    def refusal_of(self, name: str, now: datetime) -> str | None:
+        """Why the key called `name` no longer counts (revoked, expired, deleted), else None: what runs on its
+        behalf after its caller left (a batch's lines) stops with it."""
+        for stored in (key for keys in self.by_prefix.values() for key in keys if key.scope.name == name):
+            return stored.refusal(now)
+        return f"the API key '{name}' no longer exists"
+
 
 def scope_of(row: ApiKey) -> KeyScope:
     return KeyScope(name=row.name, models=row.model_globs(), operator=row.operator, read_only=row.read_only,

@@ -353,3 +353,23 @@ def test_an_unreadable_upload_is_refused_and_nothing_is_kept(tmp_path):
                                files={"file": ("in.jsonl", jsonl(1))})
         assert elsewhere.status_code == 400 and "purpose=batch" in elsewhere.json()["error"]["message"]
         assert not list((served.data_dir / "files").iterdir())
+
+
+def test_a_batch_of_a_revoked_key_stops_sending_its_lines(tmp_path):
+    from tests.e2e.test_api_keys import keys, new_key
+
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events)) as served:
+        owner = new_key(served, "owner")
+        watcher = openai.OpenAI(base_url=served.base + "/v1", api_key=new_key(served, "watcher"), max_retries=0)
+        batch = submit(openai.OpenAI(base_url=served.base + "/v1", api_key=owner, max_retries=0),
+                       jsonl(40, delay=0.2))
+        wait_until(lambda: len(batch_starts(events)) >= 2, 30, what="two lines to start")
+        keys(served, "revoke", "owner")
+        done = finished(watcher, batch.id)
+        ran, refused = lines_of(watcher, done.output_file_id), lines_of(watcher, done.error_file_id)
+        assert len(ran) + len(refused) == 40 and 2 <= len(ran) < 30, (len(ran), len(refused))
+        assert {(line["response"]["status_code"], line["response"]["body"]["error"]["code"]) for line in refused} == {
+            (401, "invalid_api_key")}
+        assert "the API key 'owner' is revoked" in refused[0]["response"]["body"]["error"]["message"]
+        assert sorted(line["custom_id"] for line in ran) == sorted(set(batch_starts(events)))
