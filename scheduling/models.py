@@ -300,7 +300,7 @@ class ApiKey(models.Model):
     (`scheduling.core.fairness`)."""
 
     name = models.CharField(max_length=100, unique=True, validators=[RegexValidator(
-        r"^[A-Za-z0-9][A-Za-z0-9._@-]*$", "letters, digits and . _ @ - (starting with a letter or digit)")])
+        r"\A[A-Za-z0-9][A-Za-z0-9._@-]*\Z", "letters, digits and . _ @ - (starting with a letter or digit)")])
     prefix = models.CharField(max_length=16, editable=False)
     secret_hash = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)

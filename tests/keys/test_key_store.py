@@ -28,6 +28,7 @@ def test_a_made_key_stores_its_hash_and_prefix_never_its_secret():
     ({"weight": 0}, "weight"),
     ({"operator": True, "read_only": True}, "read_only"),
     ({"name": "has space"}, "name"),
+    ({"name": "evil\n"}, "name"),  # a trailing newline would split `keys list` and escape `keys revoke evil`
     ({"max_priority": 2**63}, "max_priority"),
 ])
 def test_a_key_with_a_bad_field_is_refused_naming_it(fields, field):
