@@ -25,6 +25,7 @@ from proxy.http.errors import ProxyError
 from proxy.http.holding import holding, ticket_request
 from proxy.http.inbound import ModelRequest, forwarded_body, off_loop_when_large
 from proxy.upstream.relay import as_sent, identity_headers, relay, upstream_headers
+from scheduling.core import PRIORITY_HEADER
 from scheduling.tickets import Outcome, Refused
 
 log = logging.getLogger("llamaswap.proxy")
@@ -90,9 +91,16 @@ def query_naming(query: str, model: str) -> str:
     return "&".join(pieces)
 
 
-def peer_headers(headers: dict[str, str], peer: PeerConfig) -> list[tuple[bytes, bytes]]:
-    """The caller's headers less its credentials, plus the peer's key."""
-    sent = upstream_headers(headers, SECRET_HEADERS)
+PRIORITY = PRIORITY_HEADER.lower()
+
+
+def peer_headers(headers: dict[str, str], peer: PeerConfig, priority: int | None) -> list[tuple[bytes, bytes]]:
+    """The caller's headers less its credentials, plus the peer's key; the priority the peer sees is the one
+    applied here (`priority`: its key's cap or default; None, none asked or given), never the caller's raw ask,
+    which a peer trusting its own key would honour above the caller's cap."""
+    sent = upstream_headers(headers, SECRET_HEADERS | {PRIORITY})
+    if priority is not None:
+        sent.append((PRIORITY, str(priority)))
     if peer.api_key:
         sent += [("authorization", f"Bearer {peer.api_key}"), ("x-api-key", peer.api_key)]
     return as_sent(sent)
@@ -123,6 +131,8 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
     # Its maximum wait is read (a malformed one refused, as for a local model); a peer's request never waits here.
     request = ticket_request(consumer.scope, headers, model=qualified, requested=requested, method=method,
                              stream=stream, selector=selector, key=consumer.caller.scope)
+    asked = request.asked_priority is not None or consumer.caller.scope.default_priority is not None
+    applied = request.priority if asked else None
     loop = asyncio.get_running_loop()
     began = loop.time()
     try:
@@ -146,7 +156,7 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
             with service.peer_relays.running():
                 async with service.client_for_peer(peer) as client:
                     await relay(
-                        consumer, client, qualified, method, url, peer_headers(headers, peer), body, held.end,
+                        consumer, client, qualified, method, url, peer_headers(headers, peer, applied), body, held.end,
                         [(k.lower().encode(), v.encode()) for k, v in identity.items()],
                     )
         except ProxyError as exc:

@@ -404,3 +404,21 @@ def test_a_reload_moves_a_peer(tmp_path):
     finally:
         first.stop()
         second.stop()
+
+
+def test_a_peer_sees_the_priority_applied_here_not_the_callers_ask(setup):
+    from tests.e2e.test_api_keys import new_key
+
+    served, box, _ = setup
+    capped = new_key(served, "capped-for-peers", "--max-priority", "-50")
+    body = {"model": "box/m1", "messages": [], "fake": {"tokens": 1}}
+
+    def sent(headers: dict[str, str]) -> dict[str, str]:
+        r = httpx.post(served.base + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+        assert r.status_code == 200, r.text
+        return box.starts()[-1]["headers"]
+
+    assert sent({"Authorization": f"Bearer {capped}", "X-LlamaSwap-Priority": "interactive"})[
+        "x-llamaswap-priority"] == "-50"  # a peer trusting its own key would have run it at 100
+    assert sent({**CALLER, "X-LlamaSwap-Priority": "batch"})["x-llamaswap-priority"] == "-100"
+    assert "x-llamaswap-priority" not in sent(CALLER)  # none asked, none given: the peer's own default
