@@ -2,6 +2,7 @@
 
 import ast
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,11 @@ FORBIDDEN = {
 def imported_modules(source: str, package: str = CORE_PACKAGE) -> list[str]:
     """Absolute names of every module a source file imports (relative imports resolved)."""
     names = []
-    for node in ast.walk(ast.parse(source)):
+    # Parsed on a fresh thread: Python 3.11.7's AST builder can fail with "recursion depth mismatch" on a thread
+    # where a RecursionError was caught before (some request tests send deeply nested JSON in this process).
+    with ThreadPoolExecutor(1) as fresh:
+        tree = fresh.submit(ast.parse, source).result()
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
