@@ -350,6 +350,9 @@ class BatchFile(models.Model):
     filename = models.CharField(max_length=255)
     purpose = models.CharField(max_length=20)  # batch (uploaded), batch_output (written by a batch)
     bytes = models.BigIntegerField()
+    # The API key row that uploaded it (or whose batch wrote it); "" for a config file's key or an open server.
+    # Only that key and operator keys see it.
+    owner = models.CharField(max_length=100, blank=True, default="", db_index=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

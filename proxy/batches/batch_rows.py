@@ -27,13 +27,20 @@ CREATE_CHUNK = 2000
 
 # -- files --------------------------------------------------------------------------------------------
 
-def create_file(upload: StoredUpload, purpose: str) -> BatchFile:
+def create_file(upload: StoredUpload, purpose: str, owner: str) -> BatchFile:
     storage.publish(upload.file_id)
-    return BatchFile.objects.create(id=upload.file_id, filename=upload.name, purpose=purpose, bytes=upload.size)
+    return BatchFile.objects.create(id=upload.file_id, filename=upload.name, purpose=purpose, bytes=upload.size,
+                                    owner=owner)
 
 
-def files_page(purpose: str | None, after: str | None, limit: int, newest_first: bool) -> tuple[list[BatchFile], bool]:
-    rows = BatchFile.objects.all() if newest_first else BatchFile.objects.order_by("created_at", "id")
+def _owned(rows, owner: str | None, field: str = "owner"):
+    """`rows` of `owner` (a key row's name, "" for none); None: everyone's (`KeyScope.owner_filter`)."""
+    return rows if owner is None else rows.filter(**{field: owner})
+
+
+def files_page(purpose: str | None, after: str | None, limit: int, newest_first: bool,
+               owner: str | None) -> tuple[list[BatchFile], bool]:
+    rows = _owned(BatchFile.objects.all() if newest_first else BatchFile.objects.order_by("created_at", "id"), owner)
     if purpose:
         rows = rows.filter(purpose=purpose)
     if after:
@@ -42,13 +49,14 @@ def files_page(purpose: str | None, after: str | None, limit: int, newest_first:
     return found[:limit], len(found) > limit
 
 
-def find_file(file_id: str) -> BatchFile | None:
-    return BatchFile.objects.filter(pk=file_id).first()
+def find_file(file_id: str, owner: str | None) -> BatchFile | None:
+    return _owned(BatchFile.objects.filter(pk=file_id), owner).first()
 
 
-def delete_file(file_id: str) -> bool:
-    deleted, _ = BatchFile.objects.filter(pk=file_id).delete()
-    storage.remove(file_id)
+def delete_file(file_id: str, owner: str | None) -> bool:
+    deleted, _ = _owned(BatchFile.objects.filter(pk=file_id), owner).delete()
+    if deleted:
+        storage.remove(file_id)
     return bool(deleted)
 
 
@@ -61,12 +69,12 @@ def create_batch(input_file_id: str, endpoint: str, metadata: dict | None, prior
                                 api_key=key.name, key_models=list(key.models))
 
 
-def find_batch(batch_id: str) -> Batch | None:
-    return Batch.objects.filter(pk=batch_id).first()
+def find_batch(batch_id: str, owner: str | None = None) -> Batch | None:
+    return _owned(Batch.objects.filter(pk=batch_id), owner, "api_key").first()
 
 
-def batches_page(after: str | None, limit: int) -> tuple[list[Batch], bool]:
-    rows = Batch.objects.all()
+def batches_page(after: str | None, limit: int, owner: str | None) -> tuple[list[Batch], bool]:
+    rows = _owned(Batch.objects.all(), owner, "api_key")
     if after:
         rows = _after(rows, Batch, after, True)
     found = list(rows[: limit + 1])
@@ -79,8 +87,11 @@ def request_counts(batch_id: str) -> dict[str, int]:
     return {"total": counts["total"], "completed": counts["completed"], "failed": counts["failed"]}
 
 
-def cancel_batch(batch_id: str) -> Batch | None:
-    """Ask for the batch to stop (`batch_status.cancel`); the batch as it is now, None when unknown."""
+def cancel_batch(batch_id: str, owner: str | None) -> Batch | None:
+    """Ask for the batch to stop (`batch_status.cancel`); the batch as it is now, None when unknown (or not
+    `owner`'s)."""
+    if find_batch(batch_id, owner) is None:
+        return None
     batch_status.cancel(batch_id)
     return find_batch(batch_id)
 
@@ -235,7 +246,8 @@ def finalize(batch_id: str, runner: str, status: str) -> None:
     with transaction.atomic():
         for kind, (file_id, size) in written.items():
             BatchFile.objects.update_or_create(id=file_id, defaults={
-                "filename": f"{batch_id}_{kind}.jsonl", "purpose": "batch_output", "bytes": size})
+                "filename": f"{batch_id}_{kind}.jsonl", "purpose": "batch_output", "bytes": size,
+                "owner": mine.values_list("api_key", flat=True).first() or ""})
         Batch.objects.filter(pk=batch_id, runner=runner).update(**{
             "status": status, ENDED[status]: timezone.now(), "runner": "", "runner_until": None,
             "output_file_id": written.get("output", ("",))[0], "error_file_id": written.get("error", ("",))[0]})

@@ -34,7 +34,8 @@ async def files(request: HttpRequest, service) -> HttpResponse:
         if limit is None:
             return json_error(400, "limit must be a whole number from 1 to 10000", "invalid_limit")
         rows, more = await database_sync_to_async(batch_rows.files_page)(
-            request.GET.get("purpose"), request.GET.get("after"), limit, request.GET.get("order", "desc") != "asc")
+            request.GET.get("purpose"), request.GET.get("after"), limit, request.GET.get("order", "desc") != "asc",
+            request.caller.scope.owner_filter())
         return JsonResponse(page([file_object(row) for row in rows], more))
     if not request.content_type.startswith("multipart/form-data"):
         return json_error(400, "send the file as multipart/form-data with fields file and purpose=batch",
@@ -56,7 +57,7 @@ async def files(request: HttpRequest, service) -> HttpResponse:
         handler.discard()
         what = "a file field" if uploaded is None else f"purpose=batch (not {form.get('purpose')!r})"
         return json_error(400, f"the upload needs {what}: only batch input files are taken", "invalid_request")
-    row = await database_sync_to_async(batch_rows.create_file)(uploaded, "batch")
+    row = await database_sync_to_async(batch_rows.create_file)(uploaded, "batch", request.caller.scope.name)
     return JsonResponse(file_object(row))
 
 
@@ -71,10 +72,10 @@ def _read_form(request: HttpRequest):
 @changes_state("DELETE", need=Need.INFERENCE)
 async def file_entry(request: HttpRequest, service, file_id: str) -> HttpResponse:
     if request.method == "DELETE":
-        if not await database_sync_to_async(batch_rows.delete_file)(file_id):
+        if not await database_sync_to_async(batch_rows.delete_file)(file_id, request.caller.scope.owner_filter()):
             return _no_file(file_id)
         return JsonResponse({"id": file_id, "object": "file", "deleted": True})
-    row = await database_sync_to_async(batch_rows.find_file)(file_id)
+    row = await database_sync_to_async(batch_rows.find_file)(file_id, request.caller.scope.owner_filter())
     return _no_file(file_id) if row is None else JsonResponse(file_object(row))
 
 
@@ -82,7 +83,7 @@ async def file_entry(request: HttpRequest, service, file_id: str) -> HttpRespons
 @allow_methods("GET")
 async def file_content(request: HttpRequest, service, file_id: str) -> HttpResponse:
     """The file's bytes, read a piece at a time off the event loop."""
-    row = await database_sync_to_async(batch_rows.find_file)(file_id)
+    row = await database_sync_to_async(batch_rows.find_file)(file_id, request.caller.scope.owner_filter())
     if row is None or not storage.path_of(file_id).exists():
         return _no_file(file_id)
     return StreamingHttpResponse(_pieces(file_id), content_type="application/octet-stream",
@@ -105,7 +106,8 @@ async def batches(request: HttpRequest, service) -> HttpResponse:
         limit = _limit(request, 100)
         if limit is None:
             return json_error(400, "limit must be a whole number from 1 to 100", "invalid_limit")
-        rows, more = await database_sync_to_async(batches_page)(request.GET.get("after"), limit)
+        rows, more = await database_sync_to_async(batches_page)(request.GET.get("after"), limit,
+                                                                request.caller.scope.owner_filter())
         return JsonResponse(page(rows, more))
     try:
         body = json.loads(request.body or b"null")
@@ -114,7 +116,8 @@ async def batches(request: HttpRequest, service) -> HttpResponse:
     problem = _creation_problem(body)
     if problem:
         return json_error(400, problem[1], "invalid_request")
-    source = await database_sync_to_async(batch_rows.find_file)(body["input_file_id"])
+    source = await database_sync_to_async(batch_rows.find_file)(body["input_file_id"],
+                                                                request.caller.scope.owner_filter())
     if source is None or source.purpose != "batch":
         return json_error(400, f"no batch input file {body['input_file_id']!r}", "invalid_request")
     asked = asked_priority({k.lower(): v for k, v in request.headers.items()})
@@ -145,20 +148,20 @@ def _creation_problem(body) -> tuple[str, str] | None:
     return None
 
 
-def batches_page(after: str | None, limit: int) -> tuple[list[dict], bool]:
-    rows, more = batch_rows.batches_page(after, limit)
+def batches_page(after: str | None, limit: int, owner: str | None) -> tuple[list[dict], bool]:
+    rows, more = batch_rows.batches_page(after, limit, owner)
     return [batch_object(row, batch_rows.request_counts(row.id)) for row in rows], more
 
 
-def batch_shown(batch_id: str) -> dict | None:
-    row = batch_rows.find_batch(batch_id)
+def batch_shown(batch_id: str, owner: str | None = None) -> dict | None:
+    row = batch_rows.find_batch(batch_id, owner)
     return None if row is None else batch_object(row, batch_rows.request_counts(batch_id))
 
 
 @api_key_required
 @allow_methods("GET")
 async def batch_entry(request: HttpRequest, service, batch_id: str) -> HttpResponse:
-    shown = await database_sync_to_async(batch_shown)(batch_id)
+    shown = await database_sync_to_async(batch_shown)(batch_id, request.caller.scope.owner_filter())
     return _no_batch(batch_id) if shown is None else JsonResponse(shown)
 
 
@@ -167,7 +170,7 @@ async def batch_entry(request: HttpRequest, service, batch_id: str) -> HttpRespo
 @changes_state("POST", need=Need.INFERENCE)
 async def batch_cancel(request: HttpRequest, service, batch_id: str) -> HttpResponse:
     """Stop sending the batch's lines: `cancelling` while those in flight end, then `cancelled`."""
-    row = await database_sync_to_async(batch_rows.cancel_batch)(batch_id)
+    row = await database_sync_to_async(batch_rows.cancel_batch)(batch_id, request.caller.scope.owner_filter())
     if row is None:
         return _no_batch(batch_id)
     runner.wake()

@@ -27,6 +27,11 @@ class KeyScope:
     def allows_model(self, model: str) -> bool:
         return not self.models or any(fnmatchcase(model, glob) for glob in self.models)
 
+    def owner_filter(self) -> str | None:
+        """Whose files and batches this key may see and change: its own (made under its name), or everyone's
+        (None) for an operator key, a config file's key and an open server."""
+        return None if self.operator else self.name
+
     def applied_priority(self, asked: int | None) -> int:
         """The priority a request gets: what it asked for (None: no header, so the key's default, else 0),
         at most the key's maximum."""

@@ -361,7 +361,8 @@ def test_a_batch_of_a_revoked_key_stops_sending_its_lines(tmp_path):
     events = tmp_path / "events.jsonl"
     with Served(tmp_path, config(events)) as served:
         owner = new_key(served, "owner")
-        watcher = openai.OpenAI(base_url=served.base + "/v1", api_key=new_key(served, "watcher"), max_retries=0)
+        watcher = openai.OpenAI(base_url=served.base + "/v1", api_key=new_key(served, "watcher", "--operator"),
+                                max_retries=0)
         batch = submit(openai.OpenAI(base_url=served.base + "/v1", api_key=owner, max_retries=0),
                        jsonl(40, delay=0.2))
         wait_until(lambda: len(batch_starts(events)) >= 2, 30, what="two lines to start")
@@ -373,3 +374,31 @@ def test_a_batch_of_a_revoked_key_stops_sending_its_lines(tmp_path):
             (401, "invalid_api_key")}
         assert "the API key 'owner' is revoked" in refused[0]["response"]["body"]["error"]["message"]
         assert sorted(line["custom_id"] for line in ran) == sorted(set(batch_starts(events)))
+
+
+def test_a_keys_files_and_batches_are_its_own_and_operators(tmp_path):
+    from tests.e2e.test_api_keys import new_key
+
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events)) as served:
+        def api(*args: str) -> openai.OpenAI:
+            return openai.OpenAI(base_url=served.base + "/v1", api_key=new_key(served, *args), max_retries=0)
+
+        alice, bob, operator = api("alice"), api("bob"), api("boss", "--operator")
+        batch = submit(alice, jsonl(2))
+        done = finished(alice, batch.id)
+        output = done.output_file_id
+        assert {f.id for f in alice.files.list()} == {batch.input_file_id, output}
+        assert list(bob.files.list()) == [] and list(bob.batches.list()) == []
+        for attempt in (lambda: bob.files.retrieve(output), lambda: bob.files.content(output),
+                        lambda: bob.files.delete(batch.input_file_id), lambda: bob.batches.retrieve(batch.id),
+                        lambda: bob.batches.cancel(batch.id)):
+            with pytest.raises(openai.NotFoundError):
+                attempt()
+        with pytest.raises(openai.BadRequestError):  # another key's file is no input of yours
+            bob.batches.create(input_file_id=batch.input_file_id, endpoint="/v1/chat/completions",
+                               completion_window="24h")
+        assert {f.id for f in operator.files.list()} >= {batch.input_file_id, output}
+        assert [b.id for b in operator.batches.list()] == [batch.id]
+        assert len(lines_of(operator, output)) == 2
+        assert operator.files.delete(batch.input_file_id).deleted
