@@ -49,12 +49,17 @@ def browser_or_skip(profile: Path):
 
 
 def log_in(browser, served) -> None:
+    """Logs in and waits for the admin index: a page asked for before the login's answer arrives would
+    cancel it and land on the login form again."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(served.base + "/admin/login/?next=/admin/")
     browser.find_element(By.NAME, "username").send_keys("alice")
     browser.find_element(By.NAME, "password").send_keys("correct-horse-battery")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 15).until(lambda d: "llamaswap administration" in d.page_source
+                                     and "/admin/login/" not in d.current_url, message="waiting for the admin index")
 
 
 @pytest.fixture
@@ -103,11 +108,7 @@ def test_an_operator_retunes_swap_affinity_and_the_next_dispatch_follows(browser
         return [row.find_element(By.CLASS_NAME, "model").text
                 for row in browser.find_elements(By.CSS_SELECTOR, "tr.queue-entry")]
 
-    browser.get(served.base + "/admin/login/?next=/admin/")
-    browser.find_element(By.NAME, "username").send_keys("alice")
-    browser.find_element(By.NAME, "password").send_keys("correct-horse-battery")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait(lambda: "llamaswap administration" in browser.page_source, "the admin index")
+    log_in(browser, served)
 
     holder = GpuHolder(served)
     beta = Caller(served, "beta", 0, "beta")
