@@ -28,12 +28,13 @@ _UNANSWERED = {"state": "unknown", "why": f"no scheduler answered; the lease rea
 @changes_state("POST")
 @allow_methods("GET", "POST")
 async def leases(request: HttpRequest, service) -> HttpResponse:
-    """GET: the leases in force, each with its state. POST: a new one (201), in force before the answer, which
-    loads its model when there is room; 409 when the model can never fit."""
+    """GET: the leases in force on the models the key may see, each with its state. POST: a new one (201), in force
+    before the answer, which loads its model when there is room; 409 when the model can never fit."""
     if request.method == "GET":
         states = await _kept(service)
         rows = await database_sync_to_async(leases_in_force)()
-        return JsonResponse({"leases": [_shown(service, row, states) for row in rows]})
+        scope = request.caller.scope  # a key that is not an operator's sees the leases on its models
+        return JsonResponse({"leases": [_shown(service, row, states) for row in rows if scope.sees_model(row[1])]})
     if service.config.hardware is None:
         return json_error(400, "leases keep models placed by memory: describe the GPUs under a top-level hardware: "
                                "section (see docs/configuration.md, Hardware and memory placement)", "placement_off")

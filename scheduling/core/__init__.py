@@ -8,7 +8,8 @@ from .effects import Dequeued, Effect, Grant, Refuse, StartModel, StopModel
 from .fifo import FifoScheduler
 from .fleet import ModelState
 from .matrix import MatrixChoice, MatrixPolicy, MatrixSet, MatrixSyntaxError, compile_sets, parse_expression
-from .priority import BAND_SPACING, PRIORITY_ALIASES, PRIORITY_HEADER, Band, band_of, parse_priority
+from .priority import (BAND_SPACING, PRIORITY_ALIASES, PRIORITY_HEADER, Band, band_of, parse_priority,
+                       readable_priority)
 from .queue import Pick, WaitQueue
 from .scheduler import SCHEDULERS, Scheduler, build_scheduler
 from .serial import SerialScheduler
@@ -55,5 +56,6 @@ __all__ = [
     "compile_sets",
     "parse_expression",
     "parse_priority",
+    "readable_priority",
     "serial_settings_problems",
 ]

@@ -38,6 +38,8 @@ class Decision:
     `waited_because` says why it waited although the GPU was partly idle ("" if
     it never did, or waited only for a fully busy GPU). `fair_turn` says how fair
     share between API keys chose it over an older equal request ("" when it did not).
+    `made_room` names the idle models its model's start stopped for their memory, each with its
+    eviction cost and the formula's terms ("" when none was).
     """
 
     ticket_id: int
@@ -57,6 +59,7 @@ class Decision:
     slot: int | None = None
     waited_because: str = ""
     fair_turn: str = ""
+    made_room: str = ""
 
     @property
     def changed_by_fairness(self) -> bool:
@@ -83,6 +86,8 @@ class Decision:
             text += f"; {' and '.join(changed)} changed the pick"
         if self.fair_turn:
             text += f"; fair share between API keys: {self.fair_turn}"
+        if self.made_room:
+            text += f"; {self.made_room}"
         return text
 
     def activity_metadata(self) -> dict[str, str]:

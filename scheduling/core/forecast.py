@@ -253,12 +253,14 @@ class _Run:
                 at, load, after = self.dispatched[tid]
                 result[tid] = Outlook(tid, position, at - self.now, load, after)
             else:
-                result[tid] = Outlook(tid, position, None, unknown=self._why_unknown(complete))
+                result[tid] = Outlook(tid, position, None, unknown=self._why_unknown(tid, complete))
         return result
 
-    def _why_unknown(self, complete: bool) -> str:
+    def _why_unknown(self, ticket_id: int, complete: bool) -> str:
         if self.unknown:
             return f"no history yet: {' or '.join(sorted(self.unknown))} has never finished, so its length is unknown"
         if not complete and self.sim.next_at() is not None:
             return "too far back in the queue to predict"
-        return "nothing under way is predicted to make room for it"
+        # What the copy, with nothing left under way, last held it back for: a pin or a lease in its way, say.
+        because = self.sim.scheduler.held_back_because(ticket_id)
+        return because or "nothing under way is predicted to make room for it"

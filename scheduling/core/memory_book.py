@@ -218,6 +218,19 @@ class MemoryBook:
     def cost(self, model: str, now: float | None = None) -> float:
         return eviction_cost(self.load_s(model), self._demand.per_minute(model, self._now if now is None else now))
 
+    def made_room(self, stopped: tuple[str, ...], gpus: tuple[str, ...], now: float) -> str:
+        """What a decision says of the models a start stops for their memory: each one's cost, with the
+        formula's terms, as they stood when the set was chosen."""
+        def priced(model: str) -> str:
+            load_s, demand = self.load_s(model), self._demand.per_minute(model, now)
+            return (f"{model} (cost {eviction_cost(load_s, demand):.2f} = {load_s:.1f} s load × "
+                    f"(1 − e^−{demand:.2f}))")
+
+        where = (f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {', '.join(gpus)}") if gpus else "the CPU"
+        return (f"to make room on {where} its start stopped {' and '.join(priced(m) for m in stopped)}: the idle "
+                "models whose stop frees enough at least cost, cost = load seconds × (1 − e^−demand), demand = "
+                "Σ 2^(priority/100) of the model's requests per minute over the last 10 minutes")
+
     def protection(self, model: str, now: float | None = None) -> str:
         """Why `model` may not be stopped to make room, or ""."""
         now = self._now if now is None else now
@@ -310,12 +323,6 @@ class MemoryBook:
         """`room`, with `leaving` (what the groups or matrix stop for `model`) among what it stops."""
         room = self.room(model, holding, busy, leaving)
         return room if room is None or room.blocked_by else replace(room, evict=room.evict | leaving)
-
-    def gpus_for(self, model: str, holding: Iterable[str], leaving: Iterable[str],
-                 busy: Callable[[str], bool]) -> tuple[str, ...] | None:
-        """Where `model` goes once `leaving` stop (None: only a protected model's stop would make room)."""
-        room = self.room(model, holding, busy, leaving)
-        return None if room is None or room.blocked_by else room.gpus
 
     def blocked(self, model: str, holding: Iterable[str], busy: Callable[[str], bool],
                 leaving: Iterable[str] = ()) -> str | None:

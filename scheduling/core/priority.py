@@ -24,7 +24,7 @@ _SURROUNDING_WHITESPACE = " \t\r\n\f\v"
 
 
 def parse_priority(value: str | bytes | None) -> int:
-    """The caller's priority, or 0 when the header is absent or not a valid value.
+    """The caller's priority, or 0 when the header is absent or not a valid value (`readable_priority` tells).
 
     Accepts a signed decimal integer within signed 64 bits (leading "+" or "-")
     or an alias, case-insensitive, ignoring surrounding whitespace. Values are
@@ -48,6 +48,12 @@ def parse_priority(value: str | bytes | None) -> int:
     if not INT64_MIN <= number <= INT64_MAX:
         return 0
     return number
+
+
+def readable_priority(text: str) -> bool:
+    """Whether `parse_priority` reads `text` as what it says, rather than as 0 for want of a value."""
+    text = text.strip(_SURROUNDING_WHITESPACE)
+    return parse_priority(text) != 0 or text.lower() in PRIORITY_ALIASES or re.fullmatch(r"[+-]?0+", text) is not None
 
 
 class Band(enum.StrEnum):

@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from . import refusals
 from .decision import Decision, ScoreTerms
-from .effects import Dequeued, Effect, Grant, StartModel, StopModel
+from .effects import Dequeued, Effect, Grant, StopModel
 from .fairness import FairShare
 from .fleet import ModelFleet, ModelState
 from .launches import Job, Launch, Round
@@ -61,22 +61,19 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
     # -- requests -----------------------------------------------------------------------------
 
     def submit(self, ticket: Ticket, now: float) -> list[Effect]:
-        refusal = self._refusal(ticket)
-        if refusal is not None:
-            return [refusal]
-        self._enqueue(ticket)
-        if self.memory is not None:
-            self.memory.arrived(ticket.model, ticket.priority, now)
-        return self._dispatch(now)
+        return self.submit_all((ticket,), now)
 
     def submit_all(self, tickets: Iterable[Ticket], now: float) -> list[Effect]:
         """A rebuilt queue: every ticket queues before any is dispatched, so an idle GPU goes to the
-        best-scoring of them, not to whichever came first."""
+        best-scoring of them, not to whichever came first. Each counts in its model's demand (its
+        eviction cost) as a request submitted alone does."""
         effects: list[Effect] = []
         for ticket in tickets:
             refusal = self._refusal(ticket)
             if refusal is None:
                 self._enqueue(ticket)
+                if self.memory is not None:
+                    self.memory.arrived(ticket.model, ticket.priority, now)
             else:
                 effects.append(refusal)
         return effects + self._dispatch(now)
@@ -429,20 +426,15 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
                 continue  # and the end of the start that stops it
             gpus = None
             if self.memory is not None:
-                gpus = self.memory.gpus_for(launch.model, self._others(launch.model), victims, self._in_use)
+                gpus = self._gpus_for(launch.model)
                 if gpus is None:
                     continue  # only stopping a pinned or leased model makes room: it waits for that to change
             for victim in victims:
                 self._fleet.mark_stopping(victim)
                 self._evicting[victim] = launch.model
-                if self.memory is not None:
-                    self.memory.gone(victim)
             self._fleet.mark_starting(launch.model)
-            if self.memory is not None:
-                self.memory.starting(launch.model, gpus, now)
             launch.started = True
-            by_policy = self._policy.evictions(launch.model, self._others(launch.model))
-            effects.append(StartModel(launch.model, tuple(sorted(victims)), gpus, tuple(sorted(victims - by_policy))))
+            effects.append(self._start_placed(launch, victims, gpus, now))
         return effects
 
     def _evicted_by_start(self, model: str) -> str | None:

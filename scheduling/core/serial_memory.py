@@ -4,10 +4,12 @@ the leases in force, the room a model would get, and what its processes are meas
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from . import refusals
-from .effects import Effect
+from .effects import Effect, StartModel
 from .fleet import ModelState
+from .launches import Launch
 from .placement import Resident, Room, assign
 
 
@@ -22,6 +24,25 @@ class SerialMemory:
             return []
         self.memory.set_leases(leases)
         return self.tick(now)  # a lease that ended lets its model's TTL, and requests it blocked, go
+
+    def _start_placed(self, launch: Launch, victims: set[str], gpus: tuple[str, ...] | None, now: float) -> StartModel:
+        """`launch`'s start: its victims leave the memory book and it takes `gpus`; its decision names those stopped
+        for their memory (not by the groups or matrix), each with its eviction cost."""
+        for_memory = tuple(sorted(victims - self._policy.evictions(launch.model, self._others(launch.model))))
+        if self.memory is not None:
+            for victim in victims:
+                self.memory.gone(victim)
+            self.memory.starting(launch.model, gpus, now)
+        if for_memory:
+            launch.decision = replace(launch.decision, made_room=self.memory.made_room(for_memory, gpus, now))
+        return StartModel(launch.model, tuple(sorted(victims)), gpus, for_memory)
+
+    def _gpus_for(self, model: str) -> tuple[str, ...] | None:
+        """Where `model` goes once its victims (`_victims`) stop: the room they were chosen for, kept from then
+        while nothing changed (None: only a protected model's stop would make room)."""
+        others = self._others(model)
+        room = self.memory.room(model, others, self._in_use, self._policy.evictions(model, others))
+        return None if room is None or room.blocked_by else room.gpus
 
     def room_for(self, model: str) -> Room | None:
         if self.memory is None or model not in self._fleet:

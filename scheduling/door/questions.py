@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from scheduling.core import Band, ModelState, SchedulerSnapshot, ScoreTerms, SerialSettings, band_of
+from scheduling.core import Band, ModelState, SchedulerSnapshot, SerialSettings
 from scheduling.core.durations import JobKind
-from scheduling.door.queue_entries import QueueEntry, queue_entries
-from scheduling.tickets import Outcome, TicketRequest
+from scheduling.door.queue_entries import BusyModel, QueueEntry, RunningEntry, WaitingEntry, queue_entries
+from scheduling.tickets import Outcome, Refused, TicketRequest
 
 
 class Reach(Protocol):
@@ -63,56 +63,6 @@ class FirstFound(Question):
 
     def merge(self, answers: dict[str, Any]) -> Any:
         return next((answer for answer in answers.values() if answer is not None), None)
-
-
-@dataclass(frozen=True)
-class WaitingEntry:
-    """One request waiting for the GPU, as the scheduler ranks it right now."""
-
-    position: int
-    ticket_id: int
-    model: str
-    requested_model: str
-    path: str
-    client: str
-    priority: int
-    terms: ScoreTerms
-    waited_s: float
-
-    @property
-    def band(self) -> str:
-        return band_of(self.priority).value
-
-    @property
-    def score(self) -> float:
-        return self.terms.total
-
-
-@dataclass(frozen=True)
-class RunningEntry:
-    """A request on one of a model's job slots; `running_s` is None while its model is still starting."""
-
-    ticket_id: int
-    priority: int
-    slot: int | None
-    running_s: float | None
-
-    @property
-    def band(self) -> str:
-        return band_of(self.priority).value
-
-
-@dataclass(frozen=True)
-class BusyModel:
-    """A model with requests on its slots; `slots` is None under fifo, which has no slots."""
-
-    model: str
-    slots: int | None
-    requests: tuple[RunningEntry, ...]
-
-    @property
-    def busy(self) -> int:
-        return len(self.requests)
 
 
 @dataclass(frozen=True)
@@ -253,6 +203,15 @@ class CancelWaiting(Listed):
     """Fail these queued requests as cancelled by an operator; answers those that were still waiting."""
 
     ticket_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RefuseKey(Listed):
+    """Refuse every queued request of the API key `key` with 401 `invalid_api_key` saying `why` (the key stopped
+    counting: revoked, expired, deleted); answers those that were still waiting. Running ones go on."""
+
+    key: str
+    why: str
 
 
 @dataclass(frozen=True)
@@ -501,6 +460,11 @@ def _cancel_request(question: CancelRequest, runtime, fleet) -> bool:
 @answers(CancelWaiting)
 def _cancel_waiting(question: CancelWaiting, runtime, fleet) -> list[int]:
     return [ticket_id for ticket_id in question.ticket_ids if runtime.operator_cancel(ticket_id)]
+
+
+@answers(RefuseKey)
+def _refuse_key(question: RefuseKey, runtime, fleet) -> list[int]:
+    return runtime.refuse_key(question.key, Refused(401, "invalid_api_key", question.why))
 
 
 @answers(Reprioritize)

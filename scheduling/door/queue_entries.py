@@ -1,4 +1,5 @@
-"""The queue as a caller sees it: each request's place, its predicted wait, and why, in words.
+"""The queue as a caller sees it: each request's place, its predicted wait, and why, in words; and as the
+scheduler ranks it (`WaitingEntry`), with the requests on each model's slots (`BusyModel`).
 
 Built on the event loop from the runtime and its forecast; the same entries feed `/api/queue`,
 `/api/events` and the loading state streamed to a waiting chat client, so they never disagree.
@@ -57,6 +58,56 @@ class QueueEntry:
             "eta_seconds": None if self.eta_s is None else round(self.eta_s, 3),
             "outlook": self.outlook,
         }
+
+
+@dataclass(frozen=True)
+class WaitingEntry:
+    """One request waiting for the GPU, as the scheduler ranks it right now."""
+
+    position: int
+    ticket_id: int
+    model: str
+    requested_model: str
+    path: str
+    client: str
+    priority: int
+    terms: ScoreTerms
+    waited_s: float
+
+    @property
+    def band(self) -> str:
+        return band_of(self.priority).value
+
+    @property
+    def score(self) -> float:
+        return self.terms.total
+
+
+@dataclass(frozen=True)
+class RunningEntry:
+    """A request on one of a model's job slots; `running_s` is None while its model is still starting."""
+
+    ticket_id: int
+    priority: int
+    slot: int | None
+    running_s: float | None
+
+    @property
+    def band(self) -> str:
+        return band_of(self.priority).value
+
+
+@dataclass(frozen=True)
+class BusyModel:
+    """A model with requests on its slots; `slots` is None under fifo, which has no slots."""
+
+    model: str
+    slots: int | None
+    requests: tuple[RunningEntry, ...]
+
+    @property
+    def busy(self) -> int:
+        return len(self.requests)
 
 
 def queue_entries(runtime) -> list[QueueEntry]:

@@ -103,7 +103,7 @@ class ModelLeases:
             if model not in leased:
                 task.cancel()
         snapshot = self._runtime.snapshot[1]
-        for model in sorted(leased & set(self._configured())):
+        for model in self._oldest_lease_first(leased & set(self._configured())):
             if model in snapshot.loaded:
                 since = self._loaded_since.setdefault(model, now)
                 if now - since >= STEADY_S:
@@ -114,6 +114,14 @@ class ModelLeases:
                 continue
             if self._held_back(model) is None:
                 self._loading[model] = asyncio.get_running_loop().create_task(self._load(model))
+
+    def _oldest_lease_first(self, models: set[str]) -> list[str]:
+        """`models` by their oldest lease: where not all fit, those leased first are loaded first, so a restart or a
+        takeover keeps the models that were loaded before it, not those first by name."""
+        first: dict[str, int] = {}
+        for lease_id, model, _ in self._rows or []:
+            first[model] = min(lease_id, first.get(model, lease_id))
+        return sorted(models, key=lambda model: (first[model], model))
 
     async def _load(self, model: str) -> None:
         self._loads[model] = self._loads.get(model, 0) + 1

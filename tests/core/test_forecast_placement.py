@@ -102,3 +102,21 @@ def test_with_typical_durations_the_placed_forecast_is_exactly_what_happens(requ
     assert {tid: outlooks[tid].eta_s for tid in pending} == pytest.approx(
         {tid: world.granted_at[tid] - now for tid in pending}
     )
+
+
+def test_a_request_only_a_pinned_models_stop_would_make_room_for_is_told_the_pin_in_its_way():
+    """Nothing under way ends in room for coder: its outlook has no ETA and names what holds the GPU, as a
+    Max-Wait refusal does, not just that nothing is predicted to make room."""
+    models = {"chat": ModelSpec("chat", memory=MemoryNeed(20 * GIB), pinned=True),
+              "coder": ModelSpec("coder", memory=MemoryNeed(20 * GIB)), "embed": ModelSpec("embed", memory=MemoryNeed(2 * GIB))}
+    everyone = SwapGroup("(placed by memory)", MODELS, swap=False, exclusive=False)
+    scheduler = SerialScheduler(models, SwapPolicy([everyone], MODELS), SerialSettings(), Hardware({"0": 24 * GIB}))
+    ticket, world = Tickets(), World(scheduler)
+    world.apply(scheduler.submit(ticket("chat", 0, 0.0), 0.0), 0.0)
+    while world.events:
+        world.step()  # chat loaded, its job done: idle, but pinned
+    coder = ticket("coder", 100, 20.0)
+    world.apply(scheduler.submit(coder, 20.0), 20.0)
+    outlook = world.forecast({coder.id: "coder"}, 20.0)[coder.id]
+    assert outlook.eta_s is None
+    assert outlook.unknown == "model coder has room only if chat (pinned) is stopped, which is never done to make room"

@@ -167,3 +167,51 @@ def test_the_memory_book_keeps_an_answer_only_while_nothing_it_reads_changes():
     assert book.room("c", ("a", "b"), idle).evict == {"a"}
     book.gone("a")
     assert book.room("c", ("a", "b"), idle).evict == frozenset()
+
+
+def test_a_start_that_stops_models_for_memory_explains_each_ones_cost_in_its_decision():
+    from scheduling.core import (
+        Grant, ModelSpec, SerialScheduler, SerialSettings, StartModel, SwapGroup, SwapPolicy, Ticket,
+    )
+
+    one_gpu = Hardware({"0": 24_576})
+    specs = {m: ModelSpec(m, memory=MemoryNeed(mib)) for m, mib in (("big", 20_000), ("a", 10_000), ("b", 10_000))}
+    together = SwapGroup("(placement)", tuple(specs), swap=False, exclusive=False)  # memory alone decides
+    scheduler = SerialScheduler(specs, SwapPolicy([together], specs), SerialSettings(), one_gpu)
+    for ticket, model, at in ((1, "a", 0.0), (2, "b", 10.0)):
+        assert scheduler.submit(Ticket(ticket, model, 0, at), at) == [StartModel(model, (), ("0",))]
+        scheduler.model_ready(model, at + 4.0)  # both load in 4 s
+        scheduler.finished(ticket, at + 5.0)
+    for ticket in (3, 4):  # b asked for twice more: its demand is higher than a's
+        scheduler.submit(Ticket(ticket, "b", 0, 16.0), 16.0)
+        scheduler.finished(ticket, 17.0)
+    assert scheduler.submit(Ticket(5, "big", 0, 20.0), 20.0) == [StartModel("big", ("a", "b"), ("0",), ("a", "b"))]
+    [grant] = [e for e in scheduler.model_ready("big", 30.0) if isinstance(e, Grant)]
+    text = grant.decision.explain()
+    demand_a, demand_b = 1 / 10, 3 / 10  # one and three requests at priority 0 in a 10-minute window, per minute
+    assert (f"to make room on GPU 0 its start stopped a (cost {eviction_cost(4.0, demand_a):.2f} = 4.0 s load × "
+            f"(1 − e^−{demand_a:.2f})) and b (cost {eviction_cost(4.0, demand_b):.2f} = 4.0 s load × "
+            f"(1 − e^−{demand_b:.2f}))") in text
+    assert "cost = load seconds × (1 − e^−demand)" in text
+    scheduler.finished(5, 35.0)
+    [again] = scheduler.submit(Ticket(6, "big", 0, 40.0), 40.0)  # loaded already: nothing is stopped
+    assert "make room" not in again.decision.explain()
+
+
+def test_a_rebuilt_queues_requests_count_in_their_models_demand_as_submitted_ones_do():
+    """A standby that takes over queues the requests still waiting with submit_all: they are demand for their model
+    (its eviction cost) as much as requests sent to it one by one, or a model in use would look free to stop."""
+    from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, SwapGroup, SwapPolicy, Ticket
+    from scheduling.core.memory_book import UNKNOWN_LOAD_S
+
+    specs = {m: ModelSpec(m, memory=MemoryNeed(10_000)) for m in ("a", "b")}
+    together = SwapGroup("(placement)", tuple(specs), swap=False, exclusive=False)
+    one_by_one, rebuilt = (SerialScheduler(specs, SwapPolicy([together], specs), SerialSettings(), TWO_24)
+                           for _ in range(2))
+    tickets = [Ticket(n, "a", 0, 0.0) for n in (1, 2)]
+    for ticket in tickets:
+        one_by_one.submit(ticket, 0.0)
+    rebuilt.submit_all(tickets, 0.0)
+    expected = eviction_cost(UNKNOWN_LOAD_S, 2 * 60 / DEMAND_WINDOW_S)
+    assert expected > 0
+    assert one_by_one.memory.cost("a", 1.0) == rebuilt.memory.cost("a", 1.0) == pytest.approx(expected)

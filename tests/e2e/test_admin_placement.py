@@ -1,9 +1,11 @@
 """The admin Models page with `hardware:` described: each GPU's memory and the models placed on it, in a real
 headless Chromium after a request loaded a model; per box in distributed mode; and a page that still renders,
-saying why placement is unknown, while the worker does not answer."""
+saying why placement is unknown, while the worker does not answer; and the lease list with each lease's state."""
 
 from __future__ import annotations
 
+import html
+import re
 import signal
 
 import httpx
@@ -17,6 +19,7 @@ from tests.served import REPO, Served, Worker, fake_cmd, wait_until
 pytestmark = pytest.mark.e2e
 
 MODELS = "/admin/scheduling/configuredmodel/"
+LEASES = "/admin/scheduling/modellease/"
 SCREENSHOT = REPO / "test-artifacts" / "models-placement.png"
 ODD = "<b>odd</b>"  # a model ID is the operator's text: the page must show it, not run it
 
@@ -119,3 +122,45 @@ def test_a_front_end_shows_its_worker_box_and_still_renders_the_page_while_the_w
             assert cell(page, "model-1", "state") == cell(page, "model-2", "state") == "no answer"
             assert ">&lt;b&gt;odd&lt;/b&gt;</a>" in page and ODD not in page  # the models still listed, escaped
             admin.close()
+
+
+def lease_states(page: str) -> dict[int, str]:
+    """The admin lease list's rows: each lease's id and the text of its state column."""
+    rows = re.findall(r'<tr>(.*?)</tr>', page, re.S)
+    found = {}
+    for row in rows:
+        lease_id = re.search(r'class="field-id"><a [^>]*>(\d+)</a>', row)
+        state = re.search(r'class="field-state">([^<]*)<', row)
+        if lease_id and state:
+            found[int(lease_id.group(1))] = html.unescape(state.group(1))
+    return found
+
+
+def test_the_lease_list_says_what_each_lease_is_doing(tmp_path):
+    events = tmp_path / "events.jsonl"
+    text = f"""
+        healthCheckTimeout: 20
+        hardware:
+          gpus: [{{id: 0, memory: 24GiB}}]
+        models:
+          first:
+            cmd: {fake_cmd("first", events)}
+            memory: 20GiB
+          second:
+            cmd: {fake_cmd("second", events)}
+            memory: 20GiB
+    """
+    with Served(tmp_path, text) as served:
+        create_superuser(served, "alice", "correct-horse-battery")
+        admin = AdminSession(served, "alice", "correct-horse-battery")
+        first = httpx.post(served.base + "/api/leases", json={"model": "first", "seconds": 600}, timeout=10).json()
+        wait_until(lambda: lease_states(admin.get(LEASES)) == {first["id"]: "loaded"}, 20, 0.2,
+                   "the first lease's model to load")
+        second = httpx.post(served.base + "/api/leases", json={"model": "second", "seconds": 600}, timeout=10).json()
+        assert lease_states(admin.get(LEASES)) == {
+            first["id"]: "loaded", second["id"]: f"waiting: blocked by first (lease #{first['id']})"}
+        assert httpx.delete(served.base + f"/api/leases/{first['id']}", timeout=10).status_code == 200
+        wait_until(lambda: lease_states(admin.get(LEASES)).get(second["id"]) == "loaded", 20, 0.2,
+                   "the second lease's model to load once the first lease is revoked")
+        assert set(lease_states(admin.get(LEASES))) == {second["id"]}  # a revoked lease's row is gone
+        admin.close()

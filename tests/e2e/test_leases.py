@@ -197,3 +197,79 @@ def test_a_lease_whose_model_a_reload_removed_says_so(tmp_path):
         wait_until(lambda: shown(served)["b"]["state"] == "model_removed", 20, 0.1, "the lease shown model_removed")
         assert shown(served)["b"]["id"] == made["id"]
         wait_until(lambda: "b" not in loaded(served), 20, 0.1, "the removed model stopped")
+
+
+def test_leased_models_that_do_not_all_fit_are_loaded_oldest_lease_first_also_after_a_restart(tmp_path):
+    """Three leases of 20 GiB models on two 24 GiB GPUs: the two leased first are loaded and the third waits; after a
+    kill -9 and a restart the same two are loaded again, not the first two by name (a, b)."""
+    events = tmp_path / "events.jsonl"
+    with Served(tmp_path, config(events)) as served:
+        for model in ("c", "b"):
+            assert lease(served, model).status_code == 201
+            wait_until(lambda: model in loaded(served), 20, 0.1, f"{model}, leased, loaded")
+        assert lease(served, "a").status_code == 201
+        wait_until(lambda: shown(served)["a"]["state"] == "waiting", 10, 0.1, "the third lease waiting for room")
+        served.kill()  # kill -9: its models are left running, for the next start to find and stop
+    with Served(tmp_path, config(events)) as served:
+        wait_until(lambda: loaded(served) == {"b", "c"} and shown(served)["a"]["state"] == "waiting", 30, 0.1,
+                   "the two models leased first loaded again, the third waiting")
+
+
+def test_a_lease_made_through_a_front_end_is_kept_by_the_standby_that_takes_over_from_a_killed_worker(
+        tmp_path, distributed):
+    """A lease is a row, not the active worker's memory: once that worker is killed -9, the standby that takes over
+    loads the leased model again by itself, a front end lists the lease `loaded`, and requests for a and c that need
+    its memory stop a instead (a takes over a second to load, so b is the cheaper to lose: without its lease, b would
+    go)."""
+    from tests.served import model_ports
+
+    env, _ = distributed
+    events = tmp_path / "events.jsonl"
+    text = f"startPort: {model_ports(8)}\n" + textwrap.dedent(config(events, slow="a"))
+    standby_env = {**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "standby-data")}  # as on another machine
+
+    def ready_here() -> set[str] | None:
+        """The models ready to serve, as the front end hears from the worker serving (None: none answered)."""
+        answer = httpx.get(front.base + "/running", timeout=10)
+        return {m["model"] for m in answer.json()["running"] if m["state"] == "ready"} if answer.is_success else None
+
+    def placed() -> dict:
+        return httpx.get(front.base + "/api/placement", timeout=10).json()["boxes"][0]
+
+    with Worker(tmp_path / "active", text, env) as active, \
+            Worker(tmp_path / "standby", text, standby_env, ready="llamaswap worker standing by") as standby:
+        (tmp_path / "fe").mkdir()
+        with Served(tmp_path / "fe", text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / "fe" / "data")}) as front:
+            made = lease(front, "b")
+            assert made.status_code == 201, made.text
+            wait_until(lambda: shown(front)["b"]["state"] == "loaded", 20, 0.1, "the leased model loaded")
+            assert f"lease #{made.json()['id']} keeps model b loaded" in active.log()
+            before = model_pid(front, "b")
+
+            os.kill(active.proc.pid, signal.SIGKILL)
+            wait_until(lambda: "llamaswap worker serving" in standby.log(), 60, 0.05, "the standby to take over")
+            # Only /running is asked until b is back: a GET /api/leases would have the standby read the rows at
+            # once, and this is to show that it reads them by itself.
+            wait_until(lambda: ready_here() == {"b"}, 30, 0.1, "the standby to load the leased model again")
+            again = model_pid(front, "b")
+            assert again != before, "b is the standby's own process, not the killed worker's"
+            assert f"lease #{made.json()['id']} keeps model b loaded" in standby.log()
+            assert [(entry["id"], entry["model"], entry["state"])
+                    for entry in httpx.get(front.base + "/api/leases", timeout=10).json()["leases"]] == [
+                (made.json()["id"], "b", "loaded")]
+
+            # Right after the takeover: the standby still gathers what front ends submit again, and a request
+            # queued then counts as demand as any other does.
+            assert ask(front, "a").status_code == 200
+            assert loaded(front) == {"a", "b"}
+            models = placed()["models"]
+            assert models["a"]["eviction_cost"] > models["b"]["eviction_cost"], models  # unleased, b would go
+            assert models["b"]["protected"] == f"lease #{made.json()['id']}", models
+            gpu_of_a = next(g["id"] for g in placed()["gpus"] if g["models"] == ["a"])
+
+            assert ask(front, "c").status_code == 200  # no room for c: a is stopped, not the leased b
+            assert loaded(front) == {"b", "c"}
+            assert model_pid(front, "b") == again, "b was never stopped, not even to be loaded again"
+            assert {g["id"]: g["models"] for g in placed()["gpus"]}[gpu_of_a] == ["c"]
+            assert ask(front, "b").status_code == 200 and model_pid(front, "b") == again
+            assert shown(front)["b"]["state"] == "loaded"

@@ -42,7 +42,8 @@ def ask(served, model: str, **headers) -> httpx.Response:
 
 
 def loaded(served) -> set[str]:
-    return {m["model"] for m in httpx.get(served.base + "/running", timeout=10).json()["running"]}
+    """The models ready to serve (one still starting is not yet loaded)."""
+    return {m["model"] for m in httpx.get(served.base + "/running", timeout=10).json()["running"] if m["state"] == "ready"}
 
 
 def devices(events) -> dict[str, list[str | None]]:
@@ -124,7 +125,8 @@ def test_a_lease_loads_its_model_keeps_it_through_a_restart_and_its_revocation_f
         lease = made.json()
         assert lease["model"] == "b" and lease["state"] == "loading" and set(lease) == {"id", "model", "expires_at", "state"}
         wait_until(lambda: loaded(served) == {"b"}, 20, 0.1, "the leased model loaded by the lease")
-        assert httpx.get(served.base + "/api/leases", timeout=10).json() == {"leases": [lease | {"state": "loaded"}]}
+        wait_until(lambda: httpx.get(served.base + "/api/leases", timeout=10).json() == {
+            "leases": [lease | {"state": "loaded"}]}, 5, 0.05, "the lease to say its model is loaded")
         for bad in ({"model": "b"}, {"model": "b", "seconds": 0}, {"model": "b", "seconds": 10**9}, [], {"model": 3}):
             assert httpx.post(served.base + "/api/leases", json=bad, timeout=10).status_code == 400, bad
         assert httpx.post(served.base + "/api/leases", json={"model": "nope", "seconds": 5}, timeout=10).status_code == 404

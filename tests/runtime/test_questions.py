@@ -54,6 +54,7 @@ SAMPLES = [
     questions.Snapshot(), questions.Waiting(), questions.BusyModels(), questions.Queue(), questions.QueueEntryOf(7),
     questions.Progress("front#3"), questions.Processes(), questions.RunningProcesses(), questions.Logs(),
     questions.LogsSince({"worker a": "12"}, "a"), questions.CancelRequest(7), questions.CancelWaiting((1, 2)),
+    questions.RefuseKey("app", "the API key 'app' is revoked"),
     questions.Reprioritize((3,), 100), questions.Unload(("a",), wait=False), questions.Unload(),
     questions.Retune(SerialSettings(30, 5, {"a": 2})),
     questions.BeginRelayed(TicketRequest("m", "/v1/chat/completions", 0, client="c"), "box", 1.5, "relayed"),
