@@ -58,3 +58,10 @@ def test_the_front_end_learns_whether_the_config_has_keys_on_each_export():
         assert metrics.KEY_LABELS.of("") == "none"
     finally:
         metrics.KEY_LABELS.config_keys = False
+
+
+def test_a_keys_refusals_at_the_door_are_counted_under_its_name_and_status():
+    before = value("llamaswap_key_refusals_total", key="door-refused", status="429")
+    metrics.key_refused("door-refused", 429)
+    metrics.key_refused("door-refused", 429)
+    assert value("llamaswap_key_refusals_total", key="door-refused", status="429") == before + 2

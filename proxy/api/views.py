@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from dataclasses import replace
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -12,8 +13,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from proxy.api import events_stream
 from proxy.compat.active_profile import active_profile
-from proxy.http.access import Denied, Need, route_refusal
-from proxy.http.key_cache import caller_of
+from proxy.http.access import Caller, Denied, Need, route_refusal
+from proxy.http.key_cache import KEYS, caller_of
 from proxy.config.secrets import shown_argv, shown_url
 from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
 from proxy.compat.model_listing import add_capabilities, alias_entries
@@ -53,7 +54,7 @@ def operator_only(view):
     @functools.wraps(view)
     async def wrapper(request: HttpRequest, service, *args, **kwargs):
         if denied := route_refusal(request.caller, Need.OPERATOR):
-            return _denied(denied)
+            return refused_for(request.caller, _denied(denied))
         return await view(request, service, *args, **kwargs)
 
     return wrapper
@@ -69,16 +70,24 @@ def changes_state(*methods: str, need: Need = Need.OPERATOR):
         async def wrapper(request: HttpRequest, service, *args, **kwargs):
             if request.method in methods:
                 if denied := route_refusal(request.caller, need):
-                    return _denied(denied)
+                    return refused_for(request.caller, _denied(denied))
                 headers = {k.lower(): v for k, v in request.headers.items()}
                 refusal = cross_site_refusal(headers, request.caller)
                 if refusal is not None:
-                    return json_error(403, refusal, CROSS_SITE_CODE)
+                    return refused_for(request.caller, json_error(403, refusal, CROSS_SITE_CODE))
             return await view(request, service, *args, **kwargs)
 
         return wrapper
 
     return decorate
+
+
+def refused_for(caller: Caller, response: HttpResponse) -> HttpResponse:
+    """`response`, a refusal of what `caller`'s key may not do, counted for a row key's usage page and /metrics
+    as a model request's refusal at the door is."""
+    if caller.scope.name:
+        KEYS.refused(caller.scope.name, response.status_code)
+    return response
 
 
 def _denied(denied: Denied) -> HttpResponse:
@@ -140,6 +149,8 @@ async def running(request: HttpRequest, service) -> JsonResponse:
     items = []
     # A model a reload removed is listed until it has stopped, with the entry it was started with.
     for process in await service.door.ask(RunningProcesses()):
+        if not request.caller.scope.sees_model(process.model):
+            continue
         item = {"model": process.model, "state": process.state}
         if process.cmd is not None:
             item.update(cmd=" ".join(shown_argv(process.cmd)), proxy=shown_url(process.proxy), ttl=process.ttl,
@@ -240,9 +251,9 @@ async def _logs_stream(door, model: str | None, model_id: str | None, history: b
 @api_key_required
 @allow_methods("GET")
 async def api_events(request: HttpRequest, service) -> HttpResponse:
-    """`GET /api/events`: llama-swap's Server-Sent Events (see proxy.api.events_stream); the models' log
-    text only for an operator key, as `/logs`."""
-    events = events_stream.events(service, with_logs=request.caller.scope.operator)
+    """`GET /api/events`: llama-swap's Server-Sent Events (see proxy.api.events_stream), of what the key may
+    see (proxy.api.visibility); the models' log text only for an operator key, as `/logs`."""
+    events = events_stream.events(service, viewer=request.caller.scope)
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a proxy in front must pass each event on as it comes
@@ -288,9 +299,14 @@ def server_error(request: HttpRequest) -> HttpResponse:
 @api_key_required
 @allow_methods("GET")
 async def activity(request: HttpRequest, service) -> HttpResponse:
-    """`GET /api/activity`: the request history as JSON."""
+    """`GET /api/activity`: the request history as JSON; a key that is not an operator's reads its own requests."""
     try:
         query = ActivityQuery.from_params(request.GET)
     except ActivityQueryError as exc:
         return json_error(400, str(exc), "invalid_parameter")
+    owner = request.caller.scope.owner_filter()
+    if owner is not None:
+        if query.keys and owner not in query.keys:
+            return JsonResponse({"data": [], "next_before_id": None})
+        query = replace(query, keys=(owner,))
     return JsonResponse(await sync_to_async(activity_page)(query))

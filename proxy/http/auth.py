@@ -1,11 +1,14 @@
-"""Where a caller shows an API key: `Authorization: Bearer`, `x-api-key` or Basic (the password part), and the
-headers that carry one. Which key it is, and what it may do: `proxy.http.access`."""
+"""Where a caller shows an API key: `Authorization: Bearer`, `x-api-key` or Basic (the password part), the
+headers that carry one, and this server's own cookies, which no model server is sent. Which key it is, and what
+it may do: `proxy.http.access`."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+
+from django.conf import settings
 
 # Headers that carry the proxy's own key: never forwarded upstream when keys guard the server, never stored.
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorization"})
@@ -16,6 +19,22 @@ CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "proxy-authorizati
 SECRET_HEADERS = CREDENTIAL_HEADERS | {
     "api-key", "ocp-apim-subscription-key", "x-goog-api-key", "x-auth-token", "cookie", "set-cookie",
 }
+
+
+def without_own_cookies(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`headers` with this server's own cookies (the admin's session and CSRF token, by the names Django's
+    settings give them) taken out of each `Cookie`, which is left out when nothing else is in it: what a model
+    server or a peer is sent. Other cookies are the client's business with the model server."""
+    own = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME}
+    kept: list[tuple[str, str]] = []
+    for name, value in headers:
+        if name.lower() == "cookie":
+            value = "; ".join(part.strip() for part in value.split(";")
+                              if part.strip() and part.split("=", 1)[0].strip() not in own)
+            if not value:
+                continue
+        kept.append((name, value))
+    return kept
 
 
 def presented_keys(headers: Mapping[str, str], *, basic: bool = True) -> list[str]:

@@ -8,7 +8,8 @@ a tpm check under the limit reads a running total, not each entry.
 
 Redis away: the counter fails open — requests are admitted uncounted, and the log says so once when the outage
 begins and once when it ends. Refusing every keyed request instead would turn a counter's outage into an outage
-of the service (and with Redis away, a distributed front end reaches no worker anyway).
+of the service (and with Redis away, a distributed front end reaches no worker anyway). A place that could not be
+given back is given back as soon as Redis answers again, not left to lapse with its lease.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ end
 """
 # What a counter answers when it counted nothing (Redis away): admitted, with a place that is no place.
 UNCOUNTED = "uncounted"
+_FAILED = object()  # what `_run` answers for a script Redis did not run
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,8 @@ class RedisQuotaCounter(QuotaCounter):
         self._clients: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
         self._held: dict[str, str] = {}  # holder -> its key's places, renewed while held
         self._renewing: asyncio.Task | None = None
+        self._unreturned: list[tuple[float, list[str], list[Any]]] = []  # ends Redis missed: (lapse, keys, args)
+        self._returning: asyncio.Task | None = None
         self._outage = OutageLog(log, "counting API key quotas in Redis (meanwhile requests are admitted uncounted)")
 
     def _client(self) -> aioredis.Redis:
@@ -218,8 +222,28 @@ class RedisQuotaCounter(QuotaCounter):
     async def end(self, key: str, place: Any, tokens: int) -> None:
         holder = place if self._held.pop(place, None) is not None else ""  # not UNCOUNTED: it was never held
         if holder or tokens > 0:
-            await self._run(_END, self._names(key, "held", "tpm", "tpm-total"),
-                            [holder, repr(self.clock()), tokens, uuid.uuid4().hex, repr(WINDOW_S)], None)
+            names = self._names(key, "held", "tpm", "tpm-total")
+            args = [holder, repr(self.clock()), tokens, uuid.uuid4().hex, repr(WINDOW_S)]
+            if await self._run(_END, names, args, _FAILED) is _FAILED and holder:
+                self._give_back_later(key, names, args)
+
+    def _give_back_later(self, key: str, names: list[str], args: list[Any]) -> None:
+        """Keep an end whose place Redis did not free, and send it again until Redis answers: left alone, the
+        place would hold one of the key's `concurrency` for the rest of its lease (LEASE_S, the bound here)."""
+        if not self._unreturned:
+            log.warning("could not give back a place at once of the API key '%s' in Redis: trying again until it "
+                        "answers (%.0f s at most; then the place lapses by itself)", key, LEASE_S)
+        self._unreturned.append((self.clock() + LEASE_S, names, args))
+        if self._returning is None or self._returning.done():
+            self._returning = asyncio.get_running_loop().create_task(self._give_back())
+
+    async def _give_back(self) -> None:
+        while self._unreturned:
+            await asyncio.sleep(RETRY_S)
+            for end in list(self._unreturned):
+                lapse, names, args = end
+                if lapse <= self.clock() or await self._run(_END, names, args, _FAILED) is not _FAILED:
+                    self._unreturned.remove(end)
 
     async def _renew(self) -> None:
         """Push each held place's lapse LEASE_S ahead, every LEASE_S / 3, while any is held."""

@@ -3,7 +3,9 @@
 Over rpm or tpm: 429 `rate_limit_exceeded` with `Retry-After`, at once. Over concurrency: the request waits
 here, behind the key's own requests only — other keys' requests go straight on to the queue, so a key at its
 limit never holds anyone else up — and goes on when one of the key's requests ends (on any front end: the
-counter is shared). A front end's waiters of one key go on in arrival order.
+counter is shared). A front end's waiters of one key go on in arrival order. A waiter whose key is revoked
+(disabled, expired, deleted) meanwhile is refused with the 401 a new request of it gets, and one whose key's
+concurrency is raised or lifted meanwhile counts the new limit (`proxy.http.key_watch`).
 """
 
 from __future__ import annotations
@@ -13,24 +15,12 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from proxy.http.errors import ProxyError
+from proxy.http.key_watch import concurrency_now, refusal_now
 from proxy.http.quota_counters import RETRY_S, QuotaCounter, quota_counter
+from proxy.http.token_tally import Tally
 from scheduling.keys.scope import KeyScope
-from scheduling.tickets import Outcome
-
-
-@dataclass
-class Tally:
-    """What the request spent, set when it ends (`ended`)."""
-
-    tokens: int = 0
-
-    def ended(self, outcome: Outcome) -> None:
-        """The tokens the answer's usage reported: prompt plus completion, as its row records them."""
-        usage = outcome.usage or {}
-        self.tokens = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
 
 
 class _Line:
@@ -46,13 +36,15 @@ class _Line:
 log = logging.getLogger("llamaswap.quota")
 
 _LINES: dict[tuple[asyncio.AbstractEventLoop, str], _Line] = {}
+_UNCOUNTED: set[str] = set()  # keys whose answers were estimated, warned about once
 
 
 @contextlib.asynccontextmanager
 async def within_quota(scope: KeyScope, counter: QuotaCounter | None = None) -> AsyncIterator[Tally]:
     """Hold one request of the key `scope` within its quotas while the block serves it; its tokens (the
     yielded `Tally`) are counted against the key's tpm when the block ends."""
-    limits, tally = scope.limits, Tally()
+    limits = scope.limits
+    tally = Tally(counting=limits.tpm is not None)
     if not limits.any():
         yield tally
         return
@@ -72,6 +64,11 @@ async def within_quota(scope: KeyScope, counter: QuotaCounter | None = None) -> 
             place = await _wait_for_place(counter, scope.name, limits.concurrency, line)
         yield tally
     finally:
+        if limits.tpm is not None and tally.estimated and scope.name not in _UNCOUNTED:
+            _UNCOUNTED.add(scope.name)
+            log.warning("an answer to the API key '%s' reported no token usage, so its tpm quota counted an estimate "
+                        "(a client that left mid-stream, a model or route that reports none); logged once per key",
+                        scope.name)
         await counter.end(scope.name, place, tally.tokens if limits.tpm is not None else 0)
         if line is not None:
             if place is not None:
@@ -81,12 +78,16 @@ async def within_quota(scope: KeyScope, counter: QuotaCounter | None = None) -> 
                 _LINES.pop(here, None)
 
 
-async def _wait_for_place(counter: QuotaCounter, key: str, concurrency: int, line: _Line):
+async def _wait_for_place(counter: QuotaCounter, key: str, concurrency: int | None, line: _Line):
     line.waiting += 1
     try:
         async with line.turn:
             for tries in itertools.count():
                 line.freed.clear()  # before asking: a place freed meanwhile sets it again
+                if (denied := await refusal_now(key)) is not None:
+                    raise ProxyError(denied.status, denied.message, denied.code, headers=denied.headers())
+                if (concurrency := await concurrency_now(key, concurrency)) is None:
+                    return None  # the limit was lifted while it waited
                 if (place := await counter.take(key, concurrency)) is not None:
                     return place
                 if not tries:

@@ -15,6 +15,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from scheduling.forms import PriorityField
 from scheduling.keys.store import make_key
 from scheduling.models import ApiKey
 from scheduling.operating import key_usage, overview
@@ -36,6 +37,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
         head = ("name",) if obj is None else ("name", "usage", "prefix_shown", "enabled", "created_at", "last_used_at")
         return [(None, {"fields": head}), ("Scope", {"fields": _SCOPE}),
                 ("Quotas and fair share", {"fields": _QUOTAS})]
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        """The priorities take an alias (`interactive`) as well as a number, as `llamaswap keys create` does."""
+        if db_field.name in ("max_priority", "default_priority"):
+            return PriorityField(required=False, label=db_field.verbose_name.capitalize(), help_text=db_field.help_text)
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None):
         """A key keeps its name: the request rows it sent are recorded under it."""

@@ -46,7 +46,7 @@ class OverQuota:
         return str(max(1, math.ceil(self.retry_after_s)))
 
     def message(self) -> str:
-        unit = "requests" if self.limit == "rpm" else "tokens"
+        unit = ("request" if self.limit == "rpm" else "token") + ("" if self.value == 1 else "s")
         return (f"the API key '{self.key}' is over its limit of {self.value} {unit} per minute ({self.limit}); "
                 f"try again in {self.retry_after_header()} s")
 

@@ -5,6 +5,7 @@ Pure: the HTTP side asks these questions of a key it has identified; the rows ar
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
@@ -27,9 +28,14 @@ class KeyScope:
     def allows_model(self, model: str) -> bool:
         return not self.models or any(fnmatchcase(model, glob) for glob in self.models)
 
+    def sees_model(self, model: str) -> bool:
+        """Whether the key is shown `model`'s state (loaded, queue, placement, series): an operator key every
+        model's, another key its own models' only."""
+        return self.operator or self.allows_model(model)
+
     def owner_filter(self) -> str | None:
-        """Whose files and batches this key may see and change: its own (made under its name), or everyone's
-        (None) for an operator key, a config file's key and an open server."""
+        """Whose files, batches and requests this key may see (and files and batches change): its own (made or
+        sent under its name), or everyone's (None) for an operator key, a config file's key and an open server."""
         return None if self.operator else self.name
 
     def applied_priority(self, asked: int | None) -> int:
@@ -43,6 +49,16 @@ class KeyScope:
 UNRESTRICTED = KeyScope(operator=True)
 
 
+# The `key` label values of /metrics that stand for no key row: a config file apiKey, an open server, names past
+# the label limit (scheduling.metrics.KeyLabels). No key row may take one, or its series would pass for theirs.
+CONFIG_LABEL, OPEN_LABEL, OVERFLOW_LABEL = "config", "none", "other"
+NO_ROW_LABELS = (CONFIG_LABEL, OPEN_LABEL, OVERFLOW_LABEL)
+
+# A glob: a bracket set ([3,4] may hold a comma or a space) or any character but a separator, as often as written.
+_GLOB = re.compile(r"(?:\[[^\]\n]+\]|[^\s,])+")
+
+
 def globs_from_text(text: str) -> tuple[str, ...]:
-    """Globs written one per line, or separated by commas or spaces (the admin's text box)."""
-    return tuple(glob for glob in text.replace(",", " ").split() if glob)
+    """Globs written one per line, or separated by commas or spaces (the admin's text box); a bracket set is
+    part of its glob, separators inside it included."""
+    return tuple(_GLOB.findall(text))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 
 from django.db import transaction
 from django.utils import timezone
@@ -43,12 +44,19 @@ class KeyRows:
     by_prefix: dict[str, tuple[StoredKey, ...]]
     count: int
 
+    @cached_property
+    def _by_name(self) -> dict[str, StoredKey]:
+        """Each row by its name: every open socket of a row key asks after its key a few times a second."""
+        return {key.scope.name: key for keys in self.by_prefix.values() for key in keys}
+
+    def named(self, name: str) -> StoredKey | None:
+        return self._by_name.get(name)
+
     def refusal_of(self, name: str, now: datetime) -> str | None:
         """Why the key called `name` no longer counts (revoked, expired, deleted), else None: what runs on its
         behalf after its caller left (a batch's lines) stops with it."""
-        for stored in (key for keys in self.by_prefix.values() for key in keys if key.scope.name == name):
-            return stored.refusal(now)
-        return f"the API key '{name}' no longer exists"
+        stored = self.named(name)
+        return f"the API key '{name}' no longer exists" if stored is None else stored.refusal(now)
 
 
 def scope_of(row: ApiKey) -> KeyScope:

@@ -4,7 +4,8 @@ same charts.
 
 One statement reads the key's rows of the window through the (api_key, arrived_at) index and groups them by
 the bucket each arrived in; waits are counted in the Overview's histogram bins, so a percentile is a bin's
-upper edge. Refusals at the door (401, 403) happen before a request has a row, so they are not here.
+upper edge. Refusals at the door (403 outside the key's scope, 429 over its quota, 400 bad input) leave no row:
+their per-minute counts (`KeyRefusals`) are added to the statuses. A 401 names no key it could be counted for.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.db.models import Value
 
-from scheduling.models import QueuedRequest
+from scheduling.models import KeyRefusals, QueuedRequest
 from scheduling.operating.overview import WAIT_EDGES_MS, EpochMs, Window, chart_maker, percentile, wait_bin
 from scheduling.operating.svg_charts import Series
 
@@ -73,6 +74,9 @@ def summarize(key: str, window: Window) -> KeyUsage:
             by_status[detail][b] += n
         else:
             histograms[b][detail] += n
+    door = KeyRefusals.objects.filter(api_key=key, minute__gte=window.since, minute__lt=window.until)
+    for minute, status, n in door.values_list("minute", "status", "count"):
+        by_status[status][int((minute - window.since) / window.step)] += n
     return KeyUsage(window, requests, tokens_in, tokens_out, [percentile(h, 0.50) for h in histograms],
                     [percentile(h, 0.95) for h in histograms], _top_statuses(by_status, count))
 
@@ -98,7 +102,8 @@ def charts(usage: KeyUsage) -> list[dict]:
               "dispatch; exact to the wait histogram's bin, rounded up.",
               [Series("p50", usage.wait_p50_s), Series("p95", usage.wait_p95_s, dashed=True)], unit=" s"),
         chart("Refusals and errors by status",
-              "Those answered with a status of 400 or more: the scheduler's refusals (429, 503 …) and failures "
-              "(502 …). A refusal at the door (401, 403) leaves no row, so it is not counted here.",
+              "Those answered with a status of 400 or more: refusals at the door (403 outside the key's models, "
+              "429 over its quota, 400 …), the scheduler's refusals (429, 503 …) and failures (502 …). A 401 "
+              "names no key, so it is not counted here.",
               [Series(status, counts) for status, counts in usage.statuses.items()], stacked_bars=True),
     ]

@@ -74,3 +74,31 @@ def test_staff_who_may_not_read_the_history_do_not_see_it(client, chat, django_u
     staff.user_permissions.add(Permission.objects.get(codename="view_apikey"))
     client.force_login(staff)
     assert client.get(usage_url(chat)).status_code == 403
+
+
+def test_refusals_at_the_door_are_added_to_the_statuses_of_their_minute(chat):
+    from collections import Counter
+
+    from scheduling.keys.refusals import write_refusals
+    from scheduling.operating import key_usage, overview
+
+    at = T0 + timedelta(minutes=30, seconds=40)
+    write_refusals(Counter({("chat-app", at.replace(second=0), 429): 3, ("chat-app", at.replace(second=0), 403): 1,
+                            ("other", at.replace(second=0), 429): 9}))
+    write_refusals(Counter({("chat-app", at.replace(second=0), 429): 2}))  # another front end's: added to
+    window, _ = overview.chosen_window(WINDOW, T0)
+    usage = key_usage.summarize("chat-app", window)
+    assert usage.statuses["429"][30] == 1 + 5 and usage.statuses["403"][30] == 1
+    assert usage.totals["errors"] == 2 + 6
+
+
+def test_the_keys_page_takes_a_priority_alias_as_the_command_does(admin_client, chat):
+    url = reverse("admin:scheduling_apikey_change", args=[chat.pk])
+    form = {"enabled": "on", "allowed_models": "", "max_priority": "interactive", "default_priority": "-98",
+            "expires_at_0": "", "expires_at_1": "", "rpm": "", "tpm": "", "concurrency": "", "weight": "1"}
+    saved = admin_client.post(url, form)
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    chat.refresh_from_db()
+    assert (chat.max_priority, chat.default_priority) == (100, -98)
+    refused = admin_client.post(url, {**form, "max_priority": "urgent"})
+    assert refused.status_code == 200 and "&#x27;urgent&#x27; is not a priority" in refused.content.decode()

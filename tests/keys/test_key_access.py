@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.http.auth import presented_keys
+from proxy.http.auth import presented_keys, without_own_cookies
 from proxy.http.access import OPEN, Caller, Denied, Need, identify, model_refusal, route_refusal
 from proxy.http.cross_site import cross_site_refusal
 from scheduling.core.priority import INT64_MAX, INT64_MIN
@@ -63,6 +63,11 @@ def test_a_keys_model_globs(globs, model, allowed):
 
 def test_globs_are_written_one_per_line_or_separated_by_commas_or_spaces():
     assert globs_from_text("qwen*\n  llama-?, embed\r\n\n") == ("qwen*", "llama-?", "embed")
+
+
+def test_a_bracket_set_is_one_glob_with_the_separators_inside_it():
+    assert globs_from_text("qwen[3,4], x[a b]\n[unclosed,y") == ("qwen[3,4]", "x[a b]", "[unclosed", "y")
+    assert KeyScope(models=globs_from_text("qwen[3,4]")).allows_model("qwen4")
 
 
 @given(asked=st.none() | priorities, most=st.none() | priorities, default=st.none() | priorities)
@@ -200,3 +205,10 @@ def test_a_cross_site_change_is_refused_only_for_a_key_shown_as_basic_alone():
     assert cross_site_refusal(page, Caller(scope, basic_only=True)) is not None
     assert cross_site_refusal(page, Caller(scope)) is None
     assert cross_site_refusal(page, OPEN) is None
+
+
+def test_the_servers_own_cookies_are_taken_out_of_each_cookie_header_by_their_configured_names(settings):
+    settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME = "ls_session", "ls_csrf"
+    headers = [("Cookie", "ls_session=s; theme=dark;ls_csrf=c"), ("cookie", "ls_csrf=c"), ("accept", "*/*"),
+               ("cookie", "sessionid=not-ours")]
+    assert without_own_cookies(headers) == [("Cookie", "theme=dark"), ("accept", "*/*"), ("cookie", "sessionid=not-ours")]

@@ -30,6 +30,9 @@ def test_a_made_key_stores_its_hash_and_prefix_never_its_secret():
     ({"name": "has space"}, "name"),
     ({"name": "evil\n"}, "name"),  # a trailing newline would split `keys list` and escape `keys revoke evil`
     ({"max_priority": 2**63}, "max_priority"),
+    ({"name": "config"}, "name"),  # /metrics' label of the config file's keys: its series would pass for theirs
+    ({"name": "None"}, "name"),  # an open server's
+    ({"name": "other"}, "name"),  # the names past the label limit
 ])
 def test_a_key_with_a_bad_field_is_refused_naming_it(fields, field):
     with pytest.raises(ValidationError) as refused:
@@ -50,3 +53,16 @@ def test_revoking_and_reading_the_rows():
     assert not any(stored.enabled for stored in rows.by_prefix[alice.prefix])
     assert ApiKey.objects.get(name="bob").last_used_at is not None
     assert ApiKey.objects.get(name="alice").last_used_at is None
+
+
+def test_the_command_warns_when_a_new_keys_expiry_has_passed():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out, err = StringIO(), StringIO()
+    call_command("keys", "create", "stale", "--expires", "2001-01-01T00:00:00Z", stdout=out, stderr=err)
+    assert "--expires 2001-01-01T00:00:00+00:00 has passed: the key is refused from the start" in err.getvalue()
+    assert out.getvalue().strip().splitlines()[-1].startswith(ApiKey.objects.get(name="stale").prefix)
+    call_command("keys", "create", "fresh", "--expires", "2999-01-01T00:00:00Z", stdout=out, stderr=(later := StringIO()))
+    assert later.getvalue() == ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -18,6 +19,7 @@ from proxy.http.errors import ProxyError
 from scheduling.keys.quota import WINDOW_S, OverQuota, QuotaLimits, RateWindows, rpm_freed_at, tpm_freed_at
 from scheduling.keys.scope import KeyScope
 from tests.conftest import REDIS_URL
+from tests.faults.relay import Relay
 from tests.served import free_port
 
 T0 = 1_800_000_000.0
@@ -258,6 +260,36 @@ async def test_with_redis_away_requests_are_admitted_uncounted_and_the_log_says_
             await away.end("k", admission.place, 50)
     warnings = [r.getMessage() for r in caplog.records if r.name == "llamaswap.quota"]
     assert len(warnings) == 1 and "admitted uncounted" in warnings[0], warnings
+
+
+async def test_a_place_redis_missed_giving_back_is_given_back_as_soon_as_it_answers(caplog):
+    """Redis away when a request ends: its place is not left held for the rest of its lease (the key's next
+    request waited that long), and the log says once that the give-back waits for Redis."""
+    redis_reachable()
+    target = urlsplit(REDIS_URL)
+    prefix = f"llamaswap-test-quota-{uuid.uuid4().hex[:12]}"
+    try:
+        with Relay(target.hostname, target.port or 6379, name="redis") as relay:
+            ending = RedisQuotaCounter(f"redis://{relay.url_host}{target.path}", prefix=prefix)
+            other = RedisQuotaCounter(REDIS_URL, prefix=prefix)  # another front end, its Redis never away
+            place = await ending.take("k", 1)
+            assert place is not None
+            relay.cut()
+            with caplog.at_level(logging.WARNING, logger="llamaswap.quota"):
+                await ending.end("k", place, 0)
+                await asyncio.sleep(0.5)  # some give-backs tried and failed meanwhile
+            assert await other.take("k", 1) is None
+            relay.restore()
+            deadline = asyncio.get_running_loop().time() + 2.0
+            while await other.take("k", 1) is None:
+                assert asyncio.get_running_loop().time() < deadline, "the place was not given back once Redis was back"
+                await asyncio.sleep(0.05)
+    finally:
+        with redis.Redis.from_url(REDIS_URL) as connection:
+            for name in connection.scan_iter(f"{prefix}:*"):
+                connection.delete(name)
+    given_back = [r.getMessage() for r in caplog.records if "could not give back" in r.getMessage()]
+    assert len(given_back) == 1 and "'k'" in given_back[0], given_back
 
 
 # -- the gate ------------------------------------------------------------------------------------------

@@ -6,9 +6,12 @@ the only time it is shown; every front end takes a new or revoked key within 2 s
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from scheduling.core import PRIORITY_ALIASES
@@ -31,6 +34,25 @@ def moment(text: str) -> datetime:
     """An ISO 8601 time; without a zone, the server's."""
     value = datetime.fromisoformat(text)
     return timezone.make_aware(value) if timezone.is_naive(value) else value
+
+
+def require_key_table() -> None:
+    """One line, not a traceback, when the database has no key table yet (never migrated); a SQLite file that is
+    not there is not created empty by asking."""
+    database = settings.DATABASES["default"]
+    if database["ENGINE"].endswith("sqlite3"):
+        where = f"the database {database['NAME']} (in LLAMASWAP_DATA_DIR)"
+        present = Path(database["NAME"]).exists()
+    else:
+        where = f"the database '{database['NAME']}' on {database['HOST'] or 'localhost'} (DATABASE_URL)"
+        present = True
+    try:
+        present = present and ApiKey._meta.db_table in connection.introspection.table_names()
+    except DatabaseError as exc:
+        raise CommandError(f"cannot read {where}: {exc}") from None
+    if not present:
+        raise CommandError(f"{where} has no API key table yet: run `llamaswap migrate`, or start `llamaswap serve` "
+                           "once (it migrates the database), then try again")
 
 
 class Command(BaseCommand):
@@ -62,10 +84,14 @@ class Command(BaseCommand):
         revoke.add_argument("name")
 
     def handle(self, *args, action: str, **options) -> None:
+        require_key_table()
         getattr(self, f"_{action}")(**options)
 
     def _create(self, name: str, models: list[str], max_priority, default_priority, rpm, tpm, concurrency,
                 weight: int, operator: bool, read_only: bool, expires, **_) -> None:
+        if any(not glob.strip() for glob in models):
+            raise CommandError("--models was given an empty glob: name the models the key may use, or leave --models "
+                               "out for every model")
         if ApiKey.objects.filter(name=name).exists():
             raise CommandError(f"a key called '{name}' exists already (`llamaswap keys list`)")
         row = ApiKey(name=name, allowed_models="\n".join(models), max_priority=max_priority,
@@ -76,6 +102,9 @@ class Command(BaseCommand):
         except ValidationError as exc:
             raise CommandError("; ".join(f"{field}: {' '.join(errors)}"
                                          for field, errors in exc.message_dict.items())) from None
+        if expires is not None and expires <= timezone.now():
+            self.stderr.write(f"warning: --expires {expires.isoformat(timespec='seconds')} has passed: "
+                              "the key is refused from the start")
         self.stdout.write(f"Created key '{name}' ({row.prefix}…). Its secret, shown only now:")
         self.stdout.write(secret)
 

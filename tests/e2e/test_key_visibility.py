@@ -1,0 +1,127 @@
+"""What a key is shown, end to end against `llamaswap serve`: a key limited to some models sees only those models'
+state, and a key that is not an operator's sees only its own requests — in /running, /api/events, /api/activity,
+/api/metrics/*, /api/queue, /api/placement and /metrics — while an operator key sees everything."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from tests.e2e.test_api_keys import auth, chat, new_key
+from tests.e2e.test_key_quotas import Held
+from tests.e2e.test_key_revocation import config_text
+from tests.served import Served, fake_cmd, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("key-visibility")
+    events = tmp / "events.jsonl"
+    text = config_text({name: f'cmd: "{fake_cmd(name, events)}", memory: 10GiB' for name in ("chat", "llama")},
+                       "metricsRequireApiKey: true\nhardware: {gpus: [{id: 0, memory: 24GiB}, {id: 1, memory: 24GiB}]}\n"
+                       "profiles: {night: {pins: {chat: chat, llama: llama}}}")
+    with Served(tmp, text) as s:
+        s.secrets = {name: new_key(s, name, *args) for name, args in (
+            ("tenant", ("--models", "chat")), ("neighbour", ("--models", "chat")), ("ops", ("--operator",)))}
+        wait_until(lambda: chat(s, "chat", s.secrets["tenant"]).status_code == 200, 5, 0.05, "the keys to count")
+        s.ids = {name: int(chat(s, model, s.secrets[name]).headers["x-llamaswap-request-id"])
+                 for name, model in (("tenant", "chat"), ("neighbour", "chat"), ("ops", "llama"))}
+        yield s
+
+
+def get(served: Served, path: str, key: str) -> httpx.Response:
+    return httpx.get(served.base + path, headers=auth(served.secrets[key]), timeout=10)
+
+
+def ids_in(page: dict) -> set[int]:
+    return {row["id"] for row in page["data"]}
+
+
+def test_running_placement_and_profiles_name_only_the_keys_models(served):
+    assert {item["model"] for item in get(served, "/running", "tenant").json()["running"]} == {"chat"}
+    assert {item["model"] for item in get(served, "/running", "ops").json()["running"]} == {"chat", "llama"}
+    assert "llama" not in get(served, "/api/placement", "tenant").text
+    assert '"llama"' in get(served, "/api/placement", "ops").text
+    for model in ("llama", "no-such-model"):  # configured or not, outside the key's scope: the same answer
+        refused = get(served, f"/api/placement/can-load/{model}", "tenant")
+        assert refused.status_code == 403 and refused.json()["error"] == {
+            "message": f"the API key 'tenant' may not use model '{model}'", "type": "permission_error", "param": None,
+            "code": "model_not_allowed"}
+    assert get(served, "/api/placement/can-load/no-such-model", "ops").status_code == 404
+    assert get(served, "/api/placement/can-load/chat", "tenant").json()["model"] == "chat"
+    assert get(served, "/api/placement/can-load/llama", "ops").status_code == 200
+    assert get(served, "/api/profiles", "tenant").json()["profiles"][0]["pins"] == {"chat": "chat"}
+    assert get(served, "/api/profiles", "ops").json()["profiles"][0]["pins"] == {"chat": "chat", "llama": "llama"}
+
+
+def test_a_key_reads_its_own_requests_only(served):
+    mine, theirs = served.ids["tenant"], served.ids["neighbour"]
+    shown = ids_in(get(served, "/api/activity", "tenant").json())
+    assert mine in shown and theirs not in shown and served.ids["ops"] not in shown
+    assert ids_in(get(served, "/api/activity?key=neighbour", "tenant").json()) == set()
+    assert {mine, theirs, served.ids["ops"]} <= ids_in(get(served, "/api/activity", "ops").json())
+    llama_swap = {row["id"] for row in get(served, "/api/metrics/activity", "tenant").json()["data"]}
+    assert mine in llama_swap and theirs not in llama_swap
+    own_count = len(get(served, "/api/activity", "tenant").json()["data"])
+    assert get(served, "/api/metrics/stats", "tenant").json()["total_requests"] == own_count
+    assert get(served, f"/api/queue/{theirs}", "tenant").status_code == 404
+    assert get(served, f"/api/queue/{mine}", "tenant").json()["api_key"] == "tenant"
+    assert get(served, f"/api/queue/{theirs}", "ops").json()["api_key"] == "neighbour"
+
+
+def test_the_queue_and_the_event_stream_show_the_keys_own_requests_and_models(served):
+    running = {name: Held(served, served.secrets[name], f"{name}-long", tokens=400, tps=20)
+               for name in ("tenant", "neighbour")}
+    try:
+        ids = {name: int(held.response.headers["x-llamaswap-request-id"]) for name, held in running.items()}
+        assert {entry["id"] for entry in get(served, "/api/queue", "tenant").json()["data"]} == {ids["tenant"]}
+        assert set(ids.values()) <= {entry["id"] for entry in get(served, "/api/queue", "ops").json()["data"]}
+        for key, seen, models in (("tenant", {ids["tenant"]}, {"chat"}), ("ops", set(ids.values()), {"chat", "llama"})):
+            with httpx.stream("GET", served.base + "/api/events", headers=auth(served.secrets[key]), timeout=10) as feed:
+                first = events_of(next(feed.iter_text()))
+            assert {model["id"] for model in first["modelStatus"][0]} == models
+            assert {request["id"] for request in first["inflight"][0]["requests"]} & set(ids.values()) == seen
+            assert {entry["id"] for entry in first["queue"][0]} & set(ids.values()) == seen
+    finally:
+        for held in running.values():
+            held.close()
+
+
+def test_the_event_streams_activity_shows_the_keys_own_requests(served):
+    with httpx.stream("GET", served.base + "/api/events", headers=auth(served.secrets["tenant"]), timeout=10) as events:
+        chunks = events.iter_text()
+        next(chunks)  # the first payload: from here on, only what changes
+        theirs = int(chat(served, "chat", served.secrets["neighbour"]).headers["x-llamaswap-request-id"])
+        mine = int(chat(served, "chat", served.secrets["tenant"]).headers["x-llamaswap-request-id"])
+        seen: set[int] = set()
+
+        def mine_arrived() -> bool:
+            seen.update(row["id"] for row in events_of(next(chunks)).get("activity", []))
+            return any(row_id >= mine for row_id in seen)
+
+        wait_until(mine_arrived, 10, 0, "the key's own request in the stream's activity")
+    assert mine in seen and theirs not in seen
+
+
+def test_metrics_carry_only_the_keys_models_and_its_own_key(served):
+    assert chat(served, "llama", served.secrets["ops"]).status_code == 200
+    tenant, ops = get(served, "/metrics", "tenant").text, get(served, "/metrics", "ops").text
+    assert 'model="chat"' in tenant and 'key="tenant"' in tenant
+    assert not re.search(r'model="llama"|key="(neighbour|ops)"', tenant)
+    assert 'model="llama"' in ops and 'key="neighbour"' in ops
+    assert "# HELP llamaswap_scheduler_queue_depth" in tenant  # the service's aggregates stay
+
+
+def events_of(text: str) -> dict[str, list]:
+    """The SSE chunk's envelopes by type, each payload decoded."""
+    found: dict[str, list] = {}
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            outer = json.loads(line[len("data: "):])
+            found.setdefault(outer["type"], []).append(json.loads(outer["data"]))
+    return found
