@@ -9,11 +9,11 @@ from itertools import islice
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from proxy.batches import storage
-from proxy.batches.lines import BadLine, parse_line
+from proxy.batches.lines import BadLine, is_storable_text, parse_line
 from proxy.batches.upload import StoredUpload
 from scheduling.keys.scope import KeyScope
 from scheduling.models import Batch, BatchFile, BatchRequest
@@ -28,9 +28,19 @@ CREATE_CHUNK = 2000
 # -- files --------------------------------------------------------------------------------------------
 
 def create_file(upload: StoredUpload, purpose: str, owner: str) -> BatchFile:
+    """The uploaded file's row, its bytes put in place; a row that cannot be written leaves no file behind."""
     storage.publish(upload.file_id)
-    return BatchFile.objects.create(id=upload.file_id, filename=upload.name, purpose=purpose, bytes=upload.size,
-                                    owner=owner)
+    try:
+        return BatchFile.objects.create(id=upload.file_id, filename=upload.name, purpose=purpose, bytes=upload.size,
+                                        owner=owner)
+    except BaseException:
+        storage.remove(upload.file_id)
+        raise
+
+
+def stored_bytes(owner: str) -> int:
+    """The bytes of the files `owner` keeps (its uploads and its batches' output), against maxBatchStorageBytes."""
+    return BatchFile.objects.filter(owner=owner).aggregate(total=Sum("bytes"))["total"] or 0
 
 
 def _owned(rows, owner: str | None, field: str = "owner"):
@@ -50,14 +60,23 @@ def files_page(purpose: str | None, after: str | None, limit: int, newest_first:
 
 
 def find_file(file_id: str, owner: str | None) -> BatchFile | None:
+    if not is_storable_text(file_id):
+        return None  # no id is: PostgreSQL would refuse the query
     return _owned(BatchFile.objects.filter(pk=file_id), owner).first()
 
 
-def delete_file(file_id: str, owner: str | None) -> bool:
-    deleted, _ = _owned(BatchFile.objects.filter(pk=file_id), owner).delete()
-    if deleted:
-        storage.remove(file_id)
-    return bool(deleted)
+def delete_file(file_id: str, owner: str | None) -> str | None:
+    """Delete `owner`'s file: None when done, else why not: "missing", or the id of an unfinished batch that
+    reads it (its lines are read from the file until the batch ends)."""
+    with transaction.atomic():
+        if find_file(file_id, owner) is None:
+            return "missing"
+        reader = Batch.objects.filter(input_file_id=file_id, status__in=ACTIVE).values_list("id", flat=True).first()
+        if reader is not None:
+            return reader
+        BatchFile.objects.filter(pk=file_id).delete()
+    storage.remove(file_id)
+    return None
 
 
 # -- batches, as the API sees them ----------------------------------------------------------------------
@@ -70,6 +89,8 @@ def create_batch(input_file_id: str, endpoint: str, metadata: dict | None, prior
 
 
 def find_batch(batch_id: str, owner: str | None = None) -> Batch | None:
+    if not is_storable_text(batch_id):
+        return None
     return _owned(Batch.objects.filter(pk=batch_id), owner, "api_key").first()
 
 
@@ -87,13 +108,14 @@ def request_counts(batch_id: str) -> dict[str, int]:
     return {"total": counts["total"], "completed": counts["completed"], "failed": counts["failed"]}
 
 
-def cancel_batch(batch_id: str, owner: str | None) -> Batch | None:
-    """Ask for the batch to stop (`batch_status.cancel`); the batch as it is now, None when unknown (or not
-    `owner`'s)."""
+def cancel_batch(batch_id: str, owner: str | None) -> tuple[Batch | None, bool]:
+    """Ask for the batch to stop (`batch_status.cancel`): the batch as it is now (None when unknown, or not
+    `owner`'s) and whether it is cancelling; not when it has ended or is finalizing (nothing is left to stop)."""
     if find_batch(batch_id, owner) is None:
-        return None
-    batch_status.cancel(batch_id)
-    return find_batch(batch_id)
+        return None, False
+    stopped = batch_status.cancel(batch_id)
+    row = find_batch(batch_id)
+    return row, row is not None and (stopped or row.status == "cancelling")
 
 
 def _after(rows, model, after: str, newest_first: bool):
@@ -171,33 +193,67 @@ def _rows_of(batch: Batch):
             offset += len(raw)
 
 
+# A line's states: pending; claimed (read ahead by a runner, not sent yet); running (sent to the model); then
+# succeeded or failed. A line may be sent before its flip to running lands (`mark_sent` runs beside the send), so
+# what a runner holds is either of the two.
+HELD = ("claimed", "running")
+
+
+def stored_json(result: dict) -> str:
+    """A line's result as its row keeps it: ASCII JSON, so whatever a model answered (a NUL, which PostgreSQL's
+    text refuses; a lone surrogate, which UTF-8 cannot encode) is stored as an escape, never refused."""
+    return json.dumps(result, ensure_ascii=True)
+
+
 def reclaim_lines(batch_id: str) -> int:
-    """Lines a previous runner was sending when it died go back to pending: each runs again, once."""
-    return BatchRequest.objects.filter(batch_id=batch_id, state="running").update(state="pending", runner="")
+    """Lines a previous runner held when it died go back to pending: each runs again, once."""
+    return BatchRequest.objects.filter(batch_id=batch_id, state__in=HELD).update(state="pending", runner="")
 
 
 def claim_lines(batch_id: str, runner: str, count: int) -> list[tuple[int, int, str, int, int]]:
-    """Up to `count` pending lines, in file order, now running under `runner`: (pk, line, custom_id, offset, length)."""
-    found = list(BatchRequest.objects.filter(batch_id=batch_id, state="pending").order_by("line")
-                 .values_list("pk", "line", "custom_id", "offset", "length")[:count])
-    if not found or not Batch.objects.filter(pk=batch_id, runner=runner).exists():
-        return []
-    # One conditional UPDATE per line: of two runners racing for it, one gets it.
-    return [row for row in found if BatchRequest.objects.filter(pk=row[0], state="pending").update(
-        state="running", runner=runner, attempts=F("attempts") + 1)]
+    """Up to `count` pending lines, in file order, now claimed by `runner`: (pk, line, custom_id, offset, length).
+    One transaction: of two runners racing for a line, the conditional update gives it to one."""
+    with transaction.atomic():
+        if not Batch.objects.filter(pk=batch_id, runner=runner).exists():
+            return []
+        found = list(BatchRequest.objects.filter(batch_id=batch_id, state="pending").order_by("line")
+                     .values_list("pk", flat=True)[:count])
+        if not found:
+            return []
+        BatchRequest.objects.filter(pk__in=found, state="pending").update(
+            state="claimed", runner=runner, attempts=F("attempts") + 1)
+        return list(BatchRequest.objects.filter(pk__in=found, state="claimed", runner=runner).order_by("line")
+                    .values_list("pk", "line", "custom_id", "offset", "length"))
+
+
+def give_back(pks: list[int], runner: str) -> None:
+    """Lines this runner claimed and never sent (or marked sent and then stopped before the model took them) go
+    back to pending, their claim not counted as a send."""
+    BatchRequest.objects.filter(pk__in=pks, state__in=HELD, runner=runner).update(
+        state="pending", runner="", attempts=F("attempts") - 1)
+
+
+def mark_sent(pk: int, runner: str) -> None:
+    """The claimed line is at the model now (what the admin and /metrics count as running)."""
+    BatchRequest.objects.filter(pk=pk, state="claimed", runner=runner).update(state="running")
 
 
 def send_again(pk: int, runner: str, most: int) -> bool:
     """Put this runner's running line back to pending, unless it has been sent `most` times already."""
-    return bool(BatchRequest.objects.filter(pk=pk, state="running", runner=runner, attempts__lt=most).update(
+    return bool(BatchRequest.objects.filter(pk=pk, state__in=HELD, runner=runner, attempts__lt=most).update(
         state="pending", runner=""))
 
 
 def record_result(pk: int, runner: str, succeeded: bool, result: dict) -> bool:
     """Write a line's result once: only while it is still this runner's running line."""
-    return bool(BatchRequest.objects.filter(pk=pk, state="running", runner=runner).update(
-        state="succeeded" if succeeded else "failed", result=json.dumps(result, ensure_ascii=False),
+    return bool(BatchRequest.objects.filter(pk=pk, state__in=HELD, runner=runner).update(
+        state="succeeded" if succeeded else "failed", result=stored_json(result),
         ended_at=timezone.now()))
+
+
+def note_errors(batch_id: str, runner: str, errors: list[dict]) -> None:
+    """The batch's `errors` (OpenAI's list), why it fails, set before `finalize` ends it."""
+    Batch.objects.filter(pk=batch_id, runner=runner).update(errors={"object": "list", "data": errors})
 
 
 def end_pending(batch_id: str, code: str, message: str) -> int:
@@ -208,7 +264,7 @@ def end_pending(batch_id: str, code: str, message: str) -> int:
         now = timezone.now()
         for row in pending:
             row.state, row.ended_at = "failed", now
-            row.result = json.dumps(error_line(row.custom_id, code, message), ensure_ascii=False)
+            row.result = stored_json(error_line(row.custom_id, code, message))
         BatchRequest.objects.bulk_update(pending, ["state", "result", "ended_at"])
         ended += len(pending)
     return ended

@@ -10,12 +10,14 @@ import json
 from django.utils import timezone
 
 from proxy.batches.batch_rows import error_line
+from proxy.batches.line_quota import paced
 from proxy.batches.storage import new_id
 from proxy.compat.model_choice import choose_model
 from proxy.http.errors import ProxyError, error_body
 from proxy.http.holding import holding
 from proxy.http.inbound import ModelRequest, forwarded_body, route_label
 from proxy.http.key_cache import KEYS
+from proxy.http.token_tally import Tally
 from proxy.http.route_paths import upstream_path
 from proxy.upstream.peer_relay import peer_for
 from proxy.upstream.relay import relay
@@ -67,28 +69,28 @@ class KeptResponse:
             return raw.decode("utf-8", "replace")
 
 
-async def send_line(service, custom_id: str, url: str, body: dict, priority: int, key: KeyScope) -> tuple[bool, dict]:
-    """(succeeded, the line of the output or error file), sent with the rights of the batch's key. Raises
-    Interrupted when the service is stopping, ModelGone when the model stopped answering."""
+async def send_line(service, custom_id: str, url: str, body: dict, priority: int, key: KeyScope,
+                    stop: asyncio.Event) -> tuple[bool, dict]:
+    """(succeeded, the line of the output or error file), sent with the rights of the batch's key, within its
+    quotas (`line_quota`: waiting for its turn, Stopped once `stop` is set). Raises Interrupted when the service
+    is stopping, ModelGone when the model stopped answering."""
     request_id, gone = "", False
     try:
-        await _check_key(key)
-        choice = await choose_model(service, body["model"])
-        try:
-            if peer_for(service.config, body["model"]) is not None:
-                raise ProxyError(400, f"model '{body['model']}' is a peer's; a batch runs local models only",
-                                 "model_not_supported")
-            parsed = choice.applied_to(ModelRequest(body["model"], False, json.dumps(body).encode(),
-                                                    "application/json", body))
-            model_cfg = service.resolve_model(parsed.requested_model)
-            if not key.allows_model(model_cfg.id):
-                raise ProxyError(403, f"the API key '{key.name}' may not use model '{model_cfg.id}'",
-                                 "model_not_allowed")
-            forwarded = forwarded_body(parsed, model_cfg.use_model_name or choice.body_model, model_cfg.filters)
-            status, answer, request_id, gone = await _scheduled(service, model_cfg, body["model"], url, forwarded,
-                                                                priority, key)
-        finally:
-            choice.release()
+        async with paced(key.name, stop) as tally:
+            weight = await _weight_if_valid(key)
+            choice = await choose_model(service, body["model"])
+            try:
+                if peer_for(service.config, body["model"]) is not None:
+                    raise ProxyError(400, f"model '{body['model']}' is a peer's; a batch runs local models only",
+                                     "model_not_supported")
+                parsed = choice.applied_to(ModelRequest(body["model"], False, json.dumps(body).encode(),
+                                                        "application/json", body))
+                model_cfg = service.resolve_model(parsed.requested_model, key)
+                forwarded = forwarded_body(parsed, model_cfg.use_model_name or choice.body_model, model_cfg.filters)
+                status, answer, request_id, gone = await _scheduled(service, model_cfg, body["model"], url,
+                                                                    forwarded, priority, key, weight, tally)
+            finally:
+                choice.release()
     except Refused as exc:
         if exc.code == SHUTTING_DOWN:
             raise Interrupted() from None
@@ -103,22 +105,28 @@ async def send_line(service, custom_id: str, url: str, body: dict, priority: int
     return 200 <= status < 300, result
 
 
-async def _check_key(key: KeyScope) -> None:
-    """A batch's lines run with its key's rights: a key revoked, expired or deleted since has none (with the key
-    table unreadable past its stale limit, the lines go on: the batch is not failed by a database blink)."""
+async def _weight_if_valid(key: KeyScope) -> int:
+    """The fair-share weight of the batch's key as its row is now. A batch's lines run with its key's rights: a
+    key revoked, expired or deleted since has none (with the key table unreadable past its stale limit, the lines
+    go on at weight 1: the batch is not failed by a database blink)."""
     if not key.name:
-        return  # made with a config file's key, or on an open server
+        return 1  # made with a config file's key, or on an open server
     rows = await KEYS.current_async()
-    why = None if rows is None else rows.refusal_of(key.name, timezone.now())
+    if rows is None:
+        return 1
+    why = rows.refusal_of(key.name, timezone.now())
     if why is not None:
         raise ProxyError(401, f"{why}; the batch's lines run with its rights", "invalid_api_key")
+    return rows.named(key.name).scope.weight
 
 
-async def _scheduled(service, model_cfg, requested: str, url: str, body: bytes, priority: int, key: KeyScope):
+async def _scheduled(service, model_cfg, requested: str, url: str, body: bytes, priority: int, key: KeyScope,
+                     weight: int, tally: Tally):
     door = service.door
     loop = asyncio.get_running_loop()
     lease = await door.submit(TicketRequest(model=model_cfg.id, path=url, priority=priority, requested_model=requested,
-                                            client="batch", route=route_label(url), api_key=key.name))
+                                            client="batch", route=route_label(url), api_key=key.name,
+                                            key_weight=weight))
     kept = KeptResponse()
     async with holding(lambda outcome: door.release(lease.ticket_id, stamped(outcome, loop.time())),
                        lambda: lease.cut) as held:
@@ -126,6 +134,7 @@ async def _scheduled(service, model_cfg, requested: str, url: str, body: bytes, 
         async with service.client_for(model_cfg) as client:
             outcome = await relay(kept, client, model_cfg.id, "POST", lease.upstream + upstream_path(url),
                                   [(b"content-type", b"application/json")], body, held.end)
+    tally.ended(outcome)
     if held.cut is not None:
         if held.cut.code == SHUTTING_DOWN:
             raise Interrupted()

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 MAX_LINE_BYTES = 8 * 1024 * 1024  # a line longer than this is refused without being kept whole
-MAX_LINES = 50_000  # OpenAI's limit per batch; it also bounds the custom_ids kept to find a repeated one
+MAX_LINES = 50_000  # OpenAI's limit per batch, the default of maxBatchFileLines; it bounds the custom_ids kept
+MAX_CUSTOM_ID = 255  # characters: the column that keeps it
 
 
 class BadLine(ValueError):
@@ -43,6 +44,10 @@ def parse_line(number: int, raw: bytes) -> BatchLine:
     custom_id = item.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise BadLine(number, "custom_id must be a non-empty string")
+    if len(custom_id) > MAX_CUSTOM_ID:
+        raise BadLine(number, f"custom_id is longer than {MAX_CUSTOM_ID} characters")
+    if not is_storable_text(custom_id):
+        raise BadLine(number, "custom_id holds a NUL or a lone surrogate (\\u0000, \\ud800 …): not storable text")
     if item.get("method") != "POST":
         raise BadLine(number, 'method must be "POST"')
     url = item.get("url")
@@ -58,12 +63,24 @@ def parse_line(number: int, raw: bytes) -> BatchLine:
     return BatchLine(custom_id, url, body)
 
 
+def is_storable_text(text: str) -> bool:
+    """Whether a database keeps `text` as it is: UTF-8 encodable (no lone surrogate) and without NUL."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class LineChecker:
     """Feed an input file's bytes in any pieces; each complete line is checked as it arrives (a BadLine for
     the first bad one, or a custom_id seen before). `finish()` checks the last line and says how many there
     were. A final newline is optional; an empty line elsewhere is bad."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_lines: int = MAX_LINES) -> None:
+        self.max_lines = max_lines
         self.lines = 0
         self._partial = bytearray()
         self._ids: set[str] = set()
@@ -71,17 +88,25 @@ class LineChecker:
     def feed(self, data: bytes) -> None:
         start = 0
         while (end := data.find(b"\n", start)) >= 0:
+            if len(self._partial) + end - start > MAX_LINE_BYTES + 1:  # one more: a CRLF line's \r
+                raise BadLine(self.lines + 1, f"longer than {MAX_LINE_BYTES} bytes")
             self._partial += data[start:end]
-            self._check(bytes(self._partial))
+            self._check(self._whole_line())
             self._partial.clear()
             start = end + 1
         self._partial += data[start:]
-        if len(self._partial) > MAX_LINE_BYTES:
+        if len(self._partial) > MAX_LINE_BYTES + 1:
             raise BadLine(self.lines + 1, f"longer than {MAX_LINE_BYTES} bytes")
+
+    def _whole_line(self) -> bytes:
+        """The line read so far, ended: at most MAX_LINE_BYTES without its line ending (LF or CRLF)."""
+        if len(self._partial) - self._partial.endswith(b"\r") > MAX_LINE_BYTES:
+            raise BadLine(self.lines + 1, f"longer than {MAX_LINE_BYTES} bytes")
+        return bytes(self._partial)
 
     def finish(self) -> int:
         if self._partial:
-            self._check(bytes(self._partial))
+            self._check(self._whole_line())
             self._partial.clear()
         if self.lines == 0:
             raise BadLine(1, "the file has no lines")
@@ -89,8 +114,8 @@ class LineChecker:
 
     def _check(self, raw: bytes) -> None:
         self.lines += 1
-        if self.lines > MAX_LINES:
-            raise BadLine(self.lines, f"a batch file holds at most {MAX_LINES} lines")
+        if self.lines > self.max_lines:
+            raise BadLine(self.lines, f"a batch file holds at most {self.max_lines} lines (maxBatchFileLines)")
         raw = raw.removesuffix(b"\r")
         if not raw.strip():
             raise BadLine(self.lines, "empty line")

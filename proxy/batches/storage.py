@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from pathlib import Path
 
 from django.conf import settings
 
 CHUNK_BYTES = 1024 * 1024
+# A file written under its temporary name and untouched this long was left by a process killed while writing it.
+STALE_PARTIAL_S = 3600.0
 
 
 def new_id(prefix: str) -> str:
@@ -45,7 +48,25 @@ def remove(file_id: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def read_range(file_id: str, offset: int, length: int) -> bytes:
+def read_ranges(file_id: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+    """The bytes at each (offset, length) of the file, opened once."""
+    found = []
     with open(path_of(file_id), "rb") as source:
-        source.seek(offset)
-        return source.read(length)
+        for offset, length in ranges:
+            source.seek(offset)
+            found.append(source.read(length))
+    return found
+
+
+def remove_stale_partials(older_than_s: float = STALE_PARTIAL_S) -> int:
+    """Remove the temporary files nothing has written to for `older_than_s` (an upload or a batch's files cut short
+    by a kill -9); how many. Only old ones: front ends sharing the folder may be writing theirs now."""
+    cutoff, removed = time.time() - older_than_s, 0
+    for path in folder().glob("*.partial"):
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:  # another front end removed or published it meanwhile
+            pass
+    return removed

@@ -15,8 +15,27 @@ FIELD = "file"
 
 
 class FileTooLarge(ValueError):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the file is over the {limit} byte limit (maxBatchFileBytes)")
+    def __init__(self, limit: int, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+# What a multipart upload carries besides its file: boundaries, each part's headers (a file name of up to 255
+# characters), the purpose field.
+FORM_ROOM_BYTES = 64 * 1024
+UPLOAD_PATH = b"/v1/files"
+
+
+def upload_body_limit(config, method: bytes, path: bytes) -> int | None:
+    """The longest body `POST /v1/files` may send, checked from its Content-Length before any of it is kept (the
+    file's own limit is checked exactly as it is written); None for every other request."""
+    if method != b"POST" or path.split(b"?", 1)[0].rstrip(b"/") != UPLOAD_PATH:
+        return None
+    return config.max_batch_file_bytes + FORM_ROOM_BYTES
+
+
+def file_size_limit(limit: int) -> FileTooLarge:
+    return FileTooLarge(limit, f"the file is over the {limit} byte limit (maxBatchFileBytes)")
 
 
 @dataclass
@@ -33,16 +52,18 @@ class StoredUpload:
 
 
 class BatchFileUploadHandler(FileUploadHandler):
-    def __init__(self, request, limit: int) -> None:
+    def __init__(self, request, limit: FileTooLarge, max_lines: int) -> None:
         super().__init__(request)
-        self.limit = limit
+        self.limit = limit  # the size past which the upload is refused, and why
         self.file_id = storage.new_id("file-")
         self._out = None
-        self._checker = LineChecker()
+        self._checker = LineChecker(max_lines)
         self._size = 0
+        self.file_parts = 0  # more than one `file` part: the upload is refused (only the first would be kept)
 
     def new_file(self, field_name, file_name, *args, **kwargs) -> None:
         super().new_file(field_name, file_name, *args, **kwargs)
+        self.file_parts += field_name == FIELD
         if field_name == FIELD and self._out is None:
             self._out = open(storage.partial_path(self.file_id), "wb")
 
@@ -50,8 +71,8 @@ class BatchFileUploadHandler(FileUploadHandler):
         if self.field_name != FIELD or self._out is None or self._out.closed:
             return None  # another file field: dropped
         self._size += len(raw_data)
-        if self._size > self.limit:
-            raise FileTooLarge(self.limit)
+        if self._size > self.limit.limit:
+            raise self.limit
         self._checker.feed(raw_data)
         self._out.write(raw_data)
         return None

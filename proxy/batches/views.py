@@ -13,14 +13,16 @@ from django.http.multipartparser import MultiPartParserError
 
 from proxy.api.views import api_key_required, changes_state
 from proxy.batches import batch_rows, runner, storage
-from proxy.batches.lines import ENDPOINTS, BadLine
+from proxy.batches.lines import ENDPOINTS, BadLine, is_storable_text
 from proxy.batches.objects import batch_object, file_object, page
-from proxy.batches.upload import BatchFileUploadHandler, FileTooLarge
+from proxy.batches.upload import FIELD, BatchFileUploadHandler, FileTooLarge, file_size_limit
 from proxy.http.access import Need
-from proxy.http.holding import asked_priority
+from proxy.http.holding import asked_priority, unreadable_priority
 from proxy.http.responses import allow_methods, json_error
+from scheduling.core import PRIORITY_HEADER
 
 BATCH_PRIORITY = -100
+MAX_FILENAME = 255  # characters: the column that keeps it
 MAX_METADATA = 16
 
 
@@ -33,14 +35,23 @@ async def files(request: HttpRequest, service) -> HttpResponse:
         limit = _limit(request, 10000)
         if limit is None:
             return json_error(400, "limit must be a whole number from 1 to 10000", "invalid_limit")
+        order = request.GET.get("order", "desc")
+        if order not in ("asc", "desc"):
+            return json_error(400, f"order must be asc or desc (not {order!r})", "invalid_order")
         rows, more = await database_sync_to_async(batch_rows.files_page)(
-            request.GET.get("purpose"), request.GET.get("after"), limit, request.GET.get("order", "desc") != "asc",
+            request.GET.get("purpose"), request.GET.get("after"), limit, order == "desc",
             request.caller.scope.owner_filter())
         return JsonResponse(page([file_object(row) for row in rows], more))
+    if "content-length" not in request.headers:  # sent chunked: the form parser would read it as empty
+        return json_error(411, "send the upload with a Content-Length (as the openai SDK and curl -F do), "
+                               "not chunked", "length_required")
     if not request.content_type.startswith("multipart/form-data"):
         return json_error(400, "send the file as multipart/form-data with fields file and purpose=batch",
                           "invalid_request")
-    handler = BatchFileUploadHandler(request, service.config.max_batch_file_bytes)
+    limit = await _upload_limit(service.config, request.caller.scope.name)
+    if limit.limit <= 0:
+        return json_error(413, str(limit), "storage_full")
+    handler = BatchFileUploadHandler(request, limit, service.config.max_batch_file_lines)
     request.upload_handlers = [handler]
     try:
         form, uploaded = await sync_to_async(_read_form, thread_sensitive=False)(request)
@@ -53,12 +64,36 @@ async def files(request: HttpRequest, service) -> HttpResponse:
     except (MultiPartParserError, RequestDataTooBig, TooManyFieldsSent) as exc:
         handler.discard()
         return json_error(400, f"unreadable multipart body: {exc}", "invalid_multipart")
+    repeated = [name for name, values in form.lists() if len(values) > 1] + ([FIELD] if handler.file_parts > 1 else [])
+    if repeated:
+        handler.discard()
+        return json_error(400, f"the upload sends the field {repeated[0]!r} more than once: send each field once",
+                          "invalid_request")
+    if uploaded is not None and not (len(uploaded.name) <= MAX_FILENAME and is_storable_text(uploaded.name)):
+        handler.discard()
+        return json_error(400, f"the file's name must be at most {MAX_FILENAME} characters of text without NUL",
+                          "invalid_request")
     if form.get("purpose") != "batch" or uploaded is None:
         handler.discard()
         what = "a file field" if uploaded is None else f"purpose=batch (not {form.get('purpose')!r})"
         return json_error(400, f"the upload needs {what}: only batch input files are taken", "invalid_request")
     row = await database_sync_to_async(batch_rows.create_file)(uploaded, "batch", request.caller.scope.name)
     return JsonResponse(file_object(row))
+
+
+async def _upload_limit(config, owner: str) -> FileTooLarge:
+    """The refusal an upload of `owner` gets past its size: the file limit, or the room its key has left under
+    maxBatchStorageBytes when that is less (callers without a key row share one allowance)."""
+    file_limit = file_size_limit(config.max_batch_file_bytes)
+    if not config.max_batch_storage_bytes:
+        return file_limit
+    room = config.max_batch_storage_bytes - await database_sync_to_async(batch_rows.stored_bytes)(owner)
+    if room >= file_limit.limit:
+        return file_limit
+    whose = f"the API key '{owner}'" if owner else "callers without a key of their own"
+    return FileTooLarge(max(room, 0), f"the upload is over the room {whose} has left: its files take "
+                                      f"{config.max_batch_storage_bytes - room} of the {config.max_batch_storage_bytes} "
+                                      "bytes maxBatchStorageBytes allows; delete some with DELETE /v1/files/<id>")
 
 
 def _read_form(request: HttpRequest):
@@ -72,8 +107,12 @@ def _read_form(request: HttpRequest):
 @changes_state("DELETE", need=Need.INFERENCE)
 async def file_entry(request: HttpRequest, service, file_id: str) -> HttpResponse:
     if request.method == "DELETE":
-        if not await database_sync_to_async(batch_rows.delete_file)(file_id, request.caller.scope.owner_filter()):
+        refused = await database_sync_to_async(batch_rows.delete_file)(file_id, request.caller.scope.owner_filter())
+        if refused == "missing":
             return _no_file(file_id)
+        if refused is not None:
+            return json_error(409, f"the file {file_id!r} is the input of batch {refused!r}, which has not ended: "
+                                   "cancel it (or let it end) first", "file_in_use")
         return JsonResponse({"id": file_id, "object": "file", "deleted": True})
     row = await database_sync_to_async(batch_rows.find_file)(file_id, request.caller.scope.owner_filter())
     return _no_file(file_id) if row is None else JsonResponse(file_object(row))
@@ -120,7 +159,11 @@ async def batches(request: HttpRequest, service) -> HttpResponse:
                                                                 request.caller.scope.owner_filter())
     if source is None or source.purpose != "batch":
         return json_error(400, f"no batch input file {body['input_file_id']!r}", "invalid_request")
-    asked = asked_priority({k.lower(): v for k, v in request.headers.items()})
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    if unreadable := unreadable_priority(headers):
+        return json_error(400, f"{PRIORITY_HEADER}: {unreadable[:40]!r} is not a priority; send a whole number "
+                               "(e.g. -100) or an alias (interactive, normal, batch)", "invalid_priority")
+    asked = asked_priority(headers)
     key = request.caller.scope  # the key's priority cap applies; its lines may use the models it may
     row = await database_sync_to_async(batch_rows.create_batch)(
         source.id, body["endpoint"], body.get("metadata"),
@@ -133,7 +176,7 @@ def _creation_problem(body) -> tuple[str, str] | None:
     """(the parameter, what is wrong) for a create request OpenAI's API would refuse; None when it is fine."""
     if not isinstance(body, dict):
         return "body", 'send a JSON object {"input_file_id", "endpoint", "completion_window": "24h"}'
-    if not isinstance(body.get("input_file_id"), str):
+    if not isinstance(body.get("input_file_id"), str) or not is_storable_text(body["input_file_id"]):
         return "input_file_id", "input_file_id must be a file id"
     if body.get("endpoint") not in ENDPOINTS:
         return "endpoint", f"endpoint must be one of {', '.join(ENDPOINTS)}"
@@ -143,8 +186,9 @@ def _creation_problem(body) -> tuple[str, str] | None:
     if metadata is not None and not (
             isinstance(metadata, dict) and len(metadata) <= MAX_METADATA
             and all(isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
-                    for k, v in metadata.items())):
-        return "metadata", "metadata: at most 16 string keys (64 characters) with string values (512 characters)"
+                    and is_storable_text(k) and is_storable_text(v) for k, v in metadata.items())):
+        return "metadata", ("metadata: at most 16 string keys (64 characters) with string values (512 characters), "
+                            "text without NUL")
     return None
 
 
@@ -169,10 +213,15 @@ async def batch_entry(request: HttpRequest, service, batch_id: str) -> HttpRespo
 @allow_methods("POST")
 @changes_state("POST", need=Need.INFERENCE)
 async def batch_cancel(request: HttpRequest, service, batch_id: str) -> HttpResponse:
-    """Stop sending the batch's lines: `cancelling` while those in flight end, then `cancelled`."""
-    row = await database_sync_to_async(batch_rows.cancel_batch)(batch_id, request.caller.scope.owner_filter())
+    """Stop sending the batch's lines: `cancelling` while those in flight end, then `cancelled`; 400 once it has
+    ended or is finalizing, as OpenAI's."""
+    row, cancelling = await database_sync_to_async(batch_rows.cancel_batch)(batch_id,
+                                                                           request.caller.scope.owner_filter())
     if row is None:
         return _no_batch(batch_id)
+    if not cancelling:
+        return json_error(400, f"batch {batch_id!r} cannot be cancelled: its status is {row.status!r}",
+                          "batch_not_cancellable")
     runner.wake()
     return JsonResponse(await database_sync_to_async(batch_shown)(batch_id))
 

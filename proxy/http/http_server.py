@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import json
 import logging
 from collections.abc import Callable
 from http import HTTPStatus
@@ -65,9 +67,43 @@ class DeadlineChannel(http.HTTPChannel):
         self.timeoutConnection()
 
 
+class _Dropped(io.BytesIO):
+    """Where the body of a request refused for its length goes: nowhere (not a file, not memory)."""
+
+    def write(self, data) -> int:
+        return len(data)
+
+
 class PhrasedRequest(WebRequest):
     """daphne's request, whose status line has the standard reason phrase also for the codes Twisted
-    does not name (429 Too Many Requests, 422, 451…) instead of "Unknown Status"."""
+    does not name (429 Too Many Requests, 422, 451…) instead of "Unknown Status".
+
+    A body whose Content-Length is over the factory's `body_limit` for its method and path is refused with 413
+    from its head alone: Twisted would spool it whole to a file before the application saw it (a client could
+    fill the disk with one upload). It is read and dropped, so the client, which sends it all before it reads
+    an answer, gets the 413 rather than a reset connection."""
+
+    too_long: tuple[int, int] | None = None  # (its length, the limit) of a body refused from its head
+
+    def gotLength(self, length):
+        limit = self.channel.factory.body_limit(self.channel._command, self.channel._path)
+        if length is not None and limit is not None and length > limit:
+            self.too_long = (length, limit)
+            self.content = _Dropped()
+            return
+        super().gotLength(length)
+
+    def process(self):
+        if self.too_long is None:
+            return super().process()
+        length, limit = self.too_long
+        message = (f"the request body is {length} bytes, over the {limit} bytes an upload may take "
+                   "(maxBatchFileBytes, with room for the form's other fields)")
+        body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                     "code": "file_too_large", "param": None}}).encode()
+        self.handle_reply({"type": "http.response.start", "status": 413,
+                           "headers": [(b"Content-Type", b"application/json"), (b"Connection", b"close")]})
+        self.handle_reply({"type": "http.response.body", "body": body})
 
     def setResponseCode(self, code, message=None):
         if message is None and code not in http.RESPONSES:
@@ -77,13 +113,16 @@ class PhrasedRequest(WebRequest):
 
 
 class DeadlineHTTPFactory(HTTPFactory):
-    """daphne's factory, building DeadlineChannels that leave form bodies alone."""
+    """daphne's factory, building DeadlineChannels that leave form bodies alone. `body_limit(method, path)` is the
+    longest body a request may send there (None: the application decides, once it has the body)."""
 
     protocol = DeadlineChannel
 
-    def __init__(self, server: Server, client_timeout: float):
+    def __init__(self, server: Server, client_timeout: float,
+                 body_limit: Callable[[bytes, bytes], int | None] = lambda method, path: None):
         super().__init__(server)
         self.timeOut = client_timeout
+        self.body_limit = body_limit
 
     def buildProtocol(self, addr):
         channel = super().buildProtocol(addr)
@@ -130,9 +169,11 @@ class LimitedWebSocketFactory(WebSocketFactory):
 class LlamaswapServer(Server):
     """daphne's Server with DeadlineHTTPFactory and LimitedWebSocketFactory, remembering why it could not listen."""
 
-    def __init__(self, application, *, client_timeout: float, message_limit: Callable[[], int], **kwargs):
+    def __init__(self, application, *, client_timeout: float, message_limit: Callable[[], int],
+                 body_limit: Callable[[bytes, bytes], int | None] = lambda method, path: None, **kwargs):
         self.client_timeout = client_timeout
         self.message_limit = message_limit
+        self.body_limit = body_limit
         self.listen_failure: str | None = None
         # A WebSocket's handshake completes once its model is loaded: it may queue and wait for a load as
         # long as a request does, where daphne would drop it after 5 s (the opening handshake) or refuse
@@ -157,7 +198,7 @@ class LlamaswapServer(Server):
     @http_factory.setter
     def http_factory(self, stock: HTTPFactory) -> None:
         # Server.run() builds its stock factory here; connections get ours, which is the same plus the deadlines.
-        self._http_factory = DeadlineHTTPFactory(self, self.client_timeout)
+        self._http_factory = DeadlineHTTPFactory(self, self.client_timeout, self.body_limit)
 
     def create_application(self, protocol, scope):
         """daphne's, but a body Twisted spooled to a file reaches the application a piece at a time (`SpooledBody`)."""

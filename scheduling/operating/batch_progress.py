@@ -15,7 +15,7 @@ from scheduling.door.questions import RunTime
 from scheduling.models import Batch
 from scheduling.rows.batch_status import ACTIVE
 
-LINE_STATES = ("pending", "running", "succeeded", "failed")
+LINE_STATES = ("pending", "claimed", "running", "succeeded", "failed")  # claimed: read ahead, not sent yet
 
 
 @dataclass(frozen=True)

@@ -114,8 +114,13 @@ def lines_of(api: openai.OpenAI, file_id: str | None) -> list[dict]:
     return [json.loads(line) for line in api.files.content(file_id).read().splitlines()]
 
 
+def start_events(events) -> list[dict]:
+    """The fake model's "start" events, in the order its requests began."""
+    return [e for e in read_events(events) if e["event"] == "start"]
+
+
 def batch_starts(events) -> list[str]:
-    return [e["id"] for e in read_events(events) if e["event"] == "start"]
+    return [e["id"] for e in start_events(events)]
 
 
 def test_upload_create_poll_download(tmp_path, backend):
@@ -179,6 +184,31 @@ def test_a_bad_line_is_refused_naming_it(tmp_path):
         assert [p.name for p in (served.data_dir / "files").iterdir()] == []  # nothing kept of the refused files
 
 
+def test_an_upload_over_the_limit_by_its_length_is_refused_unkept_and_a_chunked_one_is_asked_for_a_length(tmp_path):
+    """Twisted would spool a body whole to a file before the service saw it: one whose Content-Length is over the
+    limit is dropped as it arrives and answered 413. A chunked upload (no length) gets 411, not 'no file field'."""
+    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+        form = b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--x\r\n' \
+               b'Content-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n'
+        body = form + jsonl(60_000) + b"\r\n--x--\r\n"
+        assert len(body) > 3 * 2_000_000
+        headers = {"Content-Type": "multipart/form-data; boundary=x"}
+        refused = httpx.post(served.base + "/v1/files", content=body, headers=headers, timeout=60)
+        assert refused.status_code == 413, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "file_too_large" and f"the request body is {len(body)} bytes" in error["message"]
+        assert "maxBatchFileBytes" in error["message"]
+
+        def chunked():
+            yield form
+            yield jsonl(2) + b"\r\n--x--\r\n"
+
+        asked = httpx.post(served.base + "/v1/files", content=chunked(), headers=headers, timeout=60)
+        assert asked.status_code == 411 and asked.json()["error"]["code"] == "length_required", asked.text
+        assert client(served).files.create(file=("in.jsonl", jsonl(2)), purpose="batch").bytes == len(jsonl(2))
+        assert len(list(client(served).files.list())) == 1
+
+
 @pytest.mark.parametrize("slots", [1, 3])
 def test_cancel_stops_sending_and_keeps_what_ran(tmp_path, slots):
     """With several slots, a batch keeps one line at the model per slot (the model's own count shows it)."""
@@ -221,9 +251,9 @@ def test_a_batch_survives_kill_9_and_each_line_is_answered_once(tmp_path, backen
     assert {i for i in ids if starts.count(i) > 1} == {at_kill[-1]} and starts.count(at_kill[-1]) == 2, starts
 
 
-def test_an_interactive_request_waits_for_at_most_one_batch_line(tmp_path):
+def test_an_interactive_request_waits_for_at_most_one_batch_line(tmp_path, backend):
     events = tmp_path / "events.jsonl"
-    with Served(tmp_path, config(events)) as served:
+    with backend.serve(config(events)) as served:
         api = client(served)
         batch = submit(api, jsonl(10, delay=0.3))
         wait_until(lambda: len(batch_starts(events)) >= 2, 30, what="the batch to be running")
@@ -247,8 +277,8 @@ def test_an_interactive_request_waits_for_at_most_one_batch_line(tmp_path):
         assert finished(api, batch.id).status == "completed"
 
 
-def test_a_ten_thousand_line_file_is_accepted(tmp_path):
-    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+def test_a_ten_thousand_line_file_is_accepted(tmp_path, backend):
+    with backend.serve(config(tmp_path / "events.jsonl")) as served:
         api = client(served)
         content = b"".join(b'{"custom_id":"%d","method":"POST","url":"/v1/embeddings","body":{"model":"chat",'
                            b'"input":"x"}}\n' % n for n in range(10_000))
@@ -402,3 +432,63 @@ def test_a_keys_files_and_batches_are_its_own_and_operators(tmp_path):
         assert [b.id for b in operator.batches.list()] == [batch.id]
         assert len(lines_of(operator, output)) == 2
         assert operator.files.delete(batch.input_file_id).deleted
+
+
+def test_a_keys_files_stay_within_max_batch_storage_bytes(tmp_path):
+    from tests.e2e.test_api_keys import new_key
+
+    one = jsonl(10)  # about 2 KB
+    text = textwrap.dedent(config(tmp_path / "events.jsonl")) + f"maxBatchStorageBytes: {2 * len(one) + 100}\n"
+    with Served(tmp_path, text) as served:
+        full, other = (openai.OpenAI(base_url=served.base + "/v1", api_key=new_key(served, name), max_retries=0)
+                       for name in ("fills-up", "another"))
+        kept = [full.files.create(file=("in.jsonl", one), purpose="batch") for _ in range(2)]
+        with pytest.raises(openai.APIStatusError, match="over the room the API key 'fills-up' has left") as refused:
+            full.files.create(file=("in.jsonl", one), purpose="batch")
+        assert refused.value.status_code == 413 and "maxBatchStorageBytes" in str(refused.value)
+        assert other.files.create(file=("in.jsonl", one), purpose="batch").bytes == len(one)  # its own allowance
+        full.files.delete(kept[0].id)
+        assert full.files.create(file=("in.jsonl", one), purpose="batch").bytes == len(one)  # room again
+        assert sorted(p.name for p in (served.data_dir / "files").iterdir()) == sorted(
+            f.id for api in (full, other) for f in api.files.list())  # nothing kept of the refused upload
+
+
+def test_text_a_database_cannot_keep_is_refused_or_escaped_never_jams_a_batch(tmp_path):
+    """A lone surrogate or a NUL (which UTF-8 or PostgreSQL cannot keep) in a custom_id is refused at upload; in
+    what a line's answer echoes (a model name), it is kept as an escape and the batch ends."""
+    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+        api = client(served)
+        with pytest.raises(openai.BadRequestError, match="line 2: custom_id holds a NUL or a lone surrogate"):
+            api.files.create(file=("in.jsonl", jsonl(1) + jsonl(1, prefix="\ud800")), purpose="batch")
+        odd = json.dumps({"custom_id": "odd", "method": "POST", "url": "/v1/chat/completions",
+                          "body": {"model": "\ud800\x00", "messages": []}}).encode() + b"\n"
+        batch = submit(api, jsonl(2) + odd + jsonl(2, prefix="after"))
+        done = finished(api, batch.id)
+        assert (done.status, done.request_counts.completed, done.request_counts.failed) == ("completed", 4, 1)
+        [error] = lines_of(api, done.error_file_id)
+        assert error["custom_id"] == "odd" and error["response"]["status_code"] == 404
+        assert "\ud800\x00" in error["response"]["body"]["error"]["message"]  # the escapes read back as sent
+
+
+def test_a_batchs_input_file_cannot_be_deleted_until_it_ends_and_bad_names_and_priorities_are_refused(tmp_path):
+    with Served(tmp_path, config(tmp_path / "events.jsonl")) as served:
+        api = client(served)
+        batch = submit(api, jsonl(20, delay=0.2))
+        with pytest.raises(openai.ConflictError, match=f"is the input of batch '{batch.id}', which has not ended"):
+            api.files.delete(batch.input_file_id)
+        api.batches.cancel(batch.id)
+        finished(api, batch.id)
+        assert api.files.delete(batch.input_file_id).deleted
+        with pytest.raises(openai.BadRequestError, match="the file's name must be at most 255 characters"):
+            api.files.create(file=("n" * 256 + ".jsonl", jsonl(1)), purpose="batch")
+        assert list(api.files.list()) == [] or all(f.purpose == "batch_output" for f in api.files.list())
+        kept = {f.id for f in api.files.list()}
+        assert {p.name for p in (served.data_dir / "files").iterdir()} == kept  # nothing of the refused upload
+        uploaded = api.files.create(file=("in.jsonl", jsonl(1)), purpose="batch")
+        for typo in ("garbage", "1e3", "9" * 30):
+            refused = httpx.post(served.base + "/v1/batches", headers={"X-LlamaSwap-Priority": typo}, timeout=10,
+                                 json={"input_file_id": uploaded.id, "endpoint": "/v1/chat/completions",
+                                       "completion_window": "24h"})
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_priority", refused.text
+        assert api.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h",
+                                  extra_headers={"X-LlamaSwap-Priority": "normal"}).id

@@ -10,7 +10,7 @@ import signal
 import openai
 import pytest
 
-from tests.e2e.test_distributed import config_text, distributed  # noqa: F401 - the fixture
+from tests.e2e.test_distributed import config_text, distributed, two_front_ends  # noqa: F401 - the fixture
 from tests.served import Served, Worker, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -21,23 +21,18 @@ def test_a_batch_uploaded_to_one_front_end_is_run_once_by_one_of_them(tmp_path, 
     events = tmp_path / "events.jsonl"
     text = config_text(events)
     shared = {**env, "LLAMASWAP_FILES_DIR": str(tmp_path / "files")}
-    with Worker(tmp_path / "worker", text, env):
-        front = []
-        for name in ("fe1", "fe2"):
-            (tmp_path / name).mkdir()
-            front.append(Served(tmp_path / name, text, env={**shared, "LLAMASWAP_DATA_DIR": str(tmp_path / name / "data")}))
-        with front[0] as first, front[1] as second:
-            one, two = (openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0) for s in (first, second))
-            content = b"".join(json.dumps({
-                "custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
-                "body": {"model": "chat", "messages": [], "fake": {"id": f"line-{n}", "tokens": 2, "delay": 0.05}},
-            }).encode() + b"\n" for n in range(12))
-            uploaded = one.files.create(file=("in.jsonl", content), purpose="batch")
-            batch = two.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                       completion_window="24h")
-            done = wait_until(lambda: (b := one.batches.retrieve(batch.id)).status == "completed" and b, 60, 0.1,
-                              "the batch to complete")
-            output = [json.loads(line) for line in two.files.content(done.output_file_id).read().splitlines()]
+    with two_front_ends(tmp_path, text, env, shared) as (first, second):
+        one, two = (openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0) for s in (first, second))
+        content = b"".join(json.dumps({
+            "custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "chat", "messages": [], "fake": {"id": f"line-{n}", "tokens": 2, "delay": 0.05}},
+        }).encode() + b"\n" for n in range(12))
+        uploaded = one.files.create(file=("in.jsonl", content), purpose="batch")
+        batch = two.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                   completion_window="24h")
+        done = wait_until(lambda: (b := one.batches.retrieve(batch.id)).status == "completed" and b, 60, 0.1,
+                          "the batch to complete")
+        output = [json.loads(line) for line in two.files.content(done.output_file_id).read().splitlines()]
     assert [line["custom_id"] for line in output] == [f"line-{n}" for n in range(12)]
     starts = [e["id"] for e in read_events(events) if e["event"] == "start"]
     assert sorted(starts) == sorted(f"line-{n}" for n in range(12))  # one runner: no line sent twice

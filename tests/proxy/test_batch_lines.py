@@ -36,7 +36,10 @@ def cut(data: bytes, points: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *marks], [*marks, len(data)])]
 
 
-@given(ids=st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=20),
+STORABLE = st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))
+
+
+@given(ids=st.lists(st.text(STORABLE, min_size=1, max_size=5), min_size=1, max_size=20),
        bad=st.one_of(st.none(), st.tuples(st.integers(0, 19), st.sampled_from(BAD))),
        points=st.lists(st.integers(0, 10_000), max_size=12), final_newline=st.booleans())
 def test_any_cutting_of_the_bytes_gives_the_answer_of_the_whole_file(ids, bad, points, final_newline):
@@ -57,11 +60,42 @@ def test_any_cutting_of_the_bytes_gives_the_answer_of_the_whole_file(ids, bad, p
     (good("a") + b"\n" + good("a"), "line 2: custom_id 'a' is used by an earlier line"),
     (b"", "line 1: the file has no lines"),
     (good("a") + b"\n\n" + good("b"), "line 2: empty line"),
-    (b"\n".join(good(str(n)) for n in range(50_001)), "line 50001: a batch file holds at most 50000 lines"),
+    (b"\n".join(good(str(n)) for n in range(50_001)), "line 50001: a batch file holds at most 50000 lines \\(maxBatchFileLines\\)"),
     (good("a").replace(b'"input"', b'"stream": true, "input"'), "line 1: body.stream is not supported in a batch"),
+    (good("x" * 256), "line 1: custom_id is longer than 255 characters"),
+    (good("a\x00b"), "line 1: custom_id holds a NUL or a lone surrogate"),  # sent as \u0000
+    (good("\ud800"), "line 1: custom_id holds a NUL or a lone surrogate"),  # sent as \ud800
+    (good("a") + b"\n" + good("b" * 8 * 1024 * 1024) + b"\n", f"line 2: longer than {8 * 1024 * 1024} bytes"),
 ])
 def test_what_a_refusal_says(data, reason):
     with pytest.raises(BadLine, match=reason):
         checker = LineChecker()
         checker.feed(data)
+        checker.finish()
+
+
+def test_max_batch_file_lines_sets_the_most_lines():
+    checker = LineChecker(max_lines=3)
+    checker.feed(b"\n".join(good(str(n)) for n in range(3)))
+    assert checker.finish() == 3
+    with pytest.raises(BadLine, match=r"line 4: a batch file holds at most 3 lines \(maxBatchFileLines\)"):
+        LineChecker(max_lines=3).feed(b"\n".join(good(str(n)) for n in range(4)) + b"\n")
+
+
+def sized(length: int) -> bytes:
+    """A good line of exactly `length` bytes, without its line ending."""
+    line = good("a").replace(b'"input": "x"', b'"input": "' + b"x" * (length - len(good("a")) + 1) + b'"')
+    assert len(line) == length
+    return line
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b""])
+def test_a_line_of_the_most_bytes_is_taken_whatever_ends_it_and_one_byte_more_is_not(ending):
+    most = 8 * 1024 * 1024
+    checker = LineChecker()
+    checker.feed(good("b") + b"\r\n" + sized(most) + ending)
+    assert checker.finish() == 2
+    with pytest.raises(BadLine, match=f"line 2: longer than {most} bytes"):
+        checker = LineChecker()
+        checker.feed(good("b") + b"\r\n" + sized(most + 1) + ending)
         checker.finish()
