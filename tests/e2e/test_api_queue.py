@@ -189,6 +189,33 @@ def test_an_operator_cancels_a_waiting_and_a_running_request(served, rows, waiti
     assert chat(served, {"tokens": 3}).status_code == 200
 
 
+def test_an_operator_raises_a_waiting_requests_priority_and_it_goes_first(served, rows):
+    held, running_id = running_one(served)
+    first = Pending(served, {"tokens": 1}, {"X-LlamaSwap-Priority": "0"})
+    entries_in(served, "waiting", 1)
+    second = Pending(served, {"tokens": 1}, {"X-LlamaSwap-Priority": "0"})
+    older, newer = (entry["id"] for entry in entries_in(served, "waiting", 2))
+
+    def patch(ticket_id: int, body) -> httpx.Response:
+        return httpx.patch(served.base + f"/api/queue/{ticket_id}", headers=AUTH, timeout=10, content=body)
+
+    for bad in (b"", b"[]", b'{"priority": "urgent"}', b'{"priority": 1.5}', b'{"priority": true}',
+                b'{"priority": ""}', b'{"priority": 9223372036854775808}', b'{"prio": 5}'):
+        refused = patch(newer, bad)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request", bad
+    assert "'urgent' is not a priority" in patch(newer, b'{"priority": "urgent"}').json()["error"]["message"]
+    assert patch(newer, b'{"priority": "interactive"}').json() == {"id": newer, "priority": 100}
+    assert [entry["id"] for entry in queue(served) if entry["state"] == "waiting"] == [newer, older]
+    gone = patch(running_id, b'{"priority": 5}')
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "request_not_found"
+
+    assert httpx.delete(served.base + f"/api/queue/{running_id}", headers=AUTH, timeout=10).status_code == 200
+    held.read_to_end()
+    assert [first.result().status_code, second.result().status_code] == [200, 200]
+    assert row(served, rows, newer)["dispatched_at"] < row(served, rows, older)["dispatched_at"]
+    assert (row(served, rows, newer)["priority"], row(served, rows, newer)["band"]) == (100, "interactive")
+
+
 def test_a_running_non_streaming_request_cut_gets_a_503(served, rows):
     pending = Pending(served, LONG)
     (running,) = entries_in(served, "running", 1)
