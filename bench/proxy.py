@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import sys
 import tempfile
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,10 +54,11 @@ def config_text(events: Path) -> str:
 
 
 @contextmanager
-def served_model(tmp: Path) -> Iterator[tuple[Served, Path]]:
-    """llamaswap with the one fake model loaded; yields the service and the model's event log."""
+def served_model(tmp: Path, more_config: str = "") -> Iterator[tuple[Served, Path]]:
+    """llamaswap with the one fake model loaded (`more_config`: top-level keys added to its config); yields the
+    service and the model's event log."""
     events = tmp / "events.jsonl"
-    with Served(tmp, config_text(events)) as served:
+    with Served(tmp, textwrap.dedent(config_text(events)) + more_config) as served:
         with httpx.Client(timeout=30) as client:
             chat_call(client, served.base)()  # loads the model
         yield served, events
