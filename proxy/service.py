@@ -26,6 +26,7 @@ from proxy.upstream.peer_relay import PeerRelays
 from proxy.upstream.upstream_names import leading_names
 from proxy.upstream.upstreams import ClientUse, UpstreamClients
 from scheduling.door import frontdoor
+from scheduling.door.layer_task_errors import report_loop_error
 from scheduling import metrics
 from scheduling.operating.config_inputs import model_specs, swap_policy
 from scheduling.core import SerialSettings, build_scheduler
@@ -38,6 +39,10 @@ log = logging.getLogger("llamaswap.service")
 
 # What a peer request still running when the shutdown's drain is over is told, as a local one is by the runtime.
 SHUT_DOWN = Refused(503, "shutting_down", "llamaswap shut down before this request finished")
+
+# The longest leading name of an /upstream/ path looked for among a key's globs when no model is configured there:
+# bounded, as the names tried cost their length each, and a path may be long.
+SCOPED_NAME_MAX = 256
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,7 @@ class ProxyService:
         """Begin background work: sample the machine for /metrics (`performance:`) where the models run, and
         load `hooks.on_startup.preload` models, one at a time, through the scheduler."""
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(report_loop_error)  # a layer task cut by a Redis outage: one line, no traceback
         if self.runtime is not None:  # a front end's machine runs no model: the worker exports its machine's
             system_metrics.SAMPLER.configure(self.config.performance)
             self._background.add(loop.create_task(self.runtime.model_leases.run()))
@@ -246,24 +252,42 @@ class ProxyService:
     def _model_crashed(self, model: str) -> None:
         self.runtime.model_exited(model)
 
-    def resolve_model(self, name: str):
+    def resolve_model(self, name: str, scope=None):
+        """The model `name` (an ID or an alias) names. With the caller's key `scope`, a name the key may not use is
+        refused 403 whether or not it is configured, and named as asked (not an alias's model), so a key's answers
+        say nothing of the models outside it."""
         model = self.config.resolve(name)
+        if scope is not None and not scope.allows_model(name if model is None else model.id):
+            raise ProxyError(403, f"the API key '{scope.name}' may not use model '{name}'", "model_not_allowed")
         if model is None:
             raise ProxyError(404, f"model '{name}' is not configured; GET /v1/models lists the available models", "model_not_found")
         return model
 
-    def resolve_upstream_path(self, rest: str):
+    def resolve_upstream_path(self, rest: str, scope=None):
         """`<model>/<path>` → (model config, path); model IDs may contain '/', so the longest match wins.
 
         The path is None when the request named just the model (`/upstream/<model>`), which
-        is answered with a redirect that adds the trailing slash.
+        is answered with a redirect that adds the trailing slash. With the caller's key `scope`, a path whose model
+        the key may not use is refused 403 whether or not a model is configured there (404 only where its globs
+        match a leading name of at most SCOPED_NAME_MAX characters), in one wording that names the path, not the model: the key learns nothing of the
+        models outside its scope.
         """
         longest = max(map(len, [*self.config.models, *self.config.aliases]), default=0)
         for name, remainder in leading_names(rest, longest):
             model = self.config.resolve(name)
             if model is not None:
+                if scope is not None and not scope.allows_model(model.id):
+                    raise self._not_the_keys(scope, rest)
                 return model, remainder
+        if scope is not None and not any(scope.allows_model(name)
+                                         for name, _ in leading_names(rest, max(longest, SCOPED_NAME_MAX))):
+            raise self._not_the_keys(scope, rest)
         raise ProxyError(404, f"no configured model matches /upstream/{rest}", "model_not_found")
+
+    @staticmethod
+    def _not_the_keys(scope, rest: str) -> ProxyError:
+        return ProxyError(403, f"the API key '{scope.name}' may not use the model at /upstream/{rest}",
+                          "model_not_allowed")
 
     def client_for(self, model) -> ClientUse:
         """`async with` it for the keep-alive client that reaches `model` (a model config) for one request."""

@@ -22,6 +22,7 @@ from django.utils.html import format_html
 from scheduling.door import frontdoor
 from scheduling.keys import admin as key_admin  # noqa: F401  (registers the API keys' pages)
 from scheduling import batch_admin  # noqa: F401  (registers the Batches page)
+from scheduling import lease_admin  # noqa: F401  (registers the Leases page)
 
 from scheduling.operating import overview, placement_page, settings_preview
 from scheduling.forms import PriorityForm, SchedulerSettingsForm, config_or_problem
@@ -29,7 +30,6 @@ from scheduling.rows.history import CappedCountPaginator, HistoryQuerySet, searc
 from scheduling.models import (
     ApiKey,
     ConfiguredModel,
-    ModelLease,
     QueuedRequest,
     SchedulerSettings,
     SettingsChange,
@@ -353,25 +353,6 @@ class SettingsChangeAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-
-@admin.register(ModelLease)
-class ModelLeaseAdmin(admin.ModelAdmin):
-    """Model leases (`POST /api/leases`): listed, and revoked by deleting them; made through the API, which also
-    loads the model."""
-
-    list_display = ("id", "model", "created_at", "expires_at", "in_force")
-    list_filter = ("model",)
-
-    @admin.display(boolean=True, description="in force")
-    def in_force(self, obj: ModelLease) -> bool:
-        return obj.expires_at > timezone.now()
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
 

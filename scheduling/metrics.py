@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from scheduling.core import Band, ModelState, SchedulerSnapshot
 from scheduling.events import Dispatched, Evicted, Finished, ModelLoaded, RuntimeEvent, Unserved
+from scheduling.keys.scope import CONFIG_LABEL, OPEN_LABEL, OVERFLOW_LABEL
 from scheduling.tickets import RequestState
 
 log = logging.getLogger("llamaswap.metrics")
@@ -124,6 +125,12 @@ KEY_QUEUE_WAIT = Histogram(
     ["key"],
     buckets=QUEUE_WAIT_BUCKETS,
 )
+KEY_REFUSALS = Counter(
+    "llamaswap_key_refusals_total",
+    "Requests of an API key refused before they reached the scheduler (403 outside its models or routes, 429 over "
+    "its quota, 400 bad input …), by the key and the status.",
+    ["key", "status"],
+)
 MAX_KEY_LABELS = 1000
 
 
@@ -138,9 +145,9 @@ class KeyLabels:
 
     def of(self, name: str) -> str:
         if not name:
-            return "config" if self.config_keys else "none"
+            return CONFIG_LABEL if self.config_keys else OPEN_LABEL
         if name not in self.seen and len(self.seen) >= self.limit:
-            return "other"
+            return OVERFLOW_LABEL
         self.seen.add(name)
         return name
 
@@ -404,7 +411,7 @@ SCHEDULER_SERIES = (
     EXPORT.model_states, EXPORT.model_slots, EXPORT.placement,
 )
 REQUEST_SERIES = (REQUESTS, REQUEST_DURATION, FIRST_BYTE, TOKENS, BATCH_LINES_ENDED, KEY_REQUESTS, KEY_TOKENS,
-                  KEY_QUEUE_WAIT)
+                  KEY_QUEUE_WAIT, KEY_REFUSALS)
 # A front end's /metrics: no queue or model series, which only the worker knows.
 FRONT_END = _registry_without(*SCHEDULER_SERIES)
 # A worker's metrics port (proxy.api.worker_metrics): no request series; each front end counts those it served.
@@ -459,6 +466,11 @@ def _unserved(event: Unserved) -> None:
     """Answered by the scheduler with an error (429, failed start, shutdown) or cancelled while queued."""
     REQUESTS.labels(event.model or UNKNOWN, event.route, str(event.status)).inc()
     KEY_REQUESTS.labels(KEY_LABELS.of(event.key), str(event.status)).inc()
+
+
+def key_refused(key: str, status: int) -> None:
+    """A request of the row key `key` refused at the door, before it had a row."""
+    KEY_REFUSALS.labels(KEY_LABELS.of(key), str(status)).inc()
 
 
 def _evicted(event: Evicted) -> None:

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from scheduling.core import SerialSettings, serial_settings_problems
 from scheduling.core.priority import INT64_MAX, INT64_MIN
-from scheduling.keys.scope import globs_from_text
+from scheduling.keys.scope import NO_ROW_LABELS, globs_from_text
 from scheduling.tickets import TERMINAL_STATES, RequestState
 
 
@@ -292,6 +292,12 @@ def _priority(help_text: str) -> models.BigIntegerField:
                                   validators=[MinValueValidator(INT64_MIN), MaxValueValidator(INT64_MAX)])
 
 
+def _not_a_label_of_no_row(name: str) -> None:
+    if name.lower() in NO_ROW_LABELS:
+        raise ValidationError(f"'{name}' is taken: /metrics labels requests without a key row "
+                              f"{', '.join(repr(label) for label in NO_ROW_LABELS)}; choose another name")
+
+
 class ApiKey(models.Model):
     """An API key: its secret is shown once when it is made and stored only hashed (`scheduling.keys.secrets`);
     `prefix` names it in lists. Disabling one (or its expiry) refuses it on every front end within 2 s.
@@ -300,7 +306,8 @@ class ApiKey(models.Model):
     (`scheduling.core.fairness`)."""
 
     name = models.CharField(max_length=100, unique=True, validators=[RegexValidator(
-        r"\A[A-Za-z0-9][A-Za-z0-9._@-]*\Z", "letters, digits and . _ @ - (starting with a letter or digit)")])
+        r"\A[A-Za-z0-9][A-Za-z0-9._@-]*\Z", "letters, digits and . _ @ - (starting with a letter or digit)"),
+        _not_a_label_of_no_row])
     prefix = models.CharField(max_length=16, editable=False)
     secret_hash = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
@@ -340,6 +347,22 @@ class ApiKey(models.Model):
                                                        f"the maximum {self.max_priority}"})
         if self.operator and self.read_only:
             raise ValidationError({"read_only": "an operator key changes things: it cannot be read-only too"})
+
+
+class KeyRefusals(models.Model):
+    """How many of a key's requests were refused at the door (403 outside its scope, 429 over its quota) in one
+    minute: such a request never reaches the scheduler, so it has no `QueuedRequest` row. Front ends add their
+    counts every second or so (`scheduling.keys.refusals`); the key's usage page charts them."""
+
+    api_key = models.CharField(max_length=100)
+    minute = models.DateTimeField()
+    status = models.PositiveSmallIntegerField()
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "key refusals"
+        verbose_name_plural = "key refusals"
+        constraints = [models.UniqueConstraint(fields=["api_key", "minute", "status"], name="key_refusals_once")]
 
 
 class BatchFile(models.Model):

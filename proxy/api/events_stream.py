@@ -8,7 +8,8 @@ changed since it last sent, and a comment line
 when it has been quiet for KEEPALIVE_S (so proxies in between keep the connection open).
 
 What one connection last sent is kept in its `EventStream`, so the diff is per connection and the
-service pushes nothing: a dashboard that is not connected costs nothing.
+service pushes nothing: a dashboard that is not connected costs nothing. A connection is sent what its key
+may see (`proxy.api.visibility`): another key's requests and batches, and models outside its scope, never.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from asgiref.sync import sync_to_async
 from django.db.models import Max
 
 from proxy.compat.active_profile import active_profile
+from proxy.api.visibility import own_batches, own_entries, own_rows
 from proxy.compat.model_listing import capability_fields
 from proxy.upstream.peer_relay import peer_model_states
 from scheduling.rows.activity import activity_row
@@ -31,6 +33,7 @@ from scheduling.operating.batch_progress import BatchWatch, time_left_s
 from scheduling.models import QueuedRequest
 from scheduling.tickets import RequestState
 from scheduling.core import ModelState
+from scheduling.keys.scope import UNRESTRICTED, KeyScope
 
 TICK_S = 0.5
 BATCH_TICK_S = 1.0  # a batch's counts are one grouped query over its lines: looked at less often
@@ -112,9 +115,10 @@ class ActivityWatch:
 class EventStream:
     """What one connection has been sent, and the envelopes that bring it up to date."""
 
-    def __init__(self, service, *, with_logs: bool = True) -> None:
+    def __init__(self, service, *, viewer: KeyScope = UNRESTRICTED) -> None:
         self.service = service
-        self.with_logs = with_logs  # the models' log text is an operator's (as `/logs`)
+        self.viewer = viewer
+        self.with_logs = viewer.operator  # the models' log text is an operator's (as `/logs`)
         self.log_cursors: dict[str, str] = {}
         self.models: list[dict[str, Any]] | None = None
         self.inflight: dict[int, dict[str, Any]] = {}
@@ -131,7 +135,7 @@ class EventStream:
     async def first(self) -> str:
         """Everything: log history, every model's status, the in-flight snapshot and the queue."""
         await sync_to_async(self.activity.start)()
-        entries = await self.service.door.ask(Queue())
+        entries = await self._entries()
         self.inflight = self._inflight_items(entries)
         pieces = await self._logs()
         pieces.append(await self._model_status())
@@ -148,8 +152,9 @@ class EventStream:
         status = await self._model_status()
         if status:
             pieces.append(status)
-        pieces += [envelope("activity", row) for row in await sync_to_async(self.activity.changes)()]
-        entries = await self.service.door.ask(Queue())
+        rows = own_rows(self.viewer, await sync_to_async(self.activity.changes)())
+        pieces += [envelope("activity", row) for row in rows]
+        entries = await self._entries()
         pieces += self._inflight_changes(self._inflight_items(entries))
         queue = self._queue_items(entries)
         if _queue_changed(self.queue, queue):
@@ -160,12 +165,17 @@ class EventStream:
             pieces += await self._batch_progress()
         return "".join(pieces)
 
+    async def _entries(self) -> list:
+        """The queue's entries this connection may see."""
+        return await own_entries(self.viewer, await self.service.door.ask(Queue()))
+
     async def _batch_progress(self) -> list[str]:
         """`batchProgress` for each batch whose status or counts changed, with its time left (None: unknown)."""
         self.batches_looked = time.monotonic()
         door = self.service.door
+        changed = await own_batches(self.viewer, await sync_to_async(self.batches.changes)())
         return [envelope("batchProgress", {**shown.as_json(), "time_left_s": await time_left_s(door, shown)})
-                for shown in await sync_to_async(self.batches.changes)()]
+                for shown in changed]
 
     async def _profile_changed(self) -> list[str]:
         """`profileChanged` when the active profile is not the one this connection was last told of."""
@@ -188,7 +198,8 @@ class EventStream:
 
     async def _model_status(self) -> str:
         """`modelStatus` with every model when any changed, else ""."""
-        models = model_status(self.service.config, await self.service.door.ask(Processes()))
+        models = [model for model in model_status(self.service.config, await self.service.door.ask(Processes()))
+                  if self.viewer.sees_model(model["id"])]
         if models == self.models:
             return ""
         self.models = models
@@ -256,10 +267,11 @@ def _queue_changed(sent: list[dict[str, Any]] | None, queue: list[dict[str, Any]
     return False
 
 
-async def events(service, *, with_logs: bool = True, tick_s: float = TICK_S, keepalive_s: float = KEEPALIVE_S):
+async def events(service, *, viewer: KeyScope = UNRESTRICTED, tick_s: float = TICK_S,
+                 keepalive_s: float = KEEPALIVE_S):
     """The response body: the first payload, then changes; ends when the client leaves (Django
     cancels the response's task then, which cancels the sleep or query this is waiting in)."""
-    stream = EventStream(service, with_logs=with_logs)
+    stream = EventStream(service, viewer=viewer)
     yield await stream.first()
     quiet_since = time.monotonic()
     while True:

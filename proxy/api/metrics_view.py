@@ -1,4 +1,5 @@
-"""`GET /metrics`: the Prometheus export, behind the API keys when `metricsRequireApiKey: true`."""
+"""`GET /metrics`: the Prometheus export, behind the API keys when `metricsRequireApiKey: true`; then a key that is
+not an operator's reads the series of its models and its own key only (`proxy.api.visibility.shown_series`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from django.views.decorators.csrf import csrf_exempt
 from django_prometheus.exports import ExportToDjangoView
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from proxy.http.access import Denied
+from proxy.api.visibility import shown_series
+from proxy.http.access import Caller, Denied
 from proxy.http.key_cache import caller_of_now
 from proxy.http.errors import error_body
 from proxy.http.responses import allow_methods
@@ -22,27 +24,39 @@ from scheduling import metrics
 @csrf_exempt
 @allow_methods("GET", "HEAD")
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    refused = refusal({name.lower(): value for name, value in request.headers.items()})
-    if refused is not None:
-        response = HttpResponse(refused, status=401, content_type="application/json")
+    caller = scraper({name.lower(): value for name, value in request.headers.items()})
+    if isinstance(caller, Denied):
+        response = HttpResponse(_refusal_body(caller), status=401, content_type="application/json")
         response["WWW-Authenticate"] = 'Basic realm="llamaswap"'
         return response
     only = metrics.EXPORT.only
     if only is not None:  # a front end: the worker exports the scheduler's series
-        return HttpResponse(generate_latest(only), content_type=CONTENT_TYPE_LATEST)
-    return ExportToDjangoView(request)
+        response = HttpResponse(generate_latest(only), content_type=CONTENT_TYPE_LATEST)
+    else:
+        response = ExportToDjangoView(request)
+    if caller is not None:
+        response.content = shown_series(caller.scope, response.content)
+    return response
+
+
+def scraper(headers: Mapping[str, str]) -> Caller | Denied | None:
+    """Whose key a scrape shows while `metricsRequireApiKey` is on (Denied: none valid), else None: anyone reads
+    every series. `headers` have lower-case names."""
+    config = _served_config()
+    if config is None or not config.metrics_require_api_key:
+        return None
+    return caller_of_now(headers, config.api_keys)
 
 
 def refusal(headers: Mapping[str, str]) -> bytes | None:
     """The 401 body for a scrape without a valid API key while `metricsRequireApiKey` is on, else None.
-    A worker's metrics port applies the same rule (`proxy.api.worker_metrics`); `headers` have lower-case names."""
-    config = _served_config()
-    if config is None or not config.metrics_require_api_key:
-        return None
-    caller = caller_of_now(headers, config.api_keys)
-    if not isinstance(caller, Denied):
-        return None
-    return error_body(401, f"/metrics needs an API key (metricsRequireApiKey is on): {caller.message}", caller.code)
+    A worker's metrics port applies the same rule (`proxy.api.worker_metrics`)."""
+    caller = scraper(headers)
+    return _refusal_body(caller) if isinstance(caller, Denied) else None
+
+
+def _refusal_body(denied: Denied) -> bytes:
+    return error_body(401, f"/metrics needs an API key (metricsRequireApiKey is on): {denied.message}", denied.code)
 
 
 def _served_config():

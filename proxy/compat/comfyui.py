@@ -56,6 +56,7 @@ class ComfyUIConsumer(ModelConsumer):
         service = get_service()
         headers = await self.authorise(service)
         model_cfg = comfyui_model(service)
+        self.check_model(model_cfg.id)  # before anything that tells the model's state (409)
         rest = comfyui_rest(self.scope)
         query = self.scope.get("query_string", b"").decode("latin-1")
         if rest is None:

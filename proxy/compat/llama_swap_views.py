@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
@@ -35,19 +37,23 @@ async def capture(request: HttpRequest, service, capture_id: str) -> HttpRespons
 @api_key_required
 @allow_methods("GET")
 async def metrics_activity(request: HttpRequest, service) -> HttpResponse:
-    """`GET /api/metrics/activity`: one page of ended requests, filtered and sorted as llama-swap's."""
+    """`GET /api/metrics/activity`: one page of ended requests, filtered and sorted as llama-swap's; a key that is
+    not an operator's reads its own requests."""
     try:
         query = LlamaSwapActivityQuery.from_params(request.GET)
     except LlamaSwapQueryError as exc:
         return json_error(400, str(exc), "invalid_parameter")
+    query = replace(query, owner=request.caller.scope.owner_filter())
     return JsonResponse(await sync_to_async(llama_swap_activity_page)(query, STORE.has))
 
 
 @api_key_required
 @allow_methods("GET")
 async def metrics_stats(request: HttpRequest, service) -> HttpResponse:
-    """`GET /api/metrics/stats[?model=]`: token totals and speed histograms over the ended requests."""
-    return JsonResponse(await sync_to_async(activity_stats)(model_names(request.GET)))
+    """`GET /api/metrics/stats[?model=]`: token totals and speed histograms over the ended requests (a key that is
+    not an operator's: over its own)."""
+    owner = request.caller.scope.owner_filter()
+    return JsonResponse(await sync_to_async(activity_stats)(model_names(request.GET), owner))
 
 
 @api_key_required

@@ -16,10 +16,12 @@ from proxy.api.views import api_key_required, changes_state
 @api_key_required
 @allow_methods("GET")
 async def profiles(request: HttpRequest, service) -> JsonResponse:
-    """The configured profiles by name, each pin with its target ("" for a disabled ID), and the active one."""
-    config = service.config
+    """The configured profiles by name, each pin with its target ("" for a disabled ID), and the active one; a key
+    that is not an operator's is shown the pins of its models only."""
+    config, scope = service.config, request.caller.scope
     listed = [
-        {"name": name, "description": profile.description, "pins": dict(profile.pins)}
+        {"name": name, "description": profile.description,
+         "pins": {pinned: target for pinned, target in profile.pins.items() if scope.sees_model(target or pinned)}}
         for name, profile in sorted(config.profiles.items())
     ]
     return JsonResponse({"active": await active_profile(config) or None, "profiles": listed})

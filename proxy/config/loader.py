@@ -77,6 +77,8 @@ class Config:
     profiles: Mapping[str, ProfileConfig] = field(default_factory=lambda: MappingProxyType({}))  # name -> profile
     capture_buffer_mb: float = 0.0  # captureBuffer: MB of request/response captures kept in memory; 0 is off
     max_batch_file_bytes: int = DEFAULT_MAX_BATCH_FILE_BYTES  # maxBatchFileBytes: the largest /v1/files upload
+    max_batch_storage_bytes: int = 0  # maxBatchStorageBytes: the most bytes of files one key keeps; 0: no limit
+    max_batch_file_lines: int = 50_000  # maxBatchFileLines: the most lines a batch input file holds (OpenAI's)
     startup_profile: str = ""  # hooks.on_startup.profile: active at start and after a reload ("" for none)
     remember_profile: bool = False  # profileStateFile is set: a start keeps the profile last selected
     # `hardware:`; when set, every model has its `memory` (see docs/configuration.md, Hardware and memory placement).
@@ -246,6 +248,8 @@ def check_document(data, log: ProblemLog) -> Config:
     capture_buffer_mb = top.number("captureBuffer", 0, minimum=0, example="5")
     max_batch_file_bytes = top.integer("maxBatchFileBytes", DEFAULT_MAX_BATCH_FILE_BYTES, minimum=1,
                                        example=str(DEFAULT_MAX_BATCH_FILE_BYTES))
+    max_batch_storage_bytes = top.integer("maxBatchStorageBytes", 0, minimum=0, example="10737418240")
+    max_batch_file_lines = top.integer("maxBatchFileLines", 50_000, minimum=1, maximum=10_000_000, example="50000")
     peers = read_peers(top)
     warn_shadowed(peers, lambda name: index.resolve(name) is not None, log)
     performance = read_performance(top)
@@ -291,6 +295,8 @@ def check_document(data, log: ProblemLog) -> Config:
         profiles=MappingProxyType(profiles),
         capture_buffer_mb=capture_buffer_mb,
         max_batch_file_bytes=max_batch_file_bytes,
+        max_batch_storage_bytes=max_batch_storage_bytes,
+        max_batch_file_lines=max_batch_file_lines,
         startup_profile=startup_profile,
         remember_profile=remember_profile,
         hardware=hardware.hardware,
@@ -347,13 +353,19 @@ def _read_models(top: Section, start_port: int, defaults: ModelDefaults) -> dict
 
 def _read_api_keys(top: Section) -> tuple[str, ...]:
     keys = top.text_list("apiKeys", example='"sk-…"')
+    usable = []
     for position, api_key in enumerate(keys):
         key = f"apiKeys[{position}]"
         if not api_key:
             top.log.error(key, "empty API key — remove the entry or set a key (its env variable may be empty)")
         elif any(char.isspace() for char in api_key):
             top.log.error(key, "API keys cannot contain spaces — clients send them in one header token; remove the whitespace")
-    return tuple(api_key for api_key in keys if api_key and not any(char.isspace() for char in api_key))
+        elif not api_key.isascii():
+            top.log.error(key, "API keys must be ASCII — a header carries no other characters, so no client could "
+                               "send this key; use letters, digits and punctuation")
+        else:
+            usable.append(api_key)
+    return tuple(usable)
 
 
 def _read_log_level(top: Section) -> str:

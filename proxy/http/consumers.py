@@ -9,8 +9,10 @@ from urllib.parse import quote, unquote
 
 from proxy.http.access import OPEN, Caller, Denied, Need, model_refusal, route_refusal
 from proxy.http.auth import CREDENTIAL_HEADERS
-from proxy.http.key_cache import caller_of
-from proxy.http.quota_gate import Tally, within_quota
+from proxy.http.key_cache import KEYS, caller_of
+from proxy.http.key_watch import queue_closed_when_revoked
+from proxy.http.quota_gate import within_quota
+from proxy.http.token_tally import Tally
 from proxy.upstream.captures import CaptureRecorder, begin_capture
 from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
 from proxy.http.errors import ProxyError, error_event
@@ -21,6 +23,7 @@ from proxy.http.http import StreamingHttpConsumer
 from proxy.http.loading_state import shows_loading_state, wait_showing_state
 from proxy.compat.model_choice import choose_model, pinned_upstream_path
 from proxy.http.inbound import MODEL_ROUTES, forwarded_body, off_loop_when_large, read_model_request
+from proxy.http.usage_asked import needs_usage_asked, raw_body_asking_usage
 from proxy.upstream.peer_relay import peer_for, query_naming, serve_peer, serve_peer_body
 from proxy.upstream.relay import as_sent, identity_headers, relay, upstream_headers
 from proxy.http.route_paths import model_in_query, route_methods, upstream_path
@@ -45,6 +48,8 @@ class ModelConsumer(StreamingHttpConsumer):
     capture: CaptureRecorder | None = None
     #: Whose key sent the request (`authorise`).
     caller: Caller = OPEN
+    #: What the request spends against its key's tpm, fed what is relayed (`serve`).
+    tally: Tally | None = None
 
     async def send_headers(self, *, status=200, headers=None):
         if self.capture is not None:
@@ -52,11 +57,20 @@ class ModelConsumer(StreamingHttpConsumer):
         await super().send_headers(status=status, headers=headers)
 
     async def send_body(self, body, *, more_body=False):
+        if self.tally is not None:
+            self.tally.relayed(body)
         if self.capture is not None:
             self.capture.response_sent(body)
             if not more_body:
                 self.capture.finish()
         await super().send_body(body, more_body=more_body)
+
+    async def send_error(self, exc: ProxyError) -> None:
+        """Answer `exc`; a refusal of a row key's request that has no row (one refused at the door: outside its
+        scope, over its quota, bad input) is counted for the key's usage page."""
+        if self.caller.scope.name and "X-LlamaSwap-Request-Id" not in exc.headers:
+            KEYS.refused(self.caller.scope.name, exc.status)
+        await super().send_error(exc)
 
     async def disconnect(self):
         if self.capture is not None:
@@ -72,11 +86,11 @@ class ModelConsumer(StreamingHttpConsumer):
         caller = await caller_of(headers, service.config.api_keys)
         if isinstance(caller, Denied):
             raise refused(caller)
+        self.caller = caller
         if refusal := cross_site_refusal(headers, caller):  # any model request may start a model
             raise ProxyError(403, refusal, CROSS_SITE_CODE)
         if denied := route_refusal(caller, Need.INFERENCE):
             raise refused(denied)
-        self.caller = caller
         if self.body_too_large:
             raise ProxyError(
                 413,
@@ -89,6 +103,10 @@ class ModelConsumer(StreamingHttpConsumer):
         """The caller's key must allow `model` (its ID, or a peer's `<peer>/<model>`)."""
         if denied := model_refusal(self.caller, model):
             raise refused(denied)
+
+    def counts_tokens_of(self, parsed) -> bool:
+        """Whether the body must ask a stream for its usage: the caller's tpm quota counts its tokens."""
+        return self.caller.scope.limits.tpm is not None and needs_usage_asked(self.scope["path"], parsed.payload)
 
     def check_host(self, headers: dict[str, str]) -> None:
         """The served Host names, as on the Django routes: a browser lured by DNS rebinding gets no model."""
@@ -106,7 +124,9 @@ class ModelConsumer(StreamingHttpConsumer):
     async def serve(self, service, model_cfg, *, requested: str, stream: bool, method: str,
                     upstream_path: str, body: bytes, headers: dict[str, str], selector: str = "") -> None:
         self.check_model(model_cfg.id)
-        async with within_quota(self.caller.scope) as tally:
+        scope = self.caller.scope
+        async with within_quota(scope) as tally, queue_closed_when_revoked(service.door, scope.name):
+            self.tally, tally.prompt_bytes = tally, len(body)
             await self.serve_scheduled(service, model_cfg, tally, requested=requested, stream=stream, method=method,
                                        upstream_path=upstream_path, body=body, headers=headers, selector=selector)
 
@@ -200,7 +220,7 @@ class OpenAIConsumer(ModelConsumer):
                                      selector=choice.selector)
                     return
                 await self.serve(
-                    service, service.resolve_model(choice.model), requested=requested, stream=False, method="GET",
+                    service, service.resolve_model(choice.model, self.caller.scope), requested=requested, stream=False, method="GET",
                     upstream_path=upstream_path(path) + f"?{query}", body=b"", headers=headers, selector=choice.selector,
                 )
             finally:
@@ -214,9 +234,10 @@ class OpenAIConsumer(ModelConsumer):
                 await serve_peer_body(self, service, found, parsed, asked=asked, headers=headers, selector=choice.selector,
                                       upstream_path=upstream_path(path) + (f"?{query}" if query else ""))
                 return
-            model_cfg = service.resolve_model(parsed.requested_model)
+            model_cfg = service.resolve_model(parsed.requested_model, self.caller.scope)
             forwarded = await off_loop_when_large(
-                body, forwarded_body, parsed, model_cfg.use_model_name or choice.body_model, model_cfg.filters
+                body, forwarded_body, parsed, model_cfg.use_model_name or choice.body_model, model_cfg.filters,
+                self.counts_tokens_of(parsed),
             )
             await self.serve(
                 service, model_cfg, requested=asked, stream=parsed.stream, method="POST",
@@ -236,7 +257,8 @@ class UpstreamConsumer(ModelConsumer):
         headers = await self.authorise(service)
         raw = self.scope.get("raw_path") or quote(self.scope["path"]).encode()
         rest = raw.decode("latin-1").split("?", 1)[0][len("/upstream/"):]
-        model_cfg, remainder = service.resolve_upstream_path(await pinned_upstream_path(service, rest))
+        # The key's scope first: before anything that tells the model's state (409, a redirect) or that it exists.
+        model_cfg, remainder = service.resolve_upstream_path(await pinned_upstream_path(service, rest), self.caller.scope)
         if remainder is not None and climbs_out(remainder):
             raise ProxyError(400, f"/upstream/{rest}: '..' path segments are not forwarded", "invalid_path")
         if remainder is None:
@@ -247,6 +269,9 @@ class UpstreamConsumer(ModelConsumer):
             await self.send_response(308, b"", headers=[(b"location", target.encode("latin-1"))])
             return
         query = self.scope.get("query_string", b"").decode("latin-1")
+        if self.caller.scope.limits.tpm is not None and self.scope["method"] == "POST":
+            body = await off_loop_when_large(body, raw_body_asking_usage, unquote("/" + remainder),
+                                             headers.get("content-type", ""), body)
         forward = dict(method=self.scope["method"], upstream_path="/" + remainder + (f"?{query}" if query else ""),
                        body=body, headers=headers)
         if is_ignored(unquote("/" + remainder), service.config.ignore_paths):

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 from proxy.http.errors import ProxyError
 from proxy.http.inbound import max_wait_seconds, route_label
-from scheduling.core import PRIORITY_HEADER, parse_priority
+from scheduling.core import PRIORITY_HEADER, parse_priority, readable_priority
 from scheduling.keys.scope import UNRESTRICTED, KeyScope
 from scheduling.tickets import Outcome, Refused, RequestState, TicketRequest
 
@@ -43,6 +43,12 @@ def ticket_request(scope: dict, headers: dict[str, str], *, model: str, requeste
         max_wait_s=max_wait_seconds(headers),
         selector=selector,
     )
+
+
+def unreadable_priority(headers: dict[str, str]) -> str | None:
+    """The priority header's value when it is there, not blank and no priority (read as 0); else None."""
+    value = headers.get(PRIORITY_HEADER.lower())
+    return value if value is not None and value.strip() and not readable_priority(value) else None
 
 
 def asked_priority(headers: dict[str, str]) -> int | None:

@@ -32,8 +32,8 @@ async def refuse_unless_ready(service, model_cfg, path: str) -> None:
 
 async def send_unscheduled(consumer, service, model_cfg, *, method: str, upstream_path: str, body: bytes,
                            headers: dict[str, str]) -> None:
-    """Relay straight to the ready model's server, without a lease (this process runs the models)."""
-    consumer.check_model(model_cfg.id)
+    """Relay straight to the ready model's server, without a lease (this process runs the models); the
+    consumer has checked the caller's key allows the model."""
     drop = CREDENTIAL_HEADERS if consumer.caller.keyed else frozenset()
     async with service.client_for(model_cfg) as client:
         await relay(consumer, client, model_cfg.id, method, service.fleet.upstream_url(model_cfg.id) + upstream_path,

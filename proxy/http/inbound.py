@@ -25,6 +25,7 @@ from urllib.parse import parse_qs
 from proxy.http.errors import ProxyError
 from proxy.http.multipart import MultipartError, replace_field, text_fields
 from proxy.http.route_paths import EXTRA_JSON_ROUTES, GET_ROUTES, versionless
+from proxy.http.usage_asked import asking_usage
 
 # Reading a body this large inline would hold the event loop for about a millisecond.
 OFF_LOOP_BODY_BYTES = 256 * 1024
@@ -181,19 +182,22 @@ def _multipart_fields(content_type: str, body: bytes) -> dict[str, str]:
         raise ProxyError(400, f"the multipart body could not be read: {exc}", "invalid_multipart") from None
 
 
-def forwarded_body(request: ModelRequest, use_model_name: str, filters) -> bytes:
-    """Apply useModelName and the filters; the original bytes travel untouched when nothing changes."""
+def forwarded_body(request: ModelRequest, use_model_name: str, filters, ask_usage: bool = False) -> bytes:
+    """Apply useModelName and the filters, and with `ask_usage` ask a stream for its token usage (a key's
+    tokens-per-minute quota counts them); the original bytes travel untouched when nothing changes."""
     media_type = request.content_type.split(";", 1)[0].strip().lower()
     if media_type == "multipart/form-data":
         return replace_field(request.content_type, request.body, "model", use_model_name) if use_model_name else request.body
     if media_type != "application/json" and not media_type.endswith("+json"):
         return request.body
-    if not use_model_name and filters.is_empty:
+    if not use_model_name and filters.is_empty and not ask_usage:
         return request.body
     payload = request.payload
     if use_model_name:
         payload["model"] = use_model_name
     payload = filters.apply(payload, requested=request.requested_model)  # setParamsByID picks by the name asked for
+    if ask_usage:
+        asking_usage(payload)
     if len(request.body) > OFF_LOOP_BODY_BYTES:
         return _encode_in_pieces(payload)
     return json.dumps(payload, ensure_ascii=False).encode()

@@ -92,6 +92,7 @@ class Behaviour:
     tps: float = 50.0
     tokens: int = 16
     crash_after_tokens: int | None = None
+    usage_when_asked: bool = False  # a stream's usage only with stream_options.include_usage, as OpenAI and vLLM do
 
 
 @dataclass(frozen=True)
@@ -461,7 +462,7 @@ class FakeModelHandler(BaseHTTPRequestHandler):
         if path in ("/v1/chat/completions", "/v1/completions"):
             chat = path == "/v1/chat/completions"
             if stream:
-                self._stream_openai(generation, chat)
+                self._stream_openai(generation, chat, self._streams_usage(body))
             else:
                 self._complete_openai(generation, chat)
         elif path in ("/completion", "/infill"):
@@ -602,7 +603,15 @@ class FakeModelHandler(BaseHTTPRequestHandler):
             },
         )
 
-    def _stream_openai(self, generation: Generation, chat: bool) -> None:
+    def _streams_usage(self, body: dict[str, Any]) -> bool:
+        """Whether a stream ends with its usage: always, as llama.cpp does, or with --usage-when-asked only when
+        the body asks for it."""
+        if not self.server.behaviour.usage_when_asked:
+            return True
+        options = body.get("stream_options")
+        return isinstance(options, dict) and options.get("include_usage") is True
+
+    def _stream_openai(self, generation: Generation, chat: bool, with_usage: bool) -> None:
         chunk_id = f"cmpl-{os.getpid()}-{time.monotonic_ns()}"
         base = {
             "id": chunk_id,
@@ -622,11 +631,12 @@ class FakeModelHandler(BaseHTTPRequestHandler):
 
         def final() -> list[bytes]:
             stop = {"delta": {}} if chat else {"text": ""}
-            return [
-                event({**stop, "finish_reason": "stop"}),
-                event({}, usage=usage(generation), timings=timings(generation, time.monotonic() - started)),
-                sse("[DONE]"),
-            ]
+            if not with_usage:
+                return [event({**stop, "finish_reason": "stop"}), sse("[DONE]")]
+            reported = {"usage": usage(generation)}
+            if not self.server.behaviour.usage_when_asked:
+                reported["timings"] = timings(generation, time.monotonic() - started)
+            return [event({**stop, "finish_reason": "stop"}), event({}, **reported), sse("[DONE]")]
 
         self._stream(first, generation, lambda token: event({**piece(token), "finish_reason": None}), final)
 
@@ -685,6 +695,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--parallel", type=int, default=0, metavar="N", help="serve at most N requests at once (0: no limit)"
     )
     parser.add_argument("--events", metavar="FILE", help="append one JSON line per request start/end/disconnect")
+    parser.add_argument("--usage-when-asked", action="store_true",
+                        help="end a stream with its usage only when stream_options.include_usage asks (as OpenAI and vLLM)")
     parser.add_argument("--gpu-memory", type=int, metavar="MIB", help="GPU memory to report as used (fake nvidia-smi)")
     return parser.parse_args(argv)
 
@@ -726,7 +738,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu_memory is not None:
         announce_gpu_memory(args.gpu_memory)
     behaviour = Behaviour(
-        model=args.model, tps=args.tps, tokens=args.tokens, crash_after_tokens=args.crash_after_tokens
+        model=args.model, tps=args.tps, tokens=args.tokens, crash_after_tokens=args.crash_after_tokens,
+        usage_when_asked=args.usage_when_asked,
     )
     try:
         server = FakeModelServer((args.host, args.port), behaviour, EventLog(args.events), args.parallel)

@@ -24,6 +24,8 @@ from proxy.config.secrets import shown_url
 from proxy.http.errors import ProxyError
 from proxy.http.holding import holding, ticket_request
 from proxy.http.inbound import ModelRequest, forwarded_body, off_loop_when_large
+from proxy.http.quota_gate import within_quota
+from proxy.http.token_tally import Tally
 from proxy.upstream.relay import as_sent, identity_headers, relay, upstream_headers
 from scheduling.core import PRIORITY_HEADER
 from scheduling.tickets import Outcome, Refused
@@ -112,7 +114,8 @@ async def serve_peer_body(consumer, service, found: tuple[PeerConfig, str], pars
     (the peer's stripParams and setParams; useModelName is a local model's key)."""
     peer, model = found
     forwarded = await off_loop_when_large(
-        parsed.body, forwarded_body, parsed, model if asked != model else "", peer.filters
+        parsed.body, forwarded_body, parsed, model if asked != model else "", peer.filters,
+        consumer.counts_tokens_of(parsed),
     )
     await serve_peer(
         consumer, service, peer, model, requested=asked, stream=parsed.stream, method="POST",
@@ -123,10 +126,20 @@ async def serve_peer_body(consumer, service, found: tuple[PeerConfig, str], pars
 async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, requested: str, stream: bool,
                      method: str, upstream_path: str, body: bytes, headers: dict[str, str],
                      selector: str = "") -> None:
-    """Relay one request to `peer`'s `model` (the body already names it as the peer does) and record it."""
-    door = service.door
+    """Relay one request to `peer`'s `model` (the body already names it as the peer does) and record it,
+    within the caller's key's quotas as a local model's request is."""
     qualified = peer.qualified(model)
     consumer.check_model(qualified)
+    async with within_quota(consumer.caller.scope) as tally:
+        consumer.tally, tally.prompt_bytes = tally, len(body)
+        await _relay_to_peer(consumer, service, peer, qualified, tally, requested=requested, stream=stream,
+                             method=method, upstream_path=upstream_path, body=body, headers=headers, selector=selector)
+
+
+async def _relay_to_peer(consumer, service, peer: PeerConfig, qualified: str, tally: Tally, *, requested: str,
+                         stream: bool, method: str, upstream_path: str, body: bytes, headers: dict[str, str],
+                         selector: str) -> None:
+    door = service.door
     url = peer.proxy + upstream_path
     # Its maximum wait is read (a malformed one refused, as for a local model); a peer's request never waits here.
     request = ticket_request(consumer.scope, headers, model=qualified, requested=requested, method=method,
@@ -146,6 +159,7 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
         consumer.capture.ticket_id = ticket_id
 
     def record(outcome: Outcome) -> None:
+        tally.ended(outcome)
         first_byte = outcome.first_byte_monotonic
         door.end_relayed(
             ticket_id, request, outcome, loop.time() - began, None if first_byte is None else first_byte - began

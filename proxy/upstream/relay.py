@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import httpcore
 import httpx
 
+from proxy.http.auth import without_own_cookies
 from proxy.http.errors import ProxyError, error_event
 from proxy.upstream.upstreams import UPSTREAM_ERRORS, UpstreamClient
 from proxy.upstream.usage import usage_from_json, usage_from_sse
@@ -49,7 +50,9 @@ def identity_headers(ticket_id: int, waited_s: float) -> dict[str, str]:
 
 
 def upstream_headers(headers: dict[str, str], drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in headers.items() if k not in _NOT_FORWARDED and k not in drop]
+    """What is forwarded of a request's headers (lower-case names): not `drop`, nor hop-by-hop or framing
+    ones, nor this server's own cookies (an admin's session would reach the model server)."""
+    return without_own_cookies((k, v) for k, v in headers.items() if k not in _NOT_FORWARDED and k not in drop)
 
 
 def upstream_request(client: UpstreamClient, method: str, url: str, headers: list[tuple[bytes, bytes]],

@@ -9,6 +9,11 @@ daphne cannot answer a WebSocket handshake with a chosen HTTP status (any refusa
 becomes 403) and drops close reasons, so a refusal accepts the socket and closes it at once with
 code 4000 + the HTTP status the same request would get: 4401 wrong API key, 4404 unknown model,
 4409 not loaded, 4429 over concurrencyLimit, 4502 the model server refused or failed.
+
+A socket opened with a row key is closed with 4401 once that key no longer counts (revoked, disabled,
+expired, deleted), and with 4403 once its row no longer lets it use the socket's model (its models narrowed, or
+made read-only), within the bound a new request of it is refused in (`proxy.http.key_watch`); its row records
+it cancelled with 401 or 403 and why.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 
 from proxy.http.access import OPEN, Denied, Need, model_refusal, route_refusal
-from proxy.http.auth import CREDENTIAL_HEADERS
+from proxy.http.auth import CREDENTIAL_HEADERS, without_own_cookies
 from proxy.http.key_cache import caller_of
+from proxy.http.key_watch import WATCH_S, queue_closed_when_revoked, until_refused
 from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
 from proxy.compat.comfyui import COMFYUI_PREFIX, comfyui_model, comfyui_rest, is_ready, not_loaded
 from proxy.http.consumers import climbs_out, refused
@@ -66,6 +72,9 @@ class WebSocketPassthrough(AsyncConsumer):
         self._client_close_code: int | None = None
         self._closing_upstream = False
         self._caller = OPEN
+        self._revoked: Refused | None = None  # its key stopped counting (4401), or may no longer use the model (4403)
+        self._model: str | None = None  # the model it was let through to
+        self._queued = False  # waiting in the scheduler's queue, where a revoked key's requests are refused
 
     async def dispatch(self, message):
         """Straight to the handler: this consumer never touches the database (see StreamingHttpConsumer)."""
@@ -107,7 +116,10 @@ class WebSocketPassthrough(AsyncConsumer):
             await self._upstream.close(self._upstream_close_code(), wait_s=UPSTREAM_CLOSE_WAIT_S)
 
     async def _run(self) -> None:
+        watch = None
         try:
+            self._caller = await self._admitted()
+            watch = asyncio.get_running_loop().create_task(self._end_when_refused(self._caller.scope.name))
             await self._serve()
         except ProxyError as exc:
             await self._refuse(exc.status, exc.message)
@@ -120,30 +132,53 @@ class WebSocketPassthrough(AsyncConsumer):
         except ProtocolViolation as exc:
             await self._refuse(502, f"the model server broke the WebSocket protocol: {exc}")
         except asyncio.CancelledError:
-            raise
+            if self._revoked is None or asyncio.current_task().uncancel():
+                raise  # the client left
+            await self._refuse(self._revoked.status, self._revoked.message)
         except Exception:
             log.exception("unexpected failure in the WebSocket on %s", self.scope.get("path"))
             await self._refuse(500, "llamaswap hit an unexpected error; see its log")
         finally:
+            if watch is not None:
+                watch.cancel()
             if self._upstream is not None:
                 await self._upstream.close(NORMAL_CLOSURE)
 
-    async def _serve(self) -> None:
-        service = get_service()
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in reversed(self.scope.get("headers", []))}
+    def _headers(self) -> dict[str, str]:
+        return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in reversed(self.scope.get("headers", []))}
+
+    async def _admitted(self):
+        """The caller, once its Host, key, origin and kind allow a socket at all."""
+        headers = self._headers()
         if "host" in headers and (refusal := host_refusal(headers["host"])):
             raise ProxyError(400, refusal, "host_not_allowed")
-        caller = await caller_of(headers, service.config.api_keys)
+        caller = await caller_of(headers, get_service().config.api_keys)
         if isinstance(caller, Denied):
             raise refused(caller)
         if refusal := cross_site_refusal(headers, caller):  # a socket reads back too
             raise ProxyError(403, refusal, CROSS_SITE_CODE)
         if denied := route_refusal(caller, Need.INFERENCE):
             raise refused(denied)
-        self._caller = caller
+        return caller
+
+    async def _end_when_refused(self, name: str) -> None:
+        """Cut the socket once its key stops counting: the lease's holder records the cut, `_run` closes with it.
+        A socket still queued is refused by the scheduler (`queue_closed_when_revoked`), its row saying so; one
+        granted meanwhile is cut once it holds its lease."""
+        denied = await until_refused(name, lambda: self._model)
+        self._revoked = Refused(denied.status, denied.code, denied.message)
+        while self._queued:
+            await asyncio.sleep(WATCH_S)
+        if self._job is not None and not self._job.done() and not self._closing_upstream:
+            self._job.cancel()
+
+    async def _serve(self) -> None:
+        service = get_service()
+        headers = self._headers()
         model_cfg, path = self._target(service)
-        if denied := model_refusal(caller, model_cfg.id):
+        if denied := model_refusal(self._caller, model_cfg.id):
             raise refused(denied)
+        self._model = model_cfg.id  # from here its key's watch also looks at whether it may still use the model
         query = self.scope.get("query_string", b"").decode("latin-1")
         path += f"?{query}" if query else ""
         if model_cfg.ignore_websockets:
@@ -163,7 +198,7 @@ class WebSocketPassthrough(AsyncConsumer):
                 404, f"no WebSocket at {raw}: they pass through on /upstream/<model>/<path> and /comfyui/<path>",
                 "route_not_found",
             )
-        model_cfg, remainder = service.resolve_upstream_path(raw[len(UPSTREAM_PREFIX):])
+        model_cfg, remainder = service.resolve_upstream_path(raw[len(UPSTREAM_PREFIX):], self._caller.scope)
         if remainder is not None and climbs_out(remainder):
             raise ProxyError(400, f"{raw}: '..' path segments are not forwarded", "invalid_path")
         return model_cfg, "/" + (remainder or "")
@@ -172,8 +207,13 @@ class WebSocketPassthrough(AsyncConsumer):
         """Hold a lease for the socket's whole life, as llama-swap counts an open socket as in flight."""
         door = service.door
         loop = asyncio.get_running_loop()
-        lease = await door.submit(ticket_request(self.scope, headers, model=model_cfg.id, requested=model_cfg.id,
-                                                 method="GET", key=self._caller.scope))
+        self._queued = True
+        try:
+            async with queue_closed_when_revoked(door, self._caller.scope.name):
+                lease = await door.submit(ticket_request(self.scope, headers, model=model_cfg.id,
+                                                         requested=model_cfg.id, method="GET", key=self._caller.scope))
+        finally:
+            self._queued = False
 
         def left() -> Outcome:
             """The client closed its end: a socket's normal end, unless daphne closed it over its size limit."""
@@ -186,8 +226,8 @@ class WebSocketPassthrough(AsyncConsumer):
             return Outcome(state=RequestState.COMPLETED, status_code=101)
 
         async with holding(lambda outcome: door.release(lease.ticket_id, stamped(outcome, loop.time())),
-                           lambda: lease.cut, failures=(UpstreamRefused, OSError, TimeoutError, ProtocolViolation),
-                           left=left) as held:
+                           lambda: lease.cut or self._revoked,
+                           failures=(UpstreamRefused, OSError, TimeoutError, ProtocolViolation), left=left) as held:
             lease.held_by(asyncio.current_task())
             try:
                 ended = await self._relay(service, model_cfg, lease.upstream, path)
@@ -205,10 +245,10 @@ class WebSocketPassthrough(AsyncConsumer):
     async def _relay(self, service, model_cfg, base_url: str, path: str) -> Closed:
         """Pass frames both ways until the model server's side ends; that end is returned."""
         drop = CREDENTIAL_HEADERS if self._caller.keyed else frozenset()
-        forwarded = [
+        forwarded = without_own_cookies([
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in self.scope.get("headers", [])
             if k.decode("latin-1").lower() not in drop
-        ]
+        ])
         self._upstream = await connect(
             base_url, path, forwarded, list(self.scope.get("subprotocols") or []), model_cfg.timeouts.connect,
         )

@@ -58,6 +58,7 @@ class LlamaSwapQueryError(ValueError):
 @dataclass(frozen=True)
 class LlamaSwapActivityQuery:
     models: tuple[str, ...] = ()
+    owner: str | None = None  # only this API key's requests (None: everyone's)
     start: datetime | None = None
     end: datetime | None = None
     min_id: int | None = None
@@ -120,14 +121,16 @@ def _whole(params: QueryDict, name: str, low: int, high: int) -> int | None:
     return value
 
 
-def _ended_rows(models: tuple[str, ...]):
+def _ended_rows(models: tuple[str, ...], owner: str | None):
+    """The ended requests on `models` (none: every model) of the API key `owner` (None: every key's)."""
     rows = QueuedRequest.objects.exclude(state__in=UNENDED_STATES).exclude(method="LOAD")  # no client's request
-    return rows.filter(model__in=models) if models else rows
+    rows = rows.filter(model__in=models) if models else rows
+    return rows if owner is None else rows.filter(api_key=owner)
 
 
 def llama_swap_activity_page(query: LlamaSwapActivityQuery, has_capture: Callable[[int], bool]) -> dict[str, Any]:
     """One page of ended requests in llama-swap's `ActivityPage` shape: data, page, limit, total, total_pages."""
-    rows = _ended_rows(query.models)
+    rows = _ended_rows(query.models, query.owner)
     if query.start is not None:
         rows = rows.filter(arrived_at__gte=query.start)
     if query.end is not None:
@@ -202,9 +205,10 @@ def _metadata(row: QueuedRequest) -> dict[str, str]:
     return {key: f"{value:g}" if isinstance(value, float) else str(value) for key, value in pairs.items() if value is not None}
 
 
-def activity_stats(models: tuple[str, ...]) -> dict[str, Any]:
-    """llama-swap's `ActivityStats`: request and token totals, and prompt/generation speed histograms."""
-    rows = _ended_rows(models)
+def activity_stats(models: tuple[str, ...], owner: str | None = None) -> dict[str, Any]:
+    """llama-swap's `ActivityStats`: request and token totals, and prompt/generation speed histograms (of the
+    API key `owner`'s requests; None: everyone's)."""
+    rows = _ended_rows(models, owner)
     totals = rows.aggregate(
         requests=Count("id"),
         input=Sum("input_tokens"),

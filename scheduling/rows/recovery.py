@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from scheduling.models import QueuedRequest
+from scheduling.models import ApiKey, QueuedRequest
 from scheduling.tickets import TERMINAL_STATES, RequestState
 from scheduling.runtime import FRONT_END_SILENT
 from scheduling.tickets import Carried, Interrupted, TicketRequest
@@ -71,16 +71,19 @@ def let_go_requests(models: list[str], limit: int) -> tuple[dict[str, int], list
 def carried_requests(models: list[str]) -> list[Carried]:
     """The requests for `models` front ends queued with a worker that is gone, oldest first, as their
     rows say (an operator's re-prioritisation included)."""
-    rows = QueuedRequest.objects.filter(state=RequestState.QUEUED, origin__gt="", model__in=models).order_by(
+    rows = list(QueuedRequest.objects.filter(state=RequestState.QUEUED, origin__gt="", model__in=models).order_by(
         "arrived_at", "id"
-    )
+    ))
+    # A row keeps its key's name, not its fair-share weight: that is the key's as it stands.
+    weights = dict(ApiKey.objects.filter(name__in={row.api_key for row in rows if row.api_key})
+                   .values_list("name", "weight"))
     return [
         Carried(
             TicketRequest(
                 model=row.model, path=row.path, priority=row.priority, requested_model=row.requested_model,
                 method=row.method, stream=row.stream, client=row.client, route=row.route or "other", origin=row.origin,
                 max_wait_s=row.max_wait_s, selector=row.selector, api_key=row.api_key,
-                asked_priority=row.asked_priority,
+                key_weight=weights.get(row.api_key, 1), asked_priority=row.asked_priority,
             ),
             row.arrived_at,
             row.id,

@@ -36,6 +36,14 @@ class OperatorActions:
         self._refuse_waiting(ticket_id, reason, RequestState.CANCELLED)
         return True
 
+    def refuse_key(self, key: str, reason: Refused) -> list[int]:
+        """Refuse every waiting request of the API key `key` with `reason` (the key no longer counts); returns
+        their ids. Its running requests go on."""
+        refused = [ticket_id for ticket_id, waiter in self._waiting.items() if key and waiter.request.api_key == key]
+        for ticket_id in refused:
+            self._refuse_waiting(ticket_id, reason, RequestState.CANCELLED)
+        return refused
+
     def reprioritize(self, ticket_id: int, priority: int) -> bool:
         """Admin action: re-rank a queued request. Returns whether it was still queued (one whose
         model is starting for it has left the queue)."""

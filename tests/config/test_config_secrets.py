@@ -40,6 +40,12 @@ def test_a_misshapen_key_is_named_by_its_path_never_shown(text, expected):
     assert SECRET not in shown and "73105112" not in shown
 
 
+def test_a_non_ascii_api_key_no_header_could_carry_is_refused_by_its_path_never_shown():
+    shown = error_text(f"apiKeys: ['{SECRET}', 'sk-clé-4d2e']\n" + MODEL)
+    assert "config.yaml: apiKeys[1]: API keys must be ASCII" in shown
+    assert "apiKeys[0]" not in shown and "sk-clé-4d2e" not in shown and SECRET not in shown
+
+
 def test_two_config_dir_files_with_different_api_keys_name_both_files_not_the_keys(tmp_path):
     conf_d = tmp_path / "conf.d"
     conf_d.mkdir()

@@ -76,6 +76,7 @@ CHANGES = [
     ("POST", "/api/models/unload", None),
     ("POST", "/api/models/unload/loaded", None),
     ("DELETE", "/api/queue/1", None),
+    ("PATCH", "/api/queue/1", b'{"priority": 100}'),
     ("POST", "/api/inflight/1/cancel", None),
     ("PUT", "/api/profiles/active", b'{"name": "quiet"}'),
     ("POST", "/v1/chat/completions", b'{"model": "idle", "messages": []}'),

@@ -422,3 +422,15 @@ def test_a_peer_sees_the_priority_applied_here_not_the_callers_ask(setup):
         "x-llamaswap-priority"] == "-50"  # a peer trusting its own key would have run it at 100
     assert sent({**CALLER, "X-LlamaSwap-Priority": "batch"})["x-llamaswap-priority"] == "-100"
     assert "x-llamaswap-priority" not in sent(CALLER)  # none asked, none given: the peer's own default
+
+
+def test_a_keys_quota_counts_its_peer_requests(setup):
+    from tests.e2e.test_api_keys import new_key
+
+    served, _, _ = setup
+    limited = new_key(served, "one-peer-request-a-minute", "--rpm", "1")
+    body = {"model": "box/m1", "messages": [], "fake": {"tokens": 1}}
+    answers = [httpx.post(served.base + "/v1/chat/completions", json=body, timeout=30,
+                          headers={"Authorization": f"Bearer {limited}"}) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 429], answers[-1].text
+    assert "'one-peer-request-a-minute' is over its limit of 1 request per minute (rpm)" in answers[1].json()["error"]["message"]

@@ -10,8 +10,8 @@ import pytest
 
 from tests.e2e.held import HeldStream
 from tests.e2e.test_api_events import EventReader
-from tests.e2e.test_distributed import distributed  # noqa: F401 - the fixture
-from tests.served import Served, Worker, fake_cmd, model_ports, wait_until
+from tests.e2e.test_distributed import distributed, two_front_ends  # noqa: F401 - the fixture
+from tests.served import Served, fake_cmd, model_ports, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -257,21 +257,16 @@ def test_distributed_front_ends_share_the_active_profile_and_see_the_workers_mod
         profiles:
           coding: {{pins: {{code: warmest}}}}
     """
-    with Worker(tmp_path / "worker", text, env):
-        front = []
-        for name in ("fe1", "fe2"):
-            (tmp_path / name).mkdir()
-            front.append(Served(tmp_path / name, text, env={**env, "LLAMASWAP_DATA_DIR": str(tmp_path / name / "data")}))
-        with front[0] as first, front[1] as second:
-            assert chat(first, "chat").json()["model"] == "chat"
-            wait_until(lambda: running(second) == {"chat"}, what="the other front end to hear from the worker")
-            assert httpx.put(first.base + "/api/profiles/active", json={"name": "coding"}, timeout=10).status_code == 200
-            answer = wait_until(lambda: (r := chat(second, "code")).status_code == 200 and r, timeout=10,
-                                what="the other front end to apply the profile")
-            assert answer.json()["model"] == "chat"  # warm: chat is loaded, coder is not
-            ticket_id = int(answer.headers["X-LlamaSwap-Request-Id"])
-            with psycopg.connect(env["DATABASE_URL"]) as connection:
-                selector = connection.execute(
-                    "SELECT selector FROM scheduling_queuedrequest WHERE id = %s", (ticket_id,)).fetchone()
-            assert selector == ("warmest",)
-            assert httpx.get(second.base + "/api/profiles", timeout=10).json()["active"] == "coding"
+    with two_front_ends(tmp_path, text, env) as (first, second):
+        assert chat(first, "chat").json()["model"] == "chat"
+        wait_until(lambda: running(second) == {"chat"}, what="the other front end to hear from the worker")
+        assert httpx.put(first.base + "/api/profiles/active", json={"name": "coding"}, timeout=10).status_code == 200
+        answer = wait_until(lambda: (r := chat(second, "code")).status_code == 200 and r, timeout=10,
+                            what="the other front end to apply the profile")
+        assert answer.json()["model"] == "chat"  # warm: chat is loaded, coder is not
+        ticket_id = int(answer.headers["X-LlamaSwap-Request-Id"])
+        with psycopg.connect(env["DATABASE_URL"]) as connection:
+            selector = connection.execute(
+                "SELECT selector FROM scheduling_queuedrequest WHERE id = %s", (ticket_id,)).fetchone()
+        assert selector == ("warmest",)
+        assert httpx.get(second.base + "/api/profiles", timeout=10).json()["active"] == "coding"

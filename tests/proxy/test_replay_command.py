@@ -272,3 +272,16 @@ def test_requests_for_models_the_tried_config_lacks_are_left_out_of_its_run_and_
     out = io.StringIO()
     call_command("replay", "--config", config, "--since", T.isoformat(), "--try-config", str(alone), stdout=out)
     assert "Proposed: 3 of models its config does not have, left out" in out.getvalue()
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("/dev/null", "--try-config /dev/null: the file does not load as a config:\n/dev/null"),
+    ("{tmp}", "--try-config {tmp}: a directory, not a file"),
+])
+def test_a_tried_config_that_is_no_regular_file_is_refused_saying_what_it_is(tmp_path, config, path, message):
+    path = path.format(tmp=tmp_path)
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_:
+        call_command("replay", "--config", config, "--try-config", path, stderr=err)
+    assert exit_.value.code == 2
+    assert err.getvalue().startswith(message.format(tmp=tmp_path)), err.getvalue()

@@ -139,8 +139,10 @@ class Command(BaseCommand):
 
         if path is None:
             return None
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             self._fail(f"--try-config {path}: no such file — give the path of the config file to try")
+        if os.path.isdir(path):
+            self._fail(f"--try-config {path}: a directory, not a file — give the path of the config file to try")
         try:
             return load_config(os.path.abspath(path))
         except ConfigError as exc:
