@@ -84,7 +84,13 @@ class OperatorActions:
             result = fn(*args)
             return await result if inspect.isawaitable(result) else result
 
-        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout)
+        coroutine = call()
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        except RuntimeError:  # the loop has closed (a process shutting down): the call is never run
+            coroutine.close()
+            raise
+        return future.result(timeout)
 
     def waiting_request(self, ticket_id: int) -> TicketRequest | None:
         waiter = self._waiting.get(ticket_id)

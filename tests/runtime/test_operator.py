@@ -93,3 +93,22 @@ async def test_shutdown_gives_up_after_its_budget_on_a_running_request_and_a_han
     assert (lease.cut.status, lease.cut.code) == (503, "shutting_down"), "the shutdown cut it, not its model stopping"
     assert gpu.runtime.granted_request(lease.ticket_id) is None
     assert gpu.row(lease) | {"state": "cancelled", "status_code": 503, "error": lease.cut.message} == gpu.row(lease)
+
+
+def test_a_call_from_another_thread_after_the_runtime_loop_closed_raises_and_leaves_no_coroutine_behind():
+    """A /metrics scrape during shutdown asks a runtime whose loop has closed: it gets a RuntimeError (which
+    the collector turns into no figures), and no 'coroutine was never awaited' warning follows it."""
+    import gc
+    import warnings
+
+    from scheduling.runtime.operators import OperatorActions
+
+    actions = OperatorActions()
+    actions._loop = asyncio.new_event_loop()
+    actions._loop.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError):
+            actions.from_thread(lambda: None)
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
