@@ -10,6 +10,7 @@ from django.core.files.uploadhandler import FileUploadHandler
 
 from proxy.batches import storage
 from proxy.batches.lines import LineChecker
+from proxy.http.errors import ProxyError
 
 FIELD = "file"
 
@@ -26,12 +27,17 @@ FORM_ROOM_BYTES = 64 * 1024
 UPLOAD_PATH = b"/v1/files"
 
 
-def upload_body_limit(config, method: bytes, path: bytes) -> int | None:
-    """The longest body `POST /v1/files` may send, checked from its Content-Length before any of it is kept (the
-    file's own limit is checked exactly as it is written); None for every other request."""
+def upload_refusal(config, method: bytes, path: bytes, length: int) -> ProxyError | None:
+    """The 413 for a `POST /v1/files` whose Content-Length is over what the file and its form may take, given
+    before any of the body is kept (the file's own limit is checked exactly as it is written); None for every
+    other request and length."""
     if method != b"POST" or path.split(b"?", 1)[0].rstrip(b"/") != UPLOAD_PATH:
         return None
-    return config.max_batch_file_bytes + FORM_ROOM_BYTES
+    limit = config.max_batch_file_bytes + FORM_ROOM_BYTES
+    if length <= limit:
+        return None
+    return ProxyError(413, f"the request body is {length} bytes, over the {limit} bytes an upload may take "
+                           "(maxBatchFileBytes, with room for the form's other fields)", "file_too_large")
 
 
 def file_size_limit(limit: int) -> FileTooLarge:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import json
 import logging
 from collections.abc import Callable
 from http import HTTPStatus
@@ -23,10 +22,14 @@ from daphne.server import Server
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.web import http
 
+from proxy.http.errors import ProxyError
 from proxy.http.spooled_body import SpooledBody
 from proxy.websockets.websocket_frames import MESSAGE_TOO_BIG
 
 log = logging.getLogger("llamaswap.http")
+
+# The error a request body of `length` bytes gets from its head alone, by method and path (None: none).
+BodyRefusal = Callable[[bytes, bytes, int], ProxyError | None]
 
 
 class DeadlineChannel(http.HTTPChannel):
@@ -78,32 +81,28 @@ class PhrasedRequest(WebRequest):
     """daphne's request, whose status line has the standard reason phrase also for the codes Twisted
     does not name (429 Too Many Requests, 422, 451…) instead of "Unknown Status".
 
-    A body whose Content-Length is over the factory's `body_limit` for its method and path is refused with 413
+    A body the factory's `body_refusal(method, path, length)` refuses from its Content-Length gets that error
     from its head alone: Twisted would spool it whole to a file before the application saw it (a client could
     fill the disk with one upload). It is read and dropped, so the client, which sends it all before it reads
-    an answer, gets the 413 rather than a reset connection."""
+    an answer, gets the error rather than a reset connection."""
 
-    too_long: tuple[int, int] | None = None  # (its length, the limit) of a body refused from its head
+    refused: ProxyError | None = None  # the answer to a body refused from its head
 
     def gotLength(self, length):
-        limit = self.channel.factory.body_limit(self.channel._command, self.channel._path)
-        if length is not None and limit is not None and length > limit:
-            self.too_long = (length, limit)
+        if length is not None:
+            self.refused = self.channel.factory.body_refusal(self.channel._command, self.channel._path, length)
+        if self.refused is not None:
             self.content = _Dropped()
             return
         super().gotLength(length)
 
     def process(self):
-        if self.too_long is None:
+        if self.refused is None:
             return super().process()
-        length, limit = self.too_long
-        message = (f"the request body is {length} bytes, over the {limit} bytes an upload may take "
-                   "(maxBatchFileBytes, with room for the form's other fields)")
-        body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                     "code": "file_too_large", "param": None}}).encode()
-        self.handle_reply({"type": "http.response.start", "status": 413,
-                           "headers": [(b"Content-Type", b"application/json"), (b"Connection", b"close")]})
-        self.handle_reply({"type": "http.response.body", "body": body})
+        headers = [(b"Content-Type", b"application/json"), (b"Connection", b"close")]
+        headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in self.refused.headers.items()]
+        self.handle_reply({"type": "http.response.start", "status": self.refused.status, "headers": headers})
+        self.handle_reply({"type": "http.response.body", "body": self.refused.body()})
 
     def setResponseCode(self, code, message=None):
         if message is None and code not in http.RESPONSES:
@@ -113,16 +112,16 @@ class PhrasedRequest(WebRequest):
 
 
 class DeadlineHTTPFactory(HTTPFactory):
-    """daphne's factory, building DeadlineChannels that leave form bodies alone. `body_limit(method, path)` is the
-    longest body a request may send there (None: the application decides, once it has the body)."""
+    """daphne's factory, building DeadlineChannels that leave form bodies alone. `body_refusal(method, path, length)`
+    is the error a body of `length` bytes gets there from its head (None: the application decides, once it has it)."""
 
     protocol = DeadlineChannel
 
     def __init__(self, server: Server, client_timeout: float,
-                 body_limit: Callable[[bytes, bytes], int | None] = lambda method, path: None):
+                 body_refusal: BodyRefusal = lambda method, path, length: None):
         super().__init__(server)
         self.timeOut = client_timeout
-        self.body_limit = body_limit
+        self.body_refusal = body_refusal
 
     def buildProtocol(self, addr):
         channel = super().buildProtocol(addr)
@@ -170,10 +169,10 @@ class LlamaswapServer(Server):
     """daphne's Server with DeadlineHTTPFactory and LimitedWebSocketFactory, remembering why it could not listen."""
 
     def __init__(self, application, *, client_timeout: float, message_limit: Callable[[], int],
-                 body_limit: Callable[[bytes, bytes], int | None] = lambda method, path: None, **kwargs):
+                 body_refusal: BodyRefusal = lambda method, path, length: None, **kwargs):
         self.client_timeout = client_timeout
         self.message_limit = message_limit
-        self.body_limit = body_limit
+        self.body_refusal = body_refusal
         self.listen_failure: str | None = None
         # A WebSocket's handshake completes once its model is loaded: it may queue and wait for a load as
         # long as a request does, where daphne would drop it after 5 s (the opening handshake) or refuse
@@ -198,7 +197,7 @@ class LlamaswapServer(Server):
     @http_factory.setter
     def http_factory(self, stock: HTTPFactory) -> None:
         # Server.run() builds its stock factory here; connections get ours, which is the same plus the deadlines.
-        self._http_factory = DeadlineHTTPFactory(self, self.client_timeout, self.body_limit)
+        self._http_factory = DeadlineHTTPFactory(self, self.client_timeout, self.body_refusal)
 
     def create_application(self, protocol, scope):
         """daphne's, but a body Twisted spooled to a file reaches the application a piece at a time (`SpooledBody`)."""

@@ -169,7 +169,7 @@ class Command(BaseCommand):
         from twisted.internet import reactor
 
         from proxy.batches import runner as batch_runner
-        from proxy.batches.upload import upload_body_limit
+        from proxy.batches.upload import upload_refusal
         from proxy.http.http_server import LlamaswapServer
         from proxy.reload import reload_config, watch_config
         from proxy.service import get_service
@@ -181,7 +181,7 @@ class Command(BaseCommand):
             # A WebSocket message may be as large as a request body.
             message_limit=lambda: get_service().config.max_request_body_bytes,
             # An upload over its limit is refused from its Content-Length, before Twisted spools it to disk.
-            body_limit=lambda method, path: upload_body_limit(get_service().config, method, path),
+            body_refusal=lambda method, path, length: upload_refusal(get_service().config, method, path, length),
             # A deep accept backlog: hundreds of clients may connect at once to wait in the queue.
             endpoints=[listen_endpoint(host, port, tls, backlog=2048)],
             signal_handlers=False,
