@@ -181,10 +181,12 @@ def validate(batch_id: str, runner: str) -> None:
 
 def _rows_of(batch: Batch):
     """Each line of the batch's input file as its row (not saved) and its request; BadLine at the first that
-    does not fit the batch's endpoint."""
+    does not fit the batch's endpoint. The upload let blank lines only end the file: the first one ends it."""
     offset = 0
     with open(storage.path_of(batch.input_file_id), "rb") as source:
         for number, raw in enumerate(source, start=1):
+            if not raw.strip():
+                return
             line = parse_line(number, raw.rstrip(b"\r\n"))
             if line.url != batch.endpoint:
                 raise BadLine(number, f"url {line.url} is not the batch's endpoint {batch.endpoint}")

@@ -77,11 +77,13 @@ def is_storable_text(text: str) -> bool:
 class LineChecker:
     """Feed an input file's bytes in any pieces; each complete line is checked as it arrives (a BadLine for
     the first bad one, or a custom_id seen before). `finish()` checks the last line and says how many there
-    were. A final newline is optional; an empty line elsewhere is bad."""
+    were. A final newline is optional, and blank lines may end the file (editors leave them); a blank line
+    with a request after it is bad."""
 
     def __init__(self, max_lines: int = MAX_LINES) -> None:
         self.max_lines = max_lines
         self.lines = 0
+        self._blank_from: int | None = None  # the first of the blank lines read last, unless a request followed
         self._partial = bytearray()
         self._ids: set[str] = set()
 
@@ -108,17 +110,21 @@ class LineChecker:
         if self._partial:
             self._check(self._whole_line())
             self._partial.clear()
-        if self.lines == 0:
+        requests = self.lines if self._blank_from is None else self._blank_from - 1
+        if requests == 0:
             raise BadLine(1, "the file has no lines")
-        return self.lines
+        return requests
 
     def _check(self, raw: bytes) -> None:
         self.lines += 1
-        if self.lines > self.max_lines:
-            raise BadLine(self.lines, f"a batch file holds at most {self.max_lines} lines (maxBatchFileLines)")
         raw = raw.removesuffix(b"\r")
         if not raw.strip():
-            raise BadLine(self.lines, "empty line")
+            self._blank_from = self._blank_from or self.lines
+            return
+        if self._blank_from is not None:
+            raise BadLine(self._blank_from, "empty line (blank lines may only end the file)")
+        if self.lines > self.max_lines:
+            raise BadLine(self.lines, f"a batch file holds at most {self.max_lines} lines (maxBatchFileLines)")
         line = parse_line(self.lines, raw)
         if line.custom_id in self._ids:
             raise BadLine(self.lines, f"custom_id {line.custom_id!r} is used by an earlier line")

@@ -281,7 +281,7 @@ def test_a_ten_thousand_line_file_is_accepted(tmp_path, backend):
     with backend.serve(config(tmp_path / "events.jsonl")) as served:
         api = client(served)
         content = b"".join(b'{"custom_id":"%d","method":"POST","url":"/v1/embeddings","body":{"model":"chat",'
-                           b'"input":"x"}}\n' % n for n in range(10_000))
+                           b'"input":"x"}}\n' % n for n in range(10_000)) + b"\r\n\n"  # blank lines may end it
         uploaded = api.files.create(file=("many.jsonl", content), purpose="batch")
         batch = api.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
         running = wait_until(lambda: (b := api.batches.retrieve(batch.id)).request_counts.total and b, 60, 0.1,

@@ -52,14 +52,18 @@ def test_any_cutting_of_the_bytes_gives_the_answer_of_the_whole_file(ids, bad, p
     assert checked(cut(data, points)) == whole
     if bad is None:
         assert whole == len(lines)
-    elif not (bad[1] == b"" and at == len(lines) - 1 and not final_newline):  # an empty last line is no line
+    elif bad[1] == b"" and at == len(lines) - 1:  # blank lines may end the file: not requests, not bad
+        assert whole == len(lines) - 1
+    else:
         assert whole == f"bad {at + 1}"
 
 
 @pytest.mark.parametrize("data, reason", [
     (good("a") + b"\n" + good("a"), "line 2: custom_id 'a' is used by an earlier line"),
     (b"", "line 1: the file has no lines"),
-    (good("a") + b"\n\n" + good("b"), "line 2: empty line"),
+    (good("a") + b"\n\n" + good("b"), "line 2: empty line \\(blank lines may only end the file\\)"),
+    (good("a") + b"\n \r\n\n" + good("b") + b"\n\n", "line 2: empty line"),
+    (b"\n\r\n  \n", "line 1: the file has no lines"),
     (b"\n".join(good(str(n)) for n in range(50_001)), "line 50001: a batch file holds at most 50000 lines \\(maxBatchFileLines\\)"),
     (good("a").replace(b'"input"', b'"stream": true, "input"'), "line 1: body.stream is not supported in a batch"),
     (good("x" * 256), "line 1: custom_id is longer than 255 characters"),
@@ -99,3 +103,10 @@ def test_a_line_of_the_most_bytes_is_taken_whatever_ends_it_and_one_byte_more_is
         checker = LineChecker()
         checker.feed(good("b") + b"\r\n" + sized(most + 1) + ending)
         checker.finish()
+
+
+@pytest.mark.parametrize("ending", [b"\n\n", b"\r\n\r\n", b"\n  \n\t\n", b"\n\n\n"])
+def test_blank_lines_may_end_the_file_and_are_not_counted(ending):
+    checker = LineChecker(max_lines=2)
+    checker.feed(good("a") + b"\n" + good("b") + ending)
+    assert checker.finish() == 2
