@@ -34,9 +34,11 @@ class BatchLine:
 def parse_line(number: int, raw: bytes) -> BatchLine:
     """The request on line `number` (its bytes without the newline), or BadLine saying what is wrong."""
     try:
-        item = json.loads(raw)
+        item = json.loads(raw, parse_constant=_not_json)
     except UnicodeDecodeError:
         raise BadLine(number, "not UTF-8") from None
+    except _NotJson as constant:
+        raise BadLine(number, f"not valid JSON: {constant} is not a JSON number") from None
     except (ValueError, RecursionError):
         raise BadLine(number, "not valid JSON") from None
     if not isinstance(item, dict):
@@ -61,6 +63,16 @@ def parse_line(number: int, raw: bytes) -> BatchLine:
     if body.get("stream"):
         raise BadLine(number, "body.stream is not supported in a batch")
     return BatchLine(custom_id, url, body)
+
+
+class _NotJson(Exception):
+    pass
+
+
+def _not_json(constant: str):
+    """Python's json reads NaN and Infinity; they are not JSON, and a model server's parser would refuse the
+    line's body when it is sent (or worse, read it), so the upload refuses it instead."""
+    raise _NotJson(constant)
 
 
 def is_storable_text(text: str) -> bool:

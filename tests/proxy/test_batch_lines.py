@@ -67,6 +67,9 @@ def test_any_cutting_of_the_bytes_gives_the_answer_of_the_whole_file(ids, bad, p
     (b"\n".join(good(str(n)) for n in range(50_001)), "line 50001: a batch file holds at most 50000 lines \\(maxBatchFileLines\\)"),
     (good("a").replace(b'"input"', b'"stream": true, "input"'), "line 1: body.stream is not supported in a batch"),
     (good("x" * 256), "line 1: custom_id is longer than 255 characters"),
+    (good("a").replace(b'"input": "x"', b'"input": "x", "temperature": NaN'),
+     "line 1: not valid JSON: NaN is not a JSON number"),
+    (good("a") + b"\n" + good("b").replace(b'"x"', b"[-Infinity]"), "line 2: not valid JSON: -Infinity is not a JSON number"),
     (good("a\x00b"), "line 1: custom_id holds a NUL or a lone surrogate"),  # sent as \u0000
     (good("\ud800"), "line 1: custom_id holds a NUL or a lone surrogate"),  # sent as \ud800
     (good("a") + b"\n" + good("b" * 8 * 1024 * 1024) + b"\n", f"line 2: longer than {8 * 1024 * 1024} bytes"),
