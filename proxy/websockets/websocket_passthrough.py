@@ -27,7 +27,7 @@ from channels.exceptions import StopConsumer
 
 from proxy.http.access import OPEN, Denied, Need, model_refusal, route_refusal
 from proxy.http.auth import CREDENTIAL_HEADERS, without_own_cookies
-from proxy.http.key_cache import caller_of
+from proxy.http.key_cache import KEYS, caller_of
 from proxy.http.key_watch import WATCH_S, queue_closed_when_revoked, until_refused
 from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
 from proxy.compat.comfyui import COMFYUI_PREFIX, comfyui_model, comfyui_rest, is_ready, not_loaded
@@ -118,10 +118,12 @@ class WebSocketPassthrough(AsyncConsumer):
     async def _run(self) -> None:
         watch = None
         try:
-            self._caller = await self._admitted()
+            await self._admit()
             watch = asyncio.get_running_loop().create_task(self._end_when_refused(self._caller.scope.name))
             await self._serve()
-        except ProxyError as exc:
+        except ProxyError as exc:  # refused at the door (no row): counted for a row key's usage page
+            if self._caller.scope.name:
+                KEYS.refused(self._caller.scope.name, exc.status)
             await self._refuse(exc.status, exc.message)
         except Refused as exc:
             await self._refuse(exc.status, exc.message)
@@ -147,19 +149,19 @@ class WebSocketPassthrough(AsyncConsumer):
     def _headers(self) -> dict[str, str]:
         return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in reversed(self.scope.get("headers", []))}
 
-    async def _admitted(self):
-        """The caller, once its Host, key, origin and kind allow a socket at all."""
+    async def _admit(self) -> None:
+        """Know the caller (its key counts from here), then check that its Host, origin and kind allow a socket."""
         headers = self._headers()
         if "host" in headers and (refusal := host_refusal(headers["host"])):
             raise ProxyError(400, refusal, "host_not_allowed")
         caller = await caller_of(headers, get_service().config.api_keys)
         if isinstance(caller, Denied):
             raise refused(caller)
+        self._caller = caller
         if refusal := cross_site_refusal(headers, caller):  # a socket reads back too
             raise ProxyError(403, refusal, CROSS_SITE_CODE)
         if denied := route_refusal(caller, Need.INFERENCE):
             raise refused(denied)
-        return caller
 
     async def _end_when_refused(self, name: str) -> None:
         """Cut the socket once its key stops counting: the lease's holder records the cut, `_run` closes with it.

@@ -161,12 +161,14 @@ def test_a_read_only_key_reads_and_sends_no_inference(served):
                                                 ("reader", "qwen3", "read-only")])
 def test_a_websocket_is_refused_what_the_key_may_not_do(served, key, model, reason):
     url = served.base.replace("http://", "ws://") + f"/upstream/{model}/ws"
+    counted_before = refusals_of(served, key, "403")
     ws = websocket.create_connection(url, header=[f"Authorization: Bearer {served.secrets[key]}"], timeout=15)
     try:
         assert close_frame(ws)[0] == 4403  # daphne drops close reasons: the log has it
         wait_until(lambda: reason in served.log(), 5, 0.05, "the refusal's reason in the log")
     finally:
         ws.close()
+    assert refusals_of(served, key, "403") == counted_before + 1  # counted for its usage page, as a request's is
 
 
 def test_the_priority_is_clamped_and_the_row_keeps_both_the_asked_and_the_applied_one(served):
