@@ -7,7 +7,7 @@ twice: as one batch of `--lines` lines (the runner sends one at a time: the mode
 sending them itself, one after another (the same concurrency) through the same service. Added per line is the
 batch's wall time from `in_progress` to `completed` less the client's, over the lines. Memory: for each
 `--memory-lines` file, a fresh service's peak RSS (VmHWM) after uploading it, creating the batch, waiting for its
-lines to be read into rows, cancelling it and waiting for its files to be written (a batch file holds at most
+lines to be read into rows, cancelling it and waiting for its files to be written, and how long that cancel took (a batch file holds at most
 50 000 lines by default, as OpenAI's; the service is given `maxBatchFileLines` for the larger files)."""
 
 from __future__ import annotations
@@ -72,8 +72,15 @@ def measure_per_line(lines: int) -> PerLine:
     return PerLine(lines, done.completed_at - done.in_progress_at, client_s)
 
 
-def peak_rss_for(lines: int) -> float:
-    """The service's peak RSS in MiB through reading a `lines`-line batch into rows, cancelling it, writing its files."""
+@dataclass(frozen=True)
+class LargeBatch:
+    peak_mib: float  # the service's peak RSS through it all
+    cancel_s: float  # from the cancel's answer to the batch `cancelled`, its files written
+
+
+def large_batch(lines: int) -> LargeBatch:
+    """A `lines`-line batch read into rows, cancelled and its files written: the service's peak RSS, and how long
+    the cancel took to end every line."""
     with tempfile.TemporaryDirectory(prefix="llamaswap-bench-") as tmp:
         with served_model(Path(tmp), f"maxBatchFileLines: {max(lines, 50_000)}\n") as (served, _):
             api = openai.OpenAI(base_url=served.base + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -83,8 +90,9 @@ def peak_rss_for(lines: int) -> float:
             wait_until(lambda: api.batches.retrieve(batch.id).request_counts.total == lines, 600, 0.2,
                        "the lines to be read")
             api.batches.cancel(batch.id)
+            asked = time.monotonic()
             ended(api, batch.id, 600)
-            return peak_rss_mib(served.proc.pid)
+            return LargeBatch(peak_rss_mib(served.proc.pid), time.monotonic() - asked)
 
 
 def per_line_table(result: PerLine) -> list[str]:
@@ -93,9 +101,9 @@ def per_line_table(result: PerLine) -> list[str]:
             f"| {result.lines:,} | {result.batch_s:.1f} s | {result.client_s:.1f} s | {result.added_ms:.2f} ms |"]
 
 
-def memory_table(peaks: dict[int, float]) -> list[str]:
-    return ["| lines in the file | service peak RSS |", "| ---: | ---: |",
-            *(f"| {lines:,} | {peak:.0f} MiB |" for lines, peak in peaks.items())]
+def memory_table(large: dict[int, LargeBatch]) -> list[str]:
+    return ["| lines in the file | service peak RSS | cancel → cancelled |", "| ---: | ---: | ---: |",
+            *(f"| {lines:,} | {run.peak_mib:.0f} MiB | {run.cancel_s:.1f} s |" for lines, run in large.items())]
 
 
 def main() -> None:
@@ -106,7 +114,7 @@ def main() -> None:
     result = measure_per_line(args.lines)
     print("\n".join(per_line_table(result)))
     print(f"\ntarget: ≤ {TARGET_ADDED_MS:g} ms added per line ({MODEL}, one slot)\n")
-    print("\n".join(memory_table({lines: peak_rss_for(lines) for lines in args.memory_lines})))
+    print("\n".join(memory_table({lines: large_batch(lines) for lines in args.memory_lines})))
 
 
 if __name__ == "__main__":

@@ -528,11 +528,13 @@ def batches_part(report: Report, quick: bool) -> None:
     report.judge(f"Batch API, {result.lines:,} tiny lines, one slot, against a client sending them one at a time",
                  "added per line (wall time difference ÷ lines)", f"≤ {batches.TARGET_ADDED_MS:g} ms",
                  f"{result.added_ms:.2f} ms", result.added_ms <= batches.TARGET_ADDED_MS)
-    peaks = {lines: batches.peak_rss_for(lines) for lines in (10_000, 50_000, 100_000)}
+    large = {lines: batches.large_batch(lines) for lines in (10_000, 50_000, 100_000)}
     report.figure("Batch API: service peak RSS through a 10 000-, a 50 000- and a 100 000-line batch (read, cancelled, written)",
-                  ", ".join(f"{peak:.0f} MiB" for peak in peaks.values()))
+                  ", ".join(f"{run.peak_mib:.0f} MiB" for run in large.values()))
+    report.figure("Batch API: cancelling a 10 000-, a 50 000- and a 100 000-line batch, to `cancelled` with its files",
+                  ", ".join(f"{run.cancel_s:.1f} s" for run in large.values()))
     report.section("Batch API: cost per line and memory",
-                   batches.per_line_table(result), batches.memory_table(peaks))
+                   batches.per_line_table(result), batches.memory_table(large))
 
 
 # -- the report --------------------------------------------------------------------------------
