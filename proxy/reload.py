@@ -42,7 +42,9 @@ async def _reload(service, path: str | None, config_dir: str | None) -> bool:
 
     loop = asyncio.get_running_loop()
     try:
-        new = await loop.run_in_executor(None, load_config, path, config_dir)
+        # Each model keeps its ${PORT} number: one added or removed would renumber, and restart, those after it.
+        kept_ports = {model.id: model.port for model in service.config.models.values() if model.port is not None}
+        new = await loop.run_in_executor(None, load_config, path, config_dir, kept_ports)
     except ConfigError as exc:
         log.error("config reload rejected; still serving the previous config:\n%s", exc)
         return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,8 @@ def sources_signature(path: str | os.PathLike | None, config_dir: str | os.PathL
     return tuple(signature)
 
 
-def load_merged(path: str | os.PathLike | None, config_dir: str | os.PathLike) -> Config:
+def load_merged(path: str | os.PathLike | None, config_dir: str | os.PathLike,
+                kept_ports: Mapping[str, int] | None = None) -> Config:
     """Read `path` (optional) and DIR's files, merge them and check the result; raises ConfigError naming files."""
 
     files = config_files(path, config_dir)
@@ -91,7 +93,7 @@ def load_merged(path: str | os.PathLike | None, config_dir: str | os.PathLike) -
     label = merger.label(files)
     log = ProblemLog(label)
     try:
-        config = check_document(merger.data, log)
+        config = check_document(merger.data, log, kept_ports)
     except ConfigError as exc:
         raise MergedConfigError(label, exc.problems, [merger.origin_of(p.key, label) for p in exc.problems]) from None
     return dataclasses.replace(config, warnings=tuple(merger.relabel_warning(warning, label) for warning in config.warnings))

@@ -7,7 +7,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from types import MappingProxyType
 
 from scheduling.core.matrix import MatrixPolicy
@@ -200,7 +200,7 @@ def read_config_text(path: str | os.PathLike) -> str:
         raise ConfigError(path, [Problem("", f"cannot be read ({exc}) — check its permissions and that it is UTF-8 text")]) from None
 
 
-def parse_config(text: str, path: str = "<string>") -> Config:
+def parse_config(text: str, path: str = "<string>", kept_ports: Mapping[str, int] | None = None) -> Config:
     """Check config text; `path` is only used in messages.
 
     healthCheckTimeout below 15 s is raised to 15 s as in llama-swap, unless the
@@ -208,11 +208,13 @@ def parse_config(text: str, path: str = "<string>") -> Config:
     want a dead upstream to fail fast).
     """
     log = ProblemLog(path)
-    return check_document(read_yaml_document(text, log), log)
+    return check_document(read_yaml_document(text, log), log, kept_ports)
 
 
-def check_document(data, log: ProblemLog) -> Config:
-    """Check a config already read from YAML (one file's, or several merged); `log.path` names it in messages."""
+def check_document(data, log: ProblemLog, kept_ports: Mapping[str, int] | None = None) -> Config:
+    """Check a config already read from YAML (one file's, or several merged); `log.path` names it in messages.
+    `kept_ports` (a reload's: the ${PORT} numbers in force) are given again to the same models where they still
+    fall from startPort on; the other models take the free numbers in ID order."""
     path = log.path
     if data is None:
         log.raise_if_any()  # no document to check further; unset ${env.*} values do not stop the checks
@@ -228,7 +230,8 @@ def check_document(data, log: ProblemLog) -> Config:
     unload_timeout = top.number("unloadTimeout", 0, minimum=0, example="10") or DEFAULT_UNLOAD_TIMEOUT
     send_loading_state = top.boolean("sendLoadingState", False)
     hardware = read_hardware(top)
-    models = _read_models(top, start_port, ModelDefaults(global_ttl, unload_timeout, send_loading_state, hardware))
+    models = _read_models(top, start_port, ModelDefaults(global_ttl, unload_timeout, send_loading_state, hardware),
+                          kept_ports or {})
     warn_unfitting_pins(hardware, {m.id: m.memory for m in models.values() if m.pinned and m.memory}, log)
     index = ModelIndex(models, log)
     routing = top.section("routing")
@@ -319,8 +322,11 @@ def _read_health_check_timeout(top: Section) -> float:
     return timeout
 
 
-def _read_models(top: Section, start_port: int, defaults: ModelDefaults) -> dict[str, ModelConfig]:
-    """Models sorted by ID; ${PORT} numbers are handed out in that order, so they are stable."""
+def _read_models(top: Section, start_port: int, defaults: ModelDefaults,
+                 kept_ports: Mapping[str, int]) -> dict[str, ModelConfig]:
+    """Models sorted by ID; ${PORT} numbers are handed out in that order, so they are stable. A reload keeps each
+    model's number (`kept_ports`): a model added or removed would otherwise renumber, and so restart, every model
+    after it, however long it took to load."""
     entries = top.raw("models")
     if entries is MISSING or entries is None:
         top.error("models", "missing — add a `models:` section with at least one model and its cmd")
@@ -331,10 +337,18 @@ def _read_models(top: Section, start_port: int, defaults: ModelDefaults) -> dict
     if not entries:
         top.log.warn("models", "no models are defined — every request will be answered 404")
 
+    kept = {model: port for model, port in kept_ports.items() if model in entries and start_port <= port <= 65535}
+    taken = set(kept.values())
     next_port = start_port
+    handed = 0
 
-    def allocate_port() -> int:
-        nonlocal next_port
+    def allocate_port(model_id: str) -> int:
+        nonlocal next_port, handed
+        handed += 1
+        if model_id in kept:
+            return kept[model_id]
+        while next_port in taken:
+            next_port += 1
         next_port += 1
         return next_port - 1
 
@@ -343,11 +357,12 @@ def _read_models(top: Section, start_port: int, defaults: ModelDefaults) -> dict
         if not isinstance(raw_id, str) or not raw_id:
             top.log.error(f"models.{raw_id}", f'a model ID must be non-empty text, got {kind_of(raw_id)} — quote it: "{raw_id}":')
     for model_id in sorted(key for key in entries if isinstance(key, str) and key):
-        model = read_model(model_id, entries[model_id], top.scope, defaults, allocate_port, top.log)
+        model = read_model(model_id, entries[model_id], top.scope, defaults, partial(allocate_port, model_id),
+                           top.log)
         if model is not None:
             models[model_id] = model
     if next_port - 1 > 65535:
-        top.error("startPort", f"{start_port} leaves too few ports for the {next_port - start_port} models that use ${{PORT}} — lower startPort")
+        top.error("startPort", f"{start_port} leaves too few ports for the {handed} models that use ${{PORT}} — lower startPort")
     return models
 
 

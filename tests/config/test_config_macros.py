@@ -1,6 +1,10 @@
 """Macros: declaration rules, scopes, typed substitution, ${env.*}, ${PORT} and ${MODEL_ID}."""
 
+import textwrap
+
 import pytest
+
+from proxy.config import parse_config
 
 
 def test_global_macro_expands_in_cmd_and_macros_use_earlier_macros(load):
@@ -330,6 +334,28 @@ class TestPortAllocation:
         assert config.models["beta"].cmd == ("b", "--port=7001")
         assert config.models["beta"].proxy == "http://127.0.0.1:7001/v1"
         assert config.models["zeta"].proxy == "http://127.0.0.1:7002"
+
+    def test_a_reload_keeps_each_models_port_and_gives_new_models_free_ones(self):
+        """Adding `aaa` (sorted first) and removing `beta` renumbers nothing: each model's process keeps running."""
+        def ports(text, kept=None):
+            config = parse_config(textwrap.dedent(text), "config.yaml", kept)
+            return {model_id: model.port for model_id, model in config.models.items()}
+
+        before = ports("""
+            startPort: 7000
+            models: {alpha: {cmd: "a ${PORT}"}, beta: {cmd: "b ${PORT}"}, zeta: {cmd: "z ${PORT}"}}
+            """)
+        assert before == {"alpha": 7000, "beta": 7001, "zeta": 7002}
+        after = ports("""
+            startPort: 7000
+            models: {aaa: {cmd: "n ${PORT}"}, alpha: {cmd: "a ${PORT}"}, mid: {cmd: "m ${PORT}"}, zeta: {cmd: "z ${PORT}"}}
+            """, before)
+        assert after == {"aaa": 7001, "alpha": 7000, "mid": 7003, "zeta": 7002}
+        # A kept number below a raised startPort is not kept; a model read fresh numbers in ID order again.
+        assert ports("startPort: 7002\nmodels: {alpha: {cmd: 'a ${PORT}'}, zeta: {cmd: 'z ${PORT}'}}", before) \
+            == {"alpha": 7003, "zeta": 7002}
+        assert ports("startPort: 7000\nmodels: {alpha: {cmd: 'a ${PORT}'}, zeta: {cmd: 'z ${PORT}'}}") \
+            == {"alpha": 7000, "zeta": 7001}
 
     def test_port_through_a_macro_counts_and_expands_in_metadata(self, load):
         model = load(

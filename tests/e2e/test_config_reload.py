@@ -84,6 +84,22 @@ def test_a_valid_config_applies_without_dropping_queued_requests(served, rows):
         ("fresh", "completed"), ("gone", "rejected"), ("keep", "cancelled"), ("keep", "completed")]
 
 
+def test_a_model_added_before_a_running_one_leaves_its_port_and_its_process_alone(served):
+    """${PORT} numbers go out in model-ID order; a reload keeps each model's own, so adding `aaa` (first in that
+    order) restarts nothing that runs."""
+    def pid_of(response):
+        assert response.status_code == 200, response.text
+        return response.json()["id"].split("-")[1]  # the fake model's cmpl-<pid>-<time>
+
+    before = pid_of(chat(served, "keep"))
+    rewrite(served, models_yaml(served.events, {"aaa": "--tps 0", "keep": "--tps 0", "gone": "--tps 0"}))
+    wait_until(lambda: "config reloaded" in served.log(), timeout=15, what="the reload")
+    assert "added aaa, removed none, restarting none" in served.log()
+    assert pid_of(chat(served, "keep")) == before
+    assert chat(served, "aaa").status_code == 200  # the new model's number is one no other model holds
+    served.check_settled("aaa")
+
+
 def test_sighup_reloads_and_restarts_a_model_whose_command_changed(tmp_path):
     with Served(tmp_path, models_yaml(None, {"keep": "--tps 0"})) as served:
         assert chat(served, "keep").json()["usage"]["completion_tokens"] != 3
