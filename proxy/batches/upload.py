@@ -5,12 +5,13 @@ held whole in memory and a bad one is refused at its first bad line."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import unquote_to_bytes
 
 from django.core.files.uploadhandler import FileUploadHandler
 
 from proxy.batches import storage
 from proxy.batches.lines import LineChecker
-from proxy.http.errors import ProxyError
+from proxy.http.body_limit import BodyLimit
 
 FIELD = "file"
 
@@ -27,17 +28,14 @@ FORM_ROOM_BYTES = 64 * 1024
 UPLOAD_PATH = b"/v1/files"
 
 
-def upload_refusal(config, method: bytes, path: bytes, length: int) -> ProxyError | None:
-    """The 413 for a `POST /v1/files` whose Content-Length is over what the file and its form may take, given
-    before any of the body is kept (the file's own limit is checked exactly as it is written); None for every
-    other request and length."""
-    if method != b"POST" or path.split(b"?", 1)[0].rstrip(b"/") != UPLOAD_PATH:
+def upload_body_limit(config, method: bytes, path: bytes) -> BodyLimit | None:
+    """The body limit of `POST /v1/files` (its path as the router reads it: percent-decoded), checked as the body
+    arrives (the file's own limit is checked exactly as it is written): what the file and its form may take, and
+    a Content-Length, without which the form parser would read the upload as empty. None for other requests."""
+    if method != b"POST" or unquote_to_bytes(path.split(b"?", 1)[0]).rstrip(b"/") != UPLOAD_PATH:
         return None
-    limit = config.max_batch_file_bytes + FORM_ROOM_BYTES
-    if length <= limit:
-        return None
-    return ProxyError(413, f"the request body is {length} bytes, over the {limit} bytes an upload may take "
-                           "(maxBatchFileBytes, with room for the form's other fields)", "file_too_large")
+    return BodyLimit(config.max_batch_file_bytes + FORM_ROOM_BYTES,
+                     "maxBatchFileBytes, with room for the form's other fields", "file_too_large", needs_length=True)
 
 
 def file_size_limit(limit: int) -> FileTooLarge:

@@ -22,14 +22,15 @@ from daphne.server import Server
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.web import http
 
+from proxy.http.body_limit import BodyLimit
 from proxy.http.errors import ProxyError
 from proxy.http.spooled_body import SpooledBody
 from proxy.websockets.websocket_frames import MESSAGE_TOO_BIG
 
 log = logging.getLogger("llamaswap.http")
 
-# The error a request body of `length` bytes gets from its head alone, by method and path (None: none).
-BodyRefusal = Callable[[bytes, bytes, int], ProxyError | None]
+# The body limit of a request, by its method and path.
+BodyLimits = Callable[[bytes, bytes], BodyLimit]
 
 
 class DeadlineChannel(http.HTTPChannel):
@@ -81,28 +82,43 @@ class PhrasedRequest(WebRequest):
     """daphne's request, whose status line has the standard reason phrase also for the codes Twisted
     does not name (429 Too Many Requests, 422, 451…) instead of "Unknown Status".
 
-    A body the factory's `body_refusal(method, path, length)` refuses from its Content-Length gets that error
-    from its head alone: Twisted would spool it whole to a file before the application saw it (a client could
-    fill the disk with one upload). It is read and dropped, so the client, which sends it all before it reads
-    an answer, gets the error rather than a reset connection."""
+    A body over the factory's `body_limit(method, path)` is refused from its Content-Length, or once a chunked
+    one passes the limit: Twisted would spool it whole to a file before the application saw it (a client could
+    fill the disk with one request). The rest is read and dropped, so the client, which sends it all before it
+    reads an answer, gets the error rather than a reset connection."""
 
-    refused: ProxyError | None = None  # the answer to a body refused from its head
+    refused: ProxyError | None = None  # the answer to a body refused as it arrived
+    _limit: BodyLimit | None = None
+    _received = 0
 
     def gotLength(self, length):
-        if length is not None:
-            self.refused = self.channel.factory.body_refusal(self.channel._command, self.channel._path, length)
-        if self.refused is not None:
-            self.content = _Dropped()
-            return
-        super().gotLength(length)
+        self._limit = limit = self.channel.factory.body_limit(self.channel._command, self.channel._path)
+        if length is None and limit.needs_length:
+            self._refuse(limit.length_required())
+        elif length is not None and length > limit.max_bytes:
+            self._refuse(limit.over(length))
+        else:
+            super().gotLength(length)
+
+    def handleContentChunk(self, data):
+        self._received += len(data)
+        if self.refused is None and self._limit is not None and self._received > self._limit.max_bytes:
+            self.content.close()  # the part kept so far, a temporary file
+            self._refuse(self._limit.over(None))
+        self.content.write(data)
+
+    def _refuse(self, error: ProxyError) -> None:
+        self.refused = error
+        self.content = _Dropped()
 
     def process(self):
         if self.refused is None:
             return super().process()
-        headers = [(b"Content-Type", b"application/json"), (b"Connection", b"close")]
+        body = self.refused.body()  # the whole body was read: the connection may serve another request
+        headers = [(b"Content-Type", b"application/json"), (b"Content-Length", str(len(body)).encode())]
         headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in self.refused.headers.items()]
         self.handle_reply({"type": "http.response.start", "status": self.refused.status, "headers": headers})
-        self.handle_reply({"type": "http.response.body", "body": self.refused.body()})
+        self.handle_reply({"type": "http.response.body", "body": body})
 
     def setResponseCode(self, code, message=None):
         if message is None and code not in http.RESPONSES:
@@ -112,16 +128,16 @@ class PhrasedRequest(WebRequest):
 
 
 class DeadlineHTTPFactory(HTTPFactory):
-    """daphne's factory, building DeadlineChannels that leave form bodies alone. `body_refusal(method, path, length)`
-    is the error a body of `length` bytes gets there from its head (None: the application decides, once it has it)."""
+    """daphne's factory, building DeadlineChannels that leave form bodies alone; `body_limit(method, path)` is each
+    request's body limit (`PhrasedRequest`)."""
 
     protocol = DeadlineChannel
 
     def __init__(self, server: Server, client_timeout: float,
-                 body_refusal: BodyRefusal = lambda method, path, length: None):
+                 body_limit: BodyLimits):
         super().__init__(server)
         self.timeOut = client_timeout
-        self.body_refusal = body_refusal
+        self.body_limit = body_limit
 
     def buildProtocol(self, addr):
         channel = super().buildProtocol(addr)
@@ -169,10 +185,10 @@ class LlamaswapServer(Server):
     """daphne's Server with DeadlineHTTPFactory and LimitedWebSocketFactory, remembering why it could not listen."""
 
     def __init__(self, application, *, client_timeout: float, message_limit: Callable[[], int],
-                 body_refusal: BodyRefusal = lambda method, path, length: None, **kwargs):
+                 body_limit: BodyLimits, **kwargs):
         self.client_timeout = client_timeout
         self.message_limit = message_limit
-        self.body_refusal = body_refusal
+        self.body_limit = body_limit
         self.listen_failure: str | None = None
         # A WebSocket's handshake completes once its model is loaded: it may queue and wait for a load as
         # long as a request does, where daphne would drop it after 5 s (the opening handshake) or refuse
@@ -197,7 +213,7 @@ class LlamaswapServer(Server):
     @http_factory.setter
     def http_factory(self, stock: HTTPFactory) -> None:
         # Server.run() builds its stock factory here; connections get ours, which is the same plus the deadlines.
-        self._http_factory = DeadlineHTTPFactory(self, self.client_timeout, self.body_refusal)
+        self._http_factory = DeadlineHTTPFactory(self, self.client_timeout, self.body_limit)
 
     def create_application(self, protocol, scope):
         """daphne's, but a body Twisted spooled to a file reaches the application a piece at a time (`SpooledBody`)."""

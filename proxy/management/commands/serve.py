@@ -169,7 +169,8 @@ class Command(BaseCommand):
         from twisted.internet import reactor
 
         from proxy.batches import runner as batch_runner
-        from proxy.batches.upload import upload_refusal
+        from proxy.batches.upload import upload_body_limit
+        from proxy.http.body_limit import request_body_limit
         from proxy.http.http_server import LlamaswapServer
         from proxy.reload import reload_config, watch_config
         from proxy.service import get_service
@@ -180,8 +181,9 @@ class Command(BaseCommand):
             client_timeout=client_timeout,
             # A WebSocket message may be as large as a request body.
             message_limit=lambda: get_service().config.max_request_body_bytes,
-            # An upload over its limit is refused from its Content-Length, before Twisted spools it to disk.
-            body_refusal=lambda method, path, length: upload_refusal(get_service().config, method, path, length),
+            # A body over its limit is refused as it arrives, before Twisted has spooled it to disk.
+            body_limit=lambda method, path: (upload_body_limit(get_service().config, method, path)
+                                             or request_body_limit(get_service().config)),
             # A deep accept backlog: hundreds of clients may connect at once to wait in the queue.
             endpoints=[listen_endpoint(host, port, tls, backlog=2048)],
             signal_handlers=False,
