@@ -169,14 +169,17 @@ def validate(batch_id: str, runner: str) -> None:
             return
         BatchRequest.objects.filter(batch_id=batch_id).delete()
         now = timezone.now()
+        # Each status change is conditional: on PostgreSQL a cancel may commit while the rows are written (nothing
+        # here locks the batch's row); it wins, and the lines written end as cancelled.
+        still_validating = Batch.objects.filter(pk=batch_id, status="validating")
         if errors:
-            Batch.objects.filter(pk=batch_id).update(status="failed", failed_at=now,
-                                                     errors={"object": "list", "data": errors})
+            still_validating.update(status="failed", failed_at=now, errors={"object": "list", "data": errors})
             return
         rows = (row for row, _ in _rows_of(batch))
         while chunk := list(islice(rows, CREATE_CHUNK)):
             BatchRequest.objects.bulk_create(chunk)
-        Batch.objects.filter(pk=batch_id).update(status="in_progress", in_progress_at=now, model=model)
+        Batch.objects.filter(pk=batch_id).update(model=model)
+        still_validating.update(status="in_progress", in_progress_at=now)
 
 
 def _rows_of(batch: Batch):
