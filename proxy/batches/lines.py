@@ -5,6 +5,7 @@ first bad line, without ever holding the file whole."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -34,7 +35,7 @@ class BatchLine:
 def parse_line(number: int, raw: bytes) -> BatchLine:
     """The request on line `number` (its bytes without the newline), or BadLine saying what is wrong."""
     try:
-        item = json.loads(raw, parse_constant=_not_json)
+        item = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
     except UnicodeDecodeError:
         raise BadLine(number, "not UTF-8") from None
     except _NotJson as constant:
@@ -73,6 +74,14 @@ def _not_json(constant: str):
     """Python's json reads NaN and Infinity; they are not JSON, and a model server's parser would refuse the
     line's body when it is sent (or worse, read it), so the upload refuses it instead."""
     raise _NotJson(constant)
+
+
+def _finite(text: str) -> float:
+    """A JSON number too large for a float (1e999) reads as infinity, which would be sent on as `Infinity`."""
+    number = float(text)
+    if math.isinf(number):
+        raise _NotJson(f"{text} (too large: it reads as infinity)")
+    return number
 
 
 def is_storable_text(text: str) -> bool:
