@@ -13,7 +13,7 @@ from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
 from proxy.batches import storage
-from proxy.batches.lines import BadLine, is_storable_text, parse_line
+from proxy.batches.lines import BadLine, is_blank, is_storable_text, parse_line
 from proxy.batches.upload import StoredUpload
 from scheduling.keys.scope import KeyScope
 from scheduling.models import Batch, BatchFile, BatchRequest
@@ -188,7 +188,7 @@ def _rows_of(batch: Batch):
     offset = 0
     with open(storage.path_of(batch.input_file_id), "rb") as source:
         for number, raw in enumerate(source, start=1):
-            if not raw.strip():
+            if is_blank(raw):
                 return
             line = parse_line(number, raw.rstrip(b"\r\n"))
             if line.url != batch.endpoint:

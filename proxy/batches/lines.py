@@ -84,6 +84,11 @@ def _finite(text: str) -> float:
     return number
 
 
+def is_blank(raw: bytes) -> bool:
+    """A line of JSON's own whitespace only (space, tab, CR, LF): what the JSON reader would skip."""
+    return not raw.strip(b" \t\r\n")
+
+
 def is_storable_text(text: str) -> bool:
     """Whether a database keeps `text` as it is: UTF-8 encodable (no lone surrogate) and without NUL."""
     if "\x00" in text:
@@ -139,7 +144,7 @@ class LineChecker:
     def _check(self, raw: bytes) -> None:
         self.lines += 1
         raw = raw.removesuffix(b"\r")
-        if not raw.strip():
+        if is_blank(raw):
             self._blank_from = self._blank_from or self.lines
             return
         if self._blank_from is not None:

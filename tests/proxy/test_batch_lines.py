@@ -64,6 +64,7 @@ def test_any_cutting_of_the_bytes_gives_the_answer_of_the_whole_file(ids, bad, p
     (good("a") + b"\n\n" + good("b"), "line 2: empty line \\(blank lines may only end the file\\)"),
     (good("a") + b"\n \r\n\n" + good("b") + b"\n\n", "line 2: empty line"),
     (b"\n\r\n  \n", "line 1: the file has no lines"),
+    (good("a") + b"\n\x0c\n", "line 2: not valid JSON"),  # a form feed is not JSON's whitespace
     (b"\n".join(good(str(n)) for n in range(50_001)), "line 50001: a batch file holds at most 50000 lines \\(maxBatchFileLines\\)"),
     (good("a").replace(b'"input"', b'"stream": true, "input"'), "line 1: body.stream is not supported in a batch"),
     (good("x" * 256), "line 1: custom_id is longer than 255 characters"),
