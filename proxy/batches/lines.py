@@ -38,8 +38,8 @@ def parse_line(number: int, raw: bytes) -> BatchLine:
         item = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
     except UnicodeDecodeError:
         raise BadLine(number, "not UTF-8") from None
-    except _NotJson as constant:
-        raise BadLine(number, f"not valid JSON: {constant} is not a JSON number") from None
+    except _Unsendable as exc:
+        raise BadLine(number, str(exc)) from None
     except (ValueError, RecursionError):
         raise BadLine(number, "not valid JSON") from None
     if not isinstance(item, dict):
@@ -66,21 +66,21 @@ def parse_line(number: int, raw: bytes) -> BatchLine:
     return BatchLine(custom_id, url, body)
 
 
-class _NotJson(Exception):
-    pass
+class _Unsendable(Exception):
+    """A value Python reads that the line's body could not be sent on with."""
 
 
 def _not_json(constant: str):
     """Python's json reads NaN and Infinity; they are not JSON, and a model server's parser would refuse the
     line's body when it is sent (or worse, read it), so the upload refuses it instead."""
-    raise _NotJson(constant)
+    raise _Unsendable(f"not valid JSON: {constant} is not a JSON number")
 
 
 def _finite(text: str) -> float:
     """A JSON number too large for a float (1e999) reads as infinity, which would be sent on as `Infinity`."""
     number = float(text)
     if math.isinf(number):
-        raise _NotJson(f"{text} (too large: it reads as infinity)")
+        raise _Unsendable(f"{text} is too large a number (past a double's range, it would be sent as Infinity)")
     return number
 
 

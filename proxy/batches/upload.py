@@ -32,7 +32,7 @@ def upload_body_limit(config, method: bytes, path: bytes) -> BodyLimit | None:
     """The body limit of `POST /v1/files` (its path as the router reads it: percent-decoded), checked as the body
     arrives (the file's own limit is checked exactly as it is written): what the file and its form may take, and
     a Content-Length, without which the form parser would read the upload as empty. None for other requests."""
-    if method != b"POST" or unquote_to_bytes(path.split(b"?", 1)[0]).rstrip(b"/") != UPLOAD_PATH:
+    if method.upper() != b"POST" or unquote_to_bytes(path.split(b"?", 1)[0]).rstrip(b"/") != UPLOAD_PATH:
         return None
     return BodyLimit(config.max_batch_file_bytes + FORM_ROOM_BYTES,
                      "maxBatchFileBytes, with room for the form's other fields", "file_too_large", needs_length=True)

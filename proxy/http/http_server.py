@@ -56,6 +56,18 @@ class DeadlineChannel(http.HTTPChannel):
         self._cancel_head_deadline()
         super().connectionLost(reason)
 
+    def _send100Continue(self):
+        """A client waiting to be told to send its body (Expect: 100-continue) is told instead the refusal its head
+        already earned, and the connection closes: it need not send gigabytes only to have them dropped."""
+        refused = getattr(self.requests[-1], "refused", None) if self.requests else None
+        if refused is None:
+            return super()._send100Continue()
+        body = refused.body()
+        head = [f"HTTP/1.1 {refused.status} {HTTPStatus(refused.status).phrase}", "Content-Type: application/json",
+                f"Content-Length: {len(body)}", "Connection: close", *(f"{k}: {v}" for k, v in refused.headers.items())]
+        self.transport.write("\r\n".join(head).encode("latin-1") + b"\r\n\r\n" + body)
+        self.transport.loseConnection()
+
     def _await_head(self) -> None:
         self._cancel_head_deadline()
         self._head_deadline = self.callLater(self.head_timeout, self._head_too_slow)

@@ -94,3 +94,26 @@ def test_a_model_request_over_max_request_body_bytes_is_cut_off_at_the_limit(ser
         % head, sent, end)
     assert (status, error["code"]) == (413, "request_too_large") and "maxRequestBodyBytes" in error["message"]
     assert spooled <= REQUEST_LIMIT + MIB, f"{spooled} bytes spooled past a {REQUEST_LIMIT}-byte limit"
+
+
+def told_before_the_body(served: Served, head: bytes) -> tuple[int, dict]:
+    """Send a head that asks for 100 Continue, and nothing more: (status, error) of the answer, after which the
+    connection closes."""
+    with socket.create_connection(("127.0.0.1", served.port), timeout=30) as sock:
+        sock.sendall(head.replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n", 1))
+        answer = http.client.HTTPResponse(sock)
+        answer.begin()
+        error = json.loads(answer.read())["error"]
+        assert sock.recv(1) == b"", "the connection closes: the body is not read"
+        return answer.status, error
+
+
+def test_a_client_that_waits_for_100_continue_is_told_the_refusal_instead_and_sends_nothing(served):
+    status, error = told_before_the_body(served, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                                 b"Content-Type: application/json\r\nContent-Length: 5000000000\r\n\r\n")
+    assert (status, error["code"]) == (413, "request_too_large")
+
+
+def test_a_lowercase_method_is_held_to_the_uploads_limit_as_the_router_reads_it(served):
+    status, error = told_before_the_body(served, upload_head("/v1/files", SENT).replace(b"POST", b"post", 1))
+    assert (status, error["code"]) == (413, "file_too_large")
