@@ -63,8 +63,8 @@ class DeadlineChannel(http.HTTPChannel):
         if refused is None:
             return super()._send100Continue()
         body = refused.body()
-        head = [f"HTTP/1.1 {refused.status} {HTTPStatus(refused.status).phrase}", "Content-Type: application/json",
-                f"Content-Length: {len(body)}", "Connection: close", *(f"{k}: {v}" for k, v in refused.headers.items())]
+        head = [f"HTTP/1.1 {refused.status} {HTTPStatus(refused.status).phrase}", "Connection: close",
+                *(f"{name}: {value}" for name, value in _refusal_headers(refused, body))]
         self.transport.write("\r\n".join(head).encode("latin-1") + b"\r\n\r\n" + body)
         self.transport.loseConnection()
 
@@ -81,6 +81,11 @@ class DeadlineChannel(http.HTTPChannel):
         self._head_deadline = None
         log.debug("closing the connection from %s: no complete request within %gs", self.transport.getPeer(), self.head_timeout)
         self.timeoutConnection()
+
+
+def _refusal_headers(refused: ProxyError, body: bytes) -> list[tuple[str, str]]:
+    """The headers of a refusal the server answers itself, before or after the body it refused."""
+    return [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *refused.headers.items()]
 
 
 class _Dropped(io.BytesIO):
@@ -127,8 +132,8 @@ class PhrasedRequest(WebRequest):
         if self.refused is None:
             return super().process()
         body = self.refused.body()  # the whole body was read: the connection may serve another request
-        headers = [(b"Content-Type", b"application/json"), (b"Content-Length", str(len(body)).encode())]
-        headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in self.refused.headers.items()]
+        headers = [(name.encode("latin-1"), value.encode("latin-1"))
+                   for name, value in _refusal_headers(self.refused, body)]
         self.handle_reply({"type": "http.response.start", "status": self.refused.status, "headers": headers})
         self.handle_reply({"type": "http.response.body", "body": body})
 
