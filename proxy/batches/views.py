@@ -18,6 +18,7 @@ from proxy.batches.objects import batch_object, file_object, page
 from proxy.batches.upload import FIELD, BatchFileUploadHandler, FileTooLarge, file_size_limit
 from proxy.http.access import Need
 from proxy.http.holding import asked_priority, unreadable_priority
+from proxy.http.body_limit import BodyLimit
 from proxy.http.responses import allow_methods, json_error
 from scheduling.core import PRIORITY_HEADER
 
@@ -42,9 +43,9 @@ async def files(request: HttpRequest, service) -> HttpResponse:
             request.GET.get("purpose"), request.GET.get("after"), limit, order == "desc",
             request.caller.scope.owner_filter())
         return JsonResponse(page([file_object(row) for row in rows], more))
-    if "content-length" not in request.headers:  # sent chunked: the form parser would read it as empty
-        return json_error(411, "send the upload with a Content-Length (as the openai SDK and curl -F do), "
-                               "not chunked", "length_required")
+    if "content-length" not in request.headers:  # sent chunked, past a server that does not refuse it from its head
+        refusal = BodyLimit.length_required()  # the form parser would read it as empty
+        return json_error(refusal.status, refusal.message, refusal.code)
     if not request.content_type.startswith("multipart/form-data"):
         return json_error(400, "send the file as multipart/form-data with fields file and purpose=batch",
                           "invalid_request")

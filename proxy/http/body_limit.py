@@ -26,7 +26,7 @@ class BodyLimit:
 
     @staticmethod
     def length_required() -> ProxyError:
-        return ProxyError(411, "send the body with a Content-Length (as the openai SDK and curl -F do), not chunked",
+        return ProxyError(411, "send the upload with a Content-Length (as the openai SDK and curl -F do), not chunked",
                           "length_required")
 
 
