@@ -56,8 +56,9 @@ class MemoryBook:
         self._version += 1
 
     def reconfigure(self, specs: Mapping[str, ModelSpec], hardware: Hardware, holding: Iterable[str]) -> None:
-        """A reload: models running on before it keep their GPUs; one placed nowhere yet (it started before
-        `hardware:` was described) counts where it would go now, or on the CPU when it fits nowhere."""
+        """A reload: models running on before it keep their GPUs; one of `holding` placed nowhere yet (it started
+        before `hardware:` was described) counts where it would go now, or on the CPU when it fits nowhere. A model a
+        start under way stops is not `holding`: that start took its memory when it was sent."""
         counted = {m: self.need(m).mib for m in self._gpus if m in self._specs}
         for model in [m for m in self._highest if m not in specs or specs[m].memory != self._specs[m].memory]:
             del self._highest[model]  # a new declaration (or none) is trusted again until measured

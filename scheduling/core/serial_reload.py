@@ -36,7 +36,9 @@ class SerialReload:
             self.memory = None
         else:
             self.memory = self.memory or MemoryBook(hardware, models)
-            self.memory.reconfigure(models, hardware, self._fleet.not_stopped())  # a crashed one holds none
+            # A crashed model holds no memory; nor does one a start under way stops (that start took its memory).
+            holding = [m for m in self._fleet.not_stopped() if m not in self._evicting]
+            self.memory.reconfigure(models, hardware, holding)
             restart = {*restart, *self.memory.on_retiring()}
         replaced = sorted(set(removed) | (set(restart) & models.keys()))
         effects: list[Effect] = []

@@ -64,3 +64,22 @@ def test_a_renamed_gpu_is_a_gpu_removed_and_one_added_and_nothing_fails():
     s.model_stopped("b", 5.0)
     assert started(s.submit(Ticket(3, "b", 0, 5.0), 5.0)) == [("b", (), ("gpu1",))]
     assert not any(isinstance(e, Refuse) for e in effects)
+
+
+def test_a_model_a_start_is_stopping_stays_out_of_the_book_through_a_reload_and_nothing_lands_beside_its_ghost():
+    """A start takes the memory of the models it stops at once; a reload while they are still stopping must not put
+    them back (found by the placement property machine: an 8 000 and a 12 000 MiB model on one 16 000 MiB GPU)."""
+    models = specs(b=12_000, d=8_000)
+    s = SerialScheduler(models, together(models), SerialSettings(), Hardware({"0": 16_000}))
+    assert started(s.submit(Ticket(1, "d", -100, 0.0), 0.0)) == [("d", (), ("0",))]
+    renamed = Hardware({"1": 16_000})
+    assert s.reconfigure(models, together(models), [], 1.0, renamed) == []  # d's start runs on, on GPU 0
+    assert started(s.model_failed("d", "exited prematurely", 2.0)) == [("d", (), ("1",))]  # #1 tries again
+    s.model_ready("d", 3.0)
+    assert s.submit(Ticket(2, "b", -100, 3.0), 3.0) == []  # d serves #1 and b does not fit beside it
+    assert started(s.finished(1, 4.0)) == [("b", ("d",), ("1",))]
+    s.reconfigure(models, together(models), [], 5.0, Hardware({"0": 16_000}))  # renamed back while d stops for b
+    assert "d" not in s.memory.placed(), "the model b's start stops was put back in the book"
+    assert started(s.model_failed("b", "exited prematurely", 6.0)) == [("b", (), ("0",))]
+    gpus = s.placement()["gpus"]
+    assert [(g["id"], g["models"], g["counted_mib"]) for g in gpus] == [("0", ["b"], 12_000)]
