@@ -3,6 +3,8 @@ promises, checked against a real echo server and against the real PostgreSQL."""
 
 from __future__ import annotations
 
+import gc
+import logging
 import socket
 import socketserver
 import threading
@@ -12,6 +14,7 @@ import pytest
 
 from tests.conftest import POSTGRES_ADMIN_URL
 from tests.faults.relay import Relay
+from tests.served import wait_until
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -85,6 +88,24 @@ def test_a_delay_slows_each_chunk_and_restore_ends_it(echo):
         client.sendall(b"fast")
         assert client.recv(10) == b"fast"
         assert time.monotonic() - began < 0.3
+
+
+def test_close_leaves_no_task_for_the_garbage_collector(echo, caplog):
+    """A relay's tasks end before `close()` returns: its pumps, and a connection still being accepted when it closes
+    (which would start pumps after the cut). One left pending is destroyed wherever the garbage collector runs next;
+    in pytest's assertion rewriter that crashed CPython 3.11 and failed a run whose every test passed."""
+    relay = Relay("127.0.0.1", echo).start()
+    with connect(relay) as relayed:
+        relayed.sendall(b"x")
+        assert relayed.recv(10) == b"x"  # two pumps running
+        relay.stall()
+        with connect(relay) as accepted:  # its handshake with the echo server waits for the network
+            wait_until(lambda: relay.connections == 2, 5, 0.01, "the second connection to be accepted")
+            relay.close()
+    del relayed, accepted, relay
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        gc.collect()
+    assert not [record.getMessage() for record in caplog.records], caplog.text
 
 
 def test_postgresql_through_a_cut_relay_fails_and_answers_again_after_restore():
