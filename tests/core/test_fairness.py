@@ -108,6 +108,71 @@ def test_a_cancelled_or_reprioritized_request_gives_up_its_turn():
     assert served_in_turn(scheduler, now=6.0) == [2, 5, 3]
 
 
+class KeyedQueue:
+    """Requests of named keys queued behind the busy model's #1, served one at a time as each ends."""
+
+    def __init__(self) -> None:
+        self.scheduler, self.keys, self.running, self.now = busy(), {}, 1, 1.0
+
+    def send(self, key: str, count: int = 1) -> list[int]:
+        sent = []
+        for _ in range(count):
+            ticket_id = len(self.keys) + 2
+            self.now += 1
+            self.keys[ticket_id] = key
+            self.scheduler.submit(Ticket(ticket_id, "a", 0, self.now, key=key), self.now)
+            sent.append(ticket_id)
+        return sent
+
+    def leave(self, ticket_ids) -> None:
+        self.now += 1
+        self.scheduler.cancel_all(ticket_ids, self.now)
+
+    def serve(self, turns: int | None = None) -> str:
+        """The keys of the next `turns` requests served (all that wait when None), in order."""
+        order = ""
+        while turns is None or len(order) < turns:
+            self.now += 1
+            granted = grants(self.scheduler.finished(self.running, self.now))
+            if not granted:
+                break
+            (self.running,) = granted
+            order += self.keys[self.running]
+        return order
+
+
+def test_requests_that_leave_without_their_turn_cost_their_key_nothing():
+    """Key b's three requests leave: its next one goes as soon as if they had never been sent."""
+    never_sent = KeyedQueue()
+    never_sent.send("a", 4)
+    never_sent.send("b")
+    assert never_sent.serve() == "abaaa"
+    left = KeyedQueue()
+    left.send("a", 4)
+    left.leave(left.send("b", 3))
+    left.send("b")
+    assert left.serve() == "abaaa"
+
+
+def test_a_request_leaving_from_the_middle_of_its_keys_backlog_moves_the_later_ones_up():
+    first_left = KeyedQueue()
+    first_left.send("a", 4)
+    b_first, *_ = first_left.send("b", 3)
+    first_left.leave([b_first])
+    assert first_left.serve() == "ababaa"  # as if b had sent two
+
+
+def test_a_key_back_after_being_away_takes_turns_with_the_others_not_several_in_a_row():
+    """Away, a key banks no turns: it starts at the group's clock, where the turns being taken are, not where its
+    last turn ended long ago, nor where the clock stood when the group began."""
+    queue = KeyedQueue()
+    queue.send("a", 8)
+    queue.send("b")
+    assert queue.serve(5) == "abaaa"
+    queue.send("b", 4)
+    assert queue.serve() == "babababa"
+
+
 def test_a_weight_below_one_is_refused():
     with pytest.raises(ValueError, match="weight 0 is below 1"):
         Ticket(1, "a", 0, 0.0, key="a", weight=0)
