@@ -5,7 +5,7 @@ from django.views.generic import RedirectView
 
 from proxy.compat import llama_swap_views, profile_views
 
-from proxy.api import lease_views, placement_views, queue_views, views
+from proxy.api import lease_views, model_views, placement_views, queue_views, views
 from proxy.api.metrics_view import metrics_view
 from proxy.batches import views as batch_views
 from scheduling.admin import overview_page
@@ -13,12 +13,15 @@ from scheduling.admin import overview_page
 urlpatterns = [
     # llama-swap's / leads to its UI; here the admin is the UI.
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    re_path(r"^ui(?:/.*)?$", RedirectView.as_view(url="/admin/", permanent=False)),  # llama-swap's UI address
     path("admin/overview/", overview_page, name="admin-overview"),
     path("admin/", admin.site.urls),
     # The admin's CSS and scripts: daphne serves no static files, and a local tool needs no separate web server.
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),
-    path("v1/models", views.list_models),
-    path("models", views.list_models),
+    path("v1/models", model_views.list_models),
+    path("models", model_views.list_models),
+    path("v1/models/<path:model_id>", model_views.model_entry),
+    path("models/<path:model_id>", model_views.model_entry),
     path("running", views.running),
     path("v1/files", batch_views.files),
     path("v1/files/<str:file_id>", batch_views.file_entry),

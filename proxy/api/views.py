@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from dataclasses import replace
 
 from asgiref.sync import sync_to_async
@@ -12,19 +11,15 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from proxy.api import events_stream
-from proxy.compat.active_profile import active_profile
 from proxy.http.access import Caller, Denied, Need, route_refusal
 from proxy.http.key_cache import KEYS, caller_of
 from proxy.config.secrets import shown_argv, shown_url
 from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
-from proxy.compat.model_listing import add_capabilities, alias_entries
-from proxy.compat.model_choice import listed_choices
-from proxy.upstream.peer_relay import listed_peer_models
 from proxy.http.responses import allow_methods, json_error
 from proxy.service import get_service
+from scheduling.admin_not_found import admin_not_found
 from scheduling.rows.activity import ActivityQuery, ActivityQueryError, activity_page
-from scheduling.door.questions import Logs, LogsSince, Processes, RunningProcesses, Unload
-from scheduling.core import ModelState
+from scheduling.door.questions import Logs, LogsSince, RunningProcesses, Unload
 
 # How often `/logs/stream` asks the scheduler for new log text while a client streams the logs.
 LOG_POLL_S = 0.25
@@ -99,48 +94,6 @@ def _denied(denied: Denied) -> HttpResponse:
 @allow_methods("GET", "HEAD")
 def health(request: HttpRequest) -> HttpResponse:
     return HttpResponse("OK", content_type="text/plain")
-
-
-@api_key_required
-@allow_methods("GET")
-async def list_models(request: HttpRequest, service) -> JsonResponse:
-    created = int(time.time())
-    data = []
-    states = await service.door.ask(Processes())
-    for model_id, model in service.config.models.items():
-        if model.unlisted:
-            continue
-        state = states.get(model_id, ModelState.STOPPED)
-        data.append(
-            {
-                "id": model_id,
-                "object": "model",
-                "created": created,
-                "owned_by": "llamaswap",
-                "name": model.name,
-                "description": model.description,
-                "status": {"value": "unloaded" if state == ModelState.STOPPED else "loaded"},
-                "meta": {"llamaswap": {"type": "model", "aliases": list(model.aliases), **dict(model.metadata)}},
-            }
-        )
-        add_capabilities(data[-1], model.capabilities)
-        if service.config.include_aliases_in_list:
-            data += alias_entries(data[-1], model)
-    data += listed_peer_models(service.config, created)
-    profile = await active_profile(service.config)
-    data += listed_choices(service.config, profile, states, created, {entry["id"] for entry in data})
-    data = [entry for entry in data if request.caller.scope.allows_model(_listed_model(entry))]
-    data.sort(key=lambda entry: entry["id"])  # as llama-swap lists them
-    response = JsonResponse({"object": "list", "data": data})
-    if "Origin" in request.headers:  # a web page on another origin may read the list, as with llama-swap
-        response["Access-Control-Allow-Origin"] = request.headers["Origin"]
-    return response
-
-
-def _listed_model(entry: dict) -> str:
-    """The model ID an entry of `/v1/models` reaches: an alias's model, else the entry's own ID."""
-    meta = entry.get("meta", {}).get("llamaswap", {})
-    return meta.get("modelID", entry["id"]) if meta.get("type") == "alias" else entry["id"]
 
 
 @api_key_required
@@ -289,6 +242,9 @@ def bad_request(request: HttpRequest, exception=None) -> HttpResponse:
 
 
 def not_found(request: HttpRequest, exception=None) -> HttpResponse:
+    """An unknown route: the OpenAI-shaped error API clients read; under /admin/, the admin's own page."""
+    if request.path.startswith("/admin/"):
+        return admin_not_found(request)
     return json_error(404, f"no route {request.path}", "route_not_found")
 
 

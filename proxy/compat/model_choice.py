@@ -141,9 +141,10 @@ def _spillover(config, selector, states: dict[str, str]) -> str:
     return idle[0]
 
 
-def listed_choices(config, profile: str, states: dict[str, str], created: int, listed: set[str]) -> list[dict]:
-    """`/v1/models` entries for the selectors (unless unlisted) and the active profile's pins (a
-    disabled pin, or one whose ID is listed already, adds nothing). `listed`: the IDs already there."""
+def listed_choices(config, profile: str, states: dict[str, str], created: int, listed: set[str], *,
+                   unlisted: bool = False) -> list[dict]:
+    """`/v1/models` entries for the selectors (the unlisted ones too with `unlisted`) and the active profile's pins
+    (a disabled pin, or one whose ID is listed already, adds nothing). `listed`: the IDs already there."""
     entries = []
 
     def entry(model_id: str, kind: str, targets: tuple[str, ...], name="", description="", metadata=()) -> dict:
@@ -155,7 +156,7 @@ def listed_choices(config, profile: str, states: dict[str, str], created: int, l
         }
 
     for selector in config.selectors.values():
-        if not selector.unlisted and selector.id not in listed:
+        if (unlisted or not selector.unlisted) and selector.id not in listed:
             entries.append(entry(selector.id, "selector", selector.targets, selector.name, selector.description,
                                  selector.metadata))
     pins = config.profiles[profile].pins if profile else {}

@@ -1,7 +1,8 @@
 """`llamaswap keys create NAME [--models GLOB …] [--max-priority N] [--default-priority N] [--rpm N] [--tpm N]
 [--concurrency N] [--weight N] [--operator] [--read-only] [--expires ISO]`, `llamaswap keys list` and
 `llamaswap keys revoke NAME`: the API key rows (`scheduling.keys`). `create` prints the secret as its last line,
-the only time it is shown; every front end takes a new or revoked key within 2 s."""
+the only time it is shown, after a note that keys put every route but /health behind a key; every front end takes a
+new or revoked key within 2 s."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ from django.utils import timezone
 from scheduling.core import PRIORITY_ALIASES
 from scheduling.keys.store import make_key, revoke_key
 from scheduling.models import ApiKey
+
+
+# What a first key changes for every client, said where a key is made: a server without keys is open.
+KEYS_ARE_ON = ("note: while any API key exists (in this table, even revoked, or the config's apiKeys), every API "
+               "route but /health and /wol-health needs one (/metrics only with metricsRequireApiKey: true): a client "
+               "that sends none, or api_key=\"unused\", gets 401. Send it as `Authorization: Bearer <secret>` (the "
+               "openai SDK's api_key) or `x-api-key: <secret>`.")
 
 
 def priority(text: str) -> int:
@@ -105,6 +113,7 @@ class Command(BaseCommand):
         if expires is not None and expires <= timezone.now():
             self.stderr.write(f"warning: --expires {expires.isoformat(timespec='seconds')} has passed: "
                               "the key is refused from the start")
+        self.stderr.write(KEYS_ARE_ON)
         self.stdout.write(f"Created key '{name}' ({row.prefix}…). Its secret, shown only now:")
         self.stdout.write(secret)
 
