@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -246,7 +247,8 @@ class RedisQuotaCounter(QuotaCounter):
                     self._unreturned.remove(end)
 
     async def _renew(self) -> None:
-        """Push each held place's lapse LEASE_S ahead, every LEASE_S / 3, while any is held."""
+        """Push each held place's lapse LEASE_S ahead, every LEASE_S / 3, while any is held, and the expiry of the
+        record holding it with it (as a take sets it): a record left to expire would drop a place still held."""
         while self._held:
             await asyncio.sleep(LEASE_S / 3)
             lapse = self.clock() + LEASE_S
@@ -254,6 +256,8 @@ class RedisQuotaCounter(QuotaCounter):
                 async with self._client().pipeline(transaction=False) as pipe:
                     for holder, places in list(self._held.items()):
                         pipe.zadd(places, {holder: lapse}, xx=True)
+                    for places in set(self._held.values()):
+                        pipe.expire(places, math.ceil(LEASE_S) + 1)
                     await pipe.execute()
             except (aioredis.RedisError, OSError, asyncio.TimeoutError) as exc:
                 self._outage.failed(exc)

@@ -202,6 +202,62 @@ async def test_both_counters_hold_places_at_once_across_front_ends(make_counter)
     assert await one.take("k", 2) is not None
 
 
+async def test_giving_back_one_of_two_places_frees_that_one_only(make_counter):
+    clock = Clock()
+    one, two = make_counter(clock), make_counter(clock)
+    first, second = await one.take("k", 2), await two.take("k", 2)
+    assert first is not None and second is not None
+    await one.end("k", first, 0)
+    assert await two.take("k", 2) is not None  # the one given back
+    assert await one.take("k", 2) is None  # the other is still held
+    await two.end("k", second, 0)
+
+
+async def test_a_request_that_held_no_place_frees_none_when_it_ends(make_counter):
+    """A request admitted without a place at once (its key had no concurrency then) ends: the place another
+    request holds stays held."""
+    clock = Clock()
+    counter = make_counter(clock)
+    held = await counter.take("k", 1)
+    assert held is not None
+    await counter.end("k", None, 10)
+    assert await counter.take("k", 1) is None
+    await counter.end("k", held, 0)
+    assert await counter.take("k", 1) is not None
+
+
+async def test_a_place_held_past_its_lease_and_past_redis_expiry_is_renewed_and_stays_held(monkeypatch):
+    """A request running longer than the lease keeps its place: its front end pushes the lapse on while it holds it,
+    and keeps Redis from expiring the places' record under it. The lease is shortened here (renewed every 0.1 s;
+    the record set to expire 2 s after a take), and the lapse runs on the test's clock."""
+    redis_reachable()
+    monkeypatch.setattr("proxy.http.quota_counters.LEASE_S", 0.3)
+    clock = Clock()
+    prefix = f"llamaswap-test-quota-{uuid.uuid4().hex[:12]}"
+    holding, other = (RedisQuotaCounter(REDIS_URL, prefix=prefix, clock=clock) for _ in range(2))
+    loop = asyncio.get_running_loop()
+    try:
+        place = await holding.take("k", 1)
+        assert place is not None
+        clock.now += 0.2  # within its first lease, which ends at T0 + 0.3
+        with redis.Redis.from_url(REDIS_URL) as connection:
+            deadline = loop.time() + 5.0
+            while (connection.zscore(f"{prefix}:k:held", place) or 0) < T0 + 0.45:
+                assert loop.time() < deadline, "the held place was never renewed"
+                await asyncio.sleep(0.02)
+        clock.now += 0.2  # past its first lease, within the renewed ones
+        past_expiry = loop.time() + 3.0  # what a take set the record to expire in (2 s) has passed
+        while loop.time() < past_expiry:
+            assert await other.take("k", 1) is None, "a place still held lapsed"
+            await asyncio.sleep(0.1)
+        await holding.end("k", place, 0)
+        assert await other.take("k", 1) is not None
+    finally:
+        with redis.Redis.from_url(REDIS_URL) as connection:
+            for name in connection.scan_iter(f"{prefix}:*"):
+                connection.delete(name)
+
+
 steps = st.lists(st.tuples(st.floats(0, 40, allow_nan=False), st.integers(0, 400)), min_size=1, max_size=30)
 
 
@@ -359,3 +415,65 @@ async def test_a_waiter_that_leaves_takes_no_place():
     await task
     async with within_quota(limited, counter):  # the place is free: nobody kept it
         pass
+
+
+class Watched(InProcessQuotaCounter):
+    """The in-process counter, telling when a request waiting for a place at once asks it for one and gets none
+    (the request then waits to be woken), as opposed to one refused a place at its admission."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = asyncio.Event()
+        self._admitting = False
+
+    async def admit(self, key, limits, *, take_place):
+        self._admitting = True
+        try:
+            return await super().admit(key, limits, take_place=take_place)
+        finally:
+            self._admitting = False
+
+    async def take(self, key, concurrency):
+        place = await super().take(key, concurrency)
+        if place is None and not self._admitting:
+            self.waiting.set()
+        return place
+
+
+async def held(scope, counter, name: str, order: list[str], may_end: asyncio.Event | None = None) -> None:
+    """One request of `scope`'s key: `name` in `order` once it has its place, which it holds until `may_end`."""
+    async with within_quota(scope, counter):
+        order.append(name)
+        if may_end is not None:
+            await may_end.wait()
+
+
+async def test_a_place_freed_goes_to_the_keys_waiter_before_a_request_arriving_then():
+    """Arrival order: a request that comes just as a place frees queues behind the key's request already waiting."""
+    counter = Watched()
+    limited = KeyScope(name="k", limits=QuotaLimits(concurrency=1))
+    order: list[str] = []
+    first_may_end = asyncio.Event()
+    first = asyncio.create_task(held(limited, counter, "first", order, first_may_end))
+    second = asyncio.create_task(held(limited, counter, "second", order))
+    await asyncio.wait_for(counter.waiting.wait(), 5)
+    first_may_end.set()
+    third = asyncio.create_task(held(limited, counter, "third", order))  # comes right after first gives back
+    await asyncio.wait_for(asyncio.gather(first, second, third), 5)
+    assert order == ["first", "second", "third"]
+
+
+async def test_a_waiter_goes_on_when_a_place_frees_without_asking_again_on_a_timer(monkeypatch):
+    """A place freed on this front end wakes the key's waiter at once; the timer that asks the counter again (for
+    places freed on other front ends) is set to an hour here, so a waiter that only polled would not go on."""
+    monkeypatch.setattr("proxy.http.quota_gate.RETRY_S", 3600.0)
+    counter = Watched()
+    limited = KeyScope(name="k", limits=QuotaLimits(concurrency=1))
+    order: list[str] = []
+    first_may_end = asyncio.Event()
+    first = asyncio.create_task(held(limited, counter, "first", order, first_may_end))
+    second = asyncio.create_task(held(limited, counter, "second", order))
+    await asyncio.wait_for(counter.waiting.wait(), 5)
+    first_may_end.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert order == ["first", "second"]
