@@ -7,6 +7,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
+from scheduling.core.mentions import plain, told
 from scheduling.core.placement import (
     DEMAND_WINDOW_S, Demand, Hardware, MemoryNeed, Resident, assign, eviction_cost, free_memory, make_room,
 )
@@ -76,6 +77,21 @@ def test_demand_weighs_priority_and_forgets_after_its_window():
     assert eviction_cost(40, 2) == pytest.approx(40 * (1 - math.exp(-2)))  # about 34.6: its load, likely paid again
     assert eviction_cost(40, 50) == pytest.approx(40)  # however often it is asked for, it is loaded again once
     assert eviction_cost(40, 0) == 0  # not asked for in the window: nothing to lose
+
+
+def test_a_request_exactly_600_s_old_no_longer_counts_in_demand():
+    demand = Demand()
+    demand.arrived("m", 0, 0.0)
+    demand.arrived("m", 0, 1.0)
+    assert demand.per_minute("m", DEMAND_WINDOW_S) == pytest.approx(1 * 60 / DEMAND_WINDOW_S)
+    assert demand.per_minute("m", DEMAND_WINDOW_S + 1.0) == 0
+
+
+def test_among_sets_of_equal_cost_the_one_with_fewer_models_stops():
+    """Two idle models that cost nothing are not stopped where one that costs nothing frees as much."""
+    one_gpu = Hardware({"0": 24_000})
+    residents = [Resident("a", ("0",), 6_000), Resident("b", ("0",), 6_000), Resident("c", ("0",), 12_000)]
+    assert make_room(one_gpu, MemoryNeed(12_000), residents).evict == frozenset({"c"})
 
 
 GPU_SETS = st.lists(st.sampled_from([8_000, 16_000, 24_000]), min_size=1, max_size=3)
@@ -187,12 +203,16 @@ def test_a_start_that_stops_models_for_memory_explains_each_ones_cost_in_its_dec
         scheduler.finished(ticket, 17.0)
     assert scheduler.submit(Ticket(5, "big", 0, 20.0), 20.0) == [StartModel("big", ("a", "b"), ("0",), ("a", "b"))]
     [grant] = [e for e in scheduler.model_ready("big", 30.0) if isinstance(e, Grant)]
-    text = grant.decision.explain()
+    text = plain(grant.decision.explain())
     demand_a, demand_b = 1 / 10, 3 / 10  # one and three requests at priority 0 in a 10-minute window, per minute
     assert (f"to make room on GPU 0 its start stopped a (cost {eviction_cost(4.0, demand_a):.2f} = 4.0 s load × "
             f"(1 − e^−{demand_a:.2f})) and b (cost {eviction_cost(4.0, demand_b):.2f} = 4.0 s load × "
             f"(1 − e^−{demand_b:.2f}))") in text
     assert "cost = load seconds × (1 − e^−demand)" in text
+    told_to = {seen: told(grant.decision.explain(), set(seen).__contains__) for seen in (("big", "b"), ("big",))}
+    assert f"its start stopped b (cost {eviction_cost(4.0, demand_b):.2f} = " in told_to[("big", "b")]
+    assert f"e^−{demand_b:.2f})) and another model: the idle models" in told_to[("big", "b")]  # a's are not told
+    assert "its start stopped 2 other models: the idle models" in told_to[("big",)]
     scheduler.finished(5, 35.0)
     [again] = scheduler.submit(Ticket(6, "big", 0, 40.0), 40.0)  # loaded already: nothing is stopped
     assert "make room" not in again.decision.explain()
@@ -215,3 +235,38 @@ def test_a_rebuilt_queues_requests_count_in_their_models_demand_as_submitted_one
     expected = eviction_cost(UNKNOWN_LOAD_S, 2 * 60 / DEMAND_WINDOW_S)
     assert expected > 0
     assert one_by_one.memory.cost("a", 1.0) == rebuilt.memory.cost("a", 1.0) == pytest.approx(expected)
+
+
+def test_a_model_not_loaded_yet_counts_the_mean_of_the_measured_load_times():
+    from scheduling.core import ModelSpec
+    from scheduling.core.memory_book import UNKNOWN_LOAD_S, MemoryBook
+
+    book = MemoryBook(TWO_24, {m: ModelSpec(m, memory=MemoryNeed(4_000)) for m in "abc"})
+    book.starting("a", ("0",), 0.0)
+    assert book.view(lambda model: True)["models"]["a"]["load_s"] == UNKNOWN_LOAD_S  # none measured yet
+    book.ready("a", 10.0)
+    book.starting("b", ("1",), 10.0)
+    book.ready("b", 30.0)
+    book.starting("c", ("0",), 30.0)
+    book.arrived("c", 0, 30.0)
+    shown = book.view(lambda model: model == "c")["models"]["c"]
+    assert shown["load_s"] == 15.0  # (10 + 20) / 2
+    assert shown["eviction_cost"] == round(eviction_cost(15.0, 60 / DEMAND_WINDOW_S), 3)
+
+
+def test_a_request_a_lease_holds_back_goes_at_the_instant_the_lease_ends():
+    """The runtime wakes the scheduler at `next_deadline`, the lease's end: from that instant the model it leased is
+    no longer protected, or nothing would wake the request again."""
+    from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, StartModel, SwapGroup, SwapPolicy, Ticket
+
+    specs = {m: ModelSpec(m, memory=MemoryNeed(20_000)) for m in "ab"}
+    together = SwapGroup("(placement)", tuple(specs), swap=False, exclusive=False)  # memory alone decides
+    scheduler = SerialScheduler(specs, SwapPolicy([together], specs), SerialSettings(), Hardware({"0": 24_576}))
+    scheduler.submit(Ticket(1, "a", 0, 0.0), 0.0)
+    scheduler.model_ready("a", 1.0)
+    scheduler.finished(1, 2.0)
+    scheduler.apply_leases({"a": ("lease #1", 100.0)}, 3.0)
+    assert scheduler.submit(Ticket(2, "b", 0, 4.0), 4.0) == []
+    assert "a (lease #1)" in scheduler.held_back_because(2)
+    assert scheduler.next_deadline() == 100.0
+    assert scheduler.tick(100.0) == [StartModel("b", ("a",), ("0",), ("a",))]

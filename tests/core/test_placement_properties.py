@@ -1,16 +1,19 @@
 """Random interleavings against the serial scheduler placing models on described hardware (no groups: memory
 alone decides what runs together): each GPU's declared use never exceeds its memory; no busy, pinned or
-leased model is stopped to make room; each start's victims are the least-cost set (brute force); and the
-best waiting request never waits, while nothing is under way, for a model that would fit now. Reloads remove,
+leased model is stopped to make room; each start's victims are the least set by (busy models, cost, models) (brute
+force, with each model's cost worked out here from the requests and load times the machine saw); and the best
+waiting request never waits, while nothing is under way, for a model that would fit now. Reloads remove,
 rename and add GPUs under running models: those finish on their retiring GPU, then start again on a listed one."""
 
 import itertools
+import math
 from dataclasses import replace
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, StartModel, StopModel, SwapGroup, SwapPolicy
+from scheduling.core.memory_book import UNKNOWN_LOAD_S
 from scheduling.core.placement import Hardware, MemoryNeed, Resident, assign, free_memory
 
 from .runtime_double import RuntimeDouble
@@ -39,13 +42,18 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
         self.runtime = RuntimeDouble(self.scheduler)
         self.leased: set[str] = set()
         self.leases: dict[str, tuple[str, float]] = {}
+        self.arrivals: list[tuple[str, int, float]] = []  # (model, priority, when) of each request
+        self.sent: dict[str, float] = {}  # when each model's latest start was sent
+        self.loads: dict[str, float] = {}  # each model's latest load time, start sent to ready
 
     def observe(self, method, *args):
         memory = self.scheduler.memory
         starting = set(self.runtime.starts)
         before = {model: memory.gpus_of(model) for model in self.specs if memory.gpus_of(model) is not None}
-        costs = {model: memory.cost(model) for model in before}
+        costs = {model: self.cost(model) for model in before}
         reasons = {model: memory.protection(model) for model in before}
+        if method == "answer_start" and args[1]:
+            self.loads[args[0]] = self.runtime.now - self.sent[args[0]]
         effects = getattr(self.runtime, method)(*args)
         # Protected as the call left them: pinned, within minResidency, or leased still (a call may end a lease).
         protected = {m for m, why in reasons.items() if why and (not why.startswith("lease") or memory.leased(m))}
@@ -56,23 +64,45 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
             assert stop.model not in leased_before, f"{stop}: a leased model unloaded by its TTL"
         for start in (e for e in effects if isinstance(e, StartModel)):
             assert not set(start.evict) & (busy | protected | self.leased), f"{start} stops a busy or protected model"
-            self.check_least_cost(start, before, costs, busy | protected)
+            self.check_least_cost(start, before, costs, busy, protected)
+            self.sent[start.model] = self.runtime.now
         return effects
 
-    def check_least_cost(self, start, placed, costs, untouchable):
-        residents = [replace(r, cost=costs[r.model]) for r in self.listed(placed)
+    def cost(self, model: str) -> float:
+        """What stopping `model` costs now, by the formula the docs give: its load time (a model never loaded: the
+        mean of the measured ones) × (1 − e^−demand), demand = Σ 2^(priority/100) over its requests of the last 600 s,
+        per minute."""
+        loaded = list(self.loads.values())
+        load_s = self.loads.get(model, sum(loaded) / len(loaded) if loaded else UNKNOWN_LOAD_S)
+        now = self.runtime.now
+        demand = sum(2 ** (p / 100) for m, p, at in self.arrivals if m == model and now - 600 < at) * 60 / 600
+        return load_s * (1 - math.exp(-demand))
+
+    def check_least_cost(self, start, placed, costs, busy, untouchable):
+        """No set of the models it could stop frees the room with fewer busy models, then at less cost, then with
+        fewer models."""
+        residents = [replace(r, cost=costs[r.model], busy=r.model in busy) for r in self.listed(placed)
                      if r.model != start.model and r.model not in self.runtime.stops]
         need = self.specs[start.model].memory
+
+        def rank(subset):
+            return sum(r.busy for r in subset), sum(r.cost for r in subset), len(subset)
+
+        chosen = rank([r for r in residents if r.model in start.evict])
         evictable = [r for r in residents if r.model not in untouchable]
-        chosen = sum(costs[m] for m in start.evict if m in costs)
         for size in range(len(evictable) + 1):
             for subset in itertools.combinations(evictable, size):
-                names = {r.model for r in subset}
-                if assign(self.hardware, need, [r for r in residents if r.model not in names]) is not None:
-                    assert chosen <= sum(r.cost for r in subset) + 1e-9, f"{start} cost {chosen}, {names} less"
+                if assign(self.hardware, need, [r for r in residents if r not in subset]) is None:
+                    continue
+                busy_n, cost, count = rank(subset)
+                same_cost = abs(cost - chosen[1]) <= 1e-9
+                better = busy_n < chosen[0] or busy_n == chosen[0] and (
+                    cost < chosen[1] - 1e-9 or same_cost and count < chosen[2])
+                assert not better, f"{start}: (busy, cost, models) {chosen}, {sorted(r.model for r in subset)} less"
 
     @rule(model=st.sampled_from(MODELS), priority=st.sampled_from([-100, 0, 100]))
     def submit(self, model, priority):
+        self.arrivals.append((model, priority, self.runtime.now))
         self.observe("call", "submit", self.runtime.new_ticket(model, priority))
 
     @rule(model=st.sampled_from(MODELS), on=st.booleans(), seconds=st.sampled_from([5, 1e9]))
