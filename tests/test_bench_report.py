@@ -1,4 +1,7 @@
-"""`bench/suite.py --only PART --write FILE` replaces what those parts wrote before, and nothing else."""
+"""`bench/suite.py --only PART --write FILE` replaces what those parts wrote before, and nothing else; every figure
+on the benchmarks page is one it wrote."""
+
+import re
 
 from bench import suite
 
@@ -50,3 +53,12 @@ def test_the_suite_starts_as_make_bench_runs_it_without_django_set_up():
                              env=env, capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stderr
     assert "--only" in started.stdout
+
+
+def test_outside_the_generated_results_the_benchmarks_page_has_no_figures_typed_from_a_run():
+    """A figure typed from a run goes stale as the code changes and cannot be rerun: outside the results markers the
+    page holds prose and commands, no table and no dated run."""
+    head, _, tail = suite.results_of(suite.REPO / "BENCHMARKS.md")
+    outside = re.sub(r"```.*?```", "", head + tail, flags=re.S)
+    assert [line for line in outside.splitlines() if re.fullmatch(r"\|.*\|\s*", line)] == []  # a table's row
+    assert re.findall(r"\b20\d\d-\d\d-\d\d\b", outside) == []
