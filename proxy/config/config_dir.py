@@ -84,14 +84,16 @@ def load_merged(path: str | os.PathLike | None, config_dir: str | os.PathLike,
 
     files = config_files(path, config_dir)
     merger = _Merger()
+    anchor_holders: dict[str, tuple[str, ...]] = {}
     for file in files:
-        document = _read(file)
+        document = _read(file, anchor_holders)
         if document is not None:
             merger.merge(merger.data, document, "", file)
     if merger.problems:
         raise MergedConfigError(merger.label(files), [problem for problem, _ in merger.problems], [f for _, f in merger.problems])
     label = merger.label(files)
     log = ProblemLog(label)
+    log.anchor_holders.update(anchor_holders)
     try:
         config = check_document(merger.data, log, kept_ports)
     except ConfigError as exc:
@@ -99,8 +101,9 @@ def load_merged(path: str | os.PathLike | None, config_dir: str | os.PathLike,
     return dataclasses.replace(config, warnings=tuple(merger.relabel_warning(warning, label) for warning in config.warnings))
 
 
-def _read(file: str) -> dict | None:
-    """One file's document (None when it holds nothing); its own problems are raised naming it."""
+def _read(file: str, anchor_holders: dict[str, tuple[str, ...]]) -> dict | None:
+    """One file's document (None when it holds nothing); its own problems are raised naming it. Its top-level keys
+    that hold YAML anchors are added to `anchor_holders`."""
 
     text = read_config_text(file)
     try:
@@ -111,6 +114,7 @@ def _read(file: str) -> dict | None:
     log = ProblemLog(file)
     document = read_yaml_document(text, log)
     log.raise_if_any()
+    anchor_holders.update(log.anchor_holders)
     if not isinstance(document, dict):
         raise ConfigError(file, [Problem("", "the top level must be a mapping of settings — e.g. start the file with `models:`")])
     return document

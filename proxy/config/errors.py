@@ -63,6 +63,9 @@ class ProblemLog:
         self.problems: list[Problem] = []
         self.warnings: list[str] = []
         self._unknown: set[str] = set()
+        # Top-level keys that define YAML anchors, with the anchors' names: what such a key is for, when no
+        # setting of that name exists.
+        self.anchor_holders: dict[str, tuple[str, ...]] = {}
 
     def error(self, key: str, message: str) -> None:
         if not self.is_unknown(key):

@@ -22,6 +22,9 @@ MISSING: Any = object()
 # The largest whole number a key takes unless it sets its own bound: JSON clients read it exactly, and it
 # fits the database's 64-bit columns and the messages a worker exchanges with front ends.
 MAX_WHOLE_NUMBER = 2**53 - 1
+# How alike (difflib's ratio) an unknown key and a known one must be for "did you mean": 0.75 keeps dropped or
+# swapped letters (logLevl, ttL, proxi) and leaves out words that only share letters (host and hooks: 0.67).
+SPELLING_CUTOFF = 0.75
 
 
 class Section:
@@ -292,17 +295,28 @@ class Section:
 
     # -- leftovers ------------------------------------------------------------
 
-    def warn_unread(self, notes: dict[str, str] | None = None) -> None:
-        """Warn about every key nobody read: `notes` says why a known llama-swap key is ignored."""
-        notes = notes or {}
-        known = sorted(self._read)
+    def warn_unread(self, notes: dict[str, str] | None = None, meant: dict[str, str] | None = None) -> None:
+        """Warn about every key nobody read: `notes` says why a known llama-swap key is ignored, `meant` (by the
+        name in lower case) what a name other tools use is called here; a top-level key that defines YAML anchors
+        is said to be there for them."""
+        notes, meant = notes or {}, meant or {}
         for name in self.data:
             name_text = str(name)
             if name in self._read:
                 continue
             if name_text in notes:
                 self.log.warn(self.path(name_text), notes[name_text])
+            elif not self.key and name_text in self.log.anchor_holders:
+                anchors = ", ".join(f"&{anchor}" for anchor in self.log.anchor_holders[name_text])
+                self.log.warn(name_text, f"not a setting: it holds the YAML anchors {anchors} that other entries "
+                                         "use, and is otherwise ignored, as llama-swap ignores it")
             else:
-                close = difflib.get_close_matches(name_text, known, n=1)
-                hint = f"did you mean {close[0]}?" if close else "check the spelling"
+                hint = meant.get(name_text.lower()) or self._spelling_hint(name_text)
                 self.log.warn(self.path(name_text), f"unknown key, ignored — {hint}")
+
+    def _spelling_hint(self, name: str) -> str:
+        """The key read here that `name` is a misspelling of (letter case aside), if one is close enough: a looser
+        match points at keys of another meaning (host → hooks, readyTimeout → unloadTimeout)."""
+        known = {key.lower(): key for key in self._read}
+        close = difflib.get_close_matches(name.lower(), sorted(known), n=1, cutoff=SPELLING_CUTOFF)
+        return f"did you mean {known[close[0]]}?" if close else "check the spelling"

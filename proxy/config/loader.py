@@ -48,6 +48,14 @@ TOP_KEY_NOTES = {
     "remove it",
     "ui": "ignored: llamaswap has no llama-swap web UI to configure (its admin is at /admin/) — remove it",
 }
+# Names other tools give to a top-level setting (by the name in lower case), and what it is called here.
+_START_TIMEOUT = "did you mean healthCheckTimeout? (the seconds a starting model has to answer its health check)"
+_LISTEN = "the address llamaswap listens on is no config key: `llamaswap serve --listen HOST:PORT`, as llama-swap's --listen"
+TOP_KEYS_MEANT = {
+    **dict.fromkeys(("readytimeout", "starttimeout", "startuptimeout", "loadtimeout", "healthtimeout"), _START_TIMEOUT),
+    **dict.fromkeys(("host", "port", "listen", "address", "bind"), _LISTEN),
+    "ttl": "did you mean globalTTL? (a model's own is models.<id>.ttl)",
+}
 
 
 @dataclass(frozen=True)
@@ -164,7 +172,7 @@ class Config:
             if model.unlisted:
                 extras.append("unlisted")
             lines.append(f"  {model.id}  [{'; '.join(extras)}]")
-            lines.append(f"    cmd:   {shlex.join(shown_argv(model.cmd))}")
+            lines.append(f"    cmd:   {shlex.join(shown_argv(model.cmd)) or '(none: each request for it gets 503)'}")
             lines.append(f"    proxy: {shown_url(model.proxy)}  ttl: {_ttl_text(model.ttl)}")
         for peer in self.peers.values():  # relayed as they come, never scheduled
             key = ", apiKey set" if peer.api_key else ""
@@ -269,7 +277,7 @@ def check_document(data, log: ProblemLog, kept_ports: Mapping[str, int] | None =
     preload, startup_profile = _read_startup_hooks(top, index, profiles)
     # llama-swap remembers the selected profile in this file; llamaswap keeps it in its database already.
     remember_profile = bool(top.text("profileStateFile").strip())
-    top.warn_unread(notes=TOP_KEY_NOTES)
+    top.warn_unread(notes=TOP_KEY_NOTES, meant=TOP_KEYS_MEANT)
     log.raise_if_any()
 
     return Config(

@@ -40,6 +40,19 @@ MAX_KEEPALIVE_S = 32767
 MODEL_KEY_NOTES = {
     "healthCheckTimeout": "cannot be set per model, ignored — set the top-level healthCheckTimeout",
 }
+# Names other tools give to a model's setting (by the name in lower case), and what it is called here.
+_START_TIMEOUT = "a start is bounded by the top-level healthCheckTimeout (llama-swap has no per-model one)"
+_ADDRESS = "the model's address is its proxy (e.g. proxy: http://127.0.0.1:${PORT}, with --port ${PORT} in cmd)"
+MODEL_KEYS_MEANT = {
+    **dict.fromkeys(("readytimeout", "starttimeout", "startuptimeout", "loadtimeout", "healthtimeout"), _START_TIMEOUT),
+    **dict.fromkeys(("host", "port"), _ADDRESS),
+    **dict.fromkeys(("url", "baseurl", "base_url", "api_base", "endpoint", "address"),
+                    "did you mean proxy? (the URL of the model's server)"),
+    **dict.fromkeys(("stoptimeout", "shutdowntimeout", "killtimeout"), "did you mean unloadTimeout?"),
+    **dict.fromkeys(("healthcheck", "health", "healthendpoint"), "did you mean checkEndpoint?"),
+    "command": "did you mean cmd?",
+    "idletimeout": "did you mean ttl? (the seconds a model stays loaded unused)",
+}
 
 
 @dataclass(frozen=True)
@@ -175,7 +188,7 @@ def read_model(
             if section.has(key):
                 section.log.warn(section.path(key), "takes effect with a top-level hardware: section (placement by memory); "
                                   "without one the groups or matrix decide alone and this is ignored")
-    section.warn_unread(MODEL_KEY_NOTES)
+    section.warn_unread(MODEL_KEY_NOTES, MODEL_KEYS_MEANT)
     return model
 
 
@@ -189,15 +202,27 @@ def _cmd_uses_port(cmd: Any, scope: MacroScope) -> bool:
 
 
 def _read_cmd(section: Section, allow_refs: tuple[str, ...]) -> tuple[str, ...]:
+    """The command that starts the model's server. Without one, an entry that has a `proxy` is loaded as llama-swap
+    loads it, and each request for it fails at its start (`ModelProcess`); without either, nothing says where the
+    server is."""
     problems_before = len(section.log.problems)
     argv = _read_argv(section, "cmd", allow_refs=allow_refs)
     if not argv and len(section.log.problems) == problems_before:
         state = "is empty" if section.has("cmd") else "missing"
-        section.error(
-            "cmd",
-            f"{state} — every model needs the command that starts its server, "
-            "e.g. cmd: llama-server --port ${PORT} -m /models/model.gguf",
-        )
+        if section.has("proxy"):
+            section.log.warn(
+                section.path("cmd"),
+                f"{state}: llama-swap loads a model with a proxy and no cmd, and fails each request for it, since it "
+                "starts every model it serves; so does llamaswap (the model is listed; a request for it gets 503). "
+                "A server that runs on its own is a peer: peers: {<name>: {proxy: <its URL>, models: "
+                f"[{section.model_id}]}}}}",
+            )
+        else:
+            section.error(
+                "cmd",
+                f"{state} — every model needs the command that starts its server, "
+                "e.g. cmd: llama-server --port ${PORT} -m /models/model.gguf",
+            )
     return argv
 
 

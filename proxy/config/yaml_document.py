@@ -25,7 +25,19 @@ _MERGE_KEY = "tag:yaml.org,2002:merge"
 
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader, reading `1e3` as a number as YAML 1.2 (and llama-swap's Go parser) does: YAML 1.1
-    wants a sign in the exponent and a dot in the mantissa, so PyYAML alone reads it as text."""
+    wants a sign in the exponent and a dot in the mantissa, so PyYAML alone reads it as text. It also notes each
+    node's anchor, which PyYAML forgets once the document is composed."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self.anchored: dict[int, str] = {}  # id(node) -> the name of the anchor it carries
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        node = super().compose_node(parent, index)
+        if not isinstance(event, yaml.AliasEvent) and event.anchor is not None:
+            self.anchored[id(node)] = event.anchor
+        return node
 
 
 _ConfigLoader.add_implicit_resolver(
@@ -45,6 +57,7 @@ def read_yaml_document(text: str, log: ProblemLog, environ: Mapping[str, str] | 
             log.error("", "the file is empty — it needs at least a `models:` section")
             return None
         _EnvFiller(environ, log, loader).visit(node, "")
+        log.anchor_holders.update(_anchor_holders(node, loader.anchored))
         return loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         log.error("", _describe_syntax_error(exc))
@@ -54,6 +67,30 @@ def read_yaml_document(text: str, log: ProblemLog, environ: Mapping[str, str] | 
         return None
     finally:
         loader.dispose()
+
+
+def _anchor_holders(document: yaml.Node, anchored: dict[int, str]) -> dict[str, tuple[str, ...]]:
+    """The top-level keys whose value defines YAML anchors, with the anchors' names: llama-swap configs keep
+    shared settings under a key of their own (`defaults: &d …`) and merge them into models (`<<: *d`)."""
+    holders = {}
+    if isinstance(document, yaml.MappingNode):
+        for key_node, value_node in document.value:
+            within = range(key_node.end_mark.index, value_node.end_mark.index + 1)
+            names, pending, seen = [], [value_node], set()
+            while pending:
+                node = pending.pop()
+                if id(node) in seen or node.start_mark.index not in within:  # an alias of an anchor set elsewhere
+                    continue
+                seen.add(id(node))
+                if id(node) in anchored:
+                    names.append(anchored[id(node)])
+                if isinstance(node, yaml.SequenceNode):
+                    pending += reversed(node.value)
+                elif isinstance(node, yaml.MappingNode):
+                    pending += reversed([part for pair in node.value for part in pair])
+            if names and isinstance(key_node, yaml.ScalarNode):
+                holders[str(key_node.value)] = tuple(names)
+    return holders
 
 
 def _describe_syntax_error(exc: yaml.MarkedYAMLError) -> str:

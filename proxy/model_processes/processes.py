@@ -203,7 +203,8 @@ class ModelProcess:
 
     async def _spawn(self, gpus: tuple[str, ...] | None) -> None:
         if not self.config.cmd:
-            raise _StartFailure("no command configured")
+            raise _StartFailure("it has no cmd, and llamaswap serves only models it starts (a server that runs on "
+                                "its own goes under peers:, see the warning at load)")
         cmd = _placed(self.config.cmd, gpus)
         await self._check_port_is_free()
         marker = uuid.uuid4().hex

@@ -84,8 +84,20 @@ def test_unclosed_quote_is_reported(config_error, problem):
 
 @pytest.mark.parametrize("cmd", ["''", "'# only a comment'", "null"])
 def test_empty_cmd_is_reported(config_error, problem, cmd):
-    message = problem(config_error(f"models: {{m: {{cmd: {cmd}, proxy: 'http://h:1'}}}}"), "models.m.cmd")
+    message = problem(config_error(f"models: {{m: {{cmd: {cmd}, checkEndpoint: none}}}}"), "models.m.cmd")
     assert "every model needs the command" in message
+
+
+@pytest.mark.parametrize("cmd", ["", "cmd: ''", "cmd: '# only a comment'"])
+def test_a_model_with_a_proxy_and_no_cmd_is_loaded_as_llama_swap_loads_it(load, cmd):
+    """llama-swap's loader takes it (its schema asks for cmd, its code does not) and fails each request for it;
+    the warning says so, and where a server that runs on its own belongs."""
+    config = load(f"models: {{remote: {{proxy: 'https://api.example.com', {cmd}}}, m: {{cmd: run, proxy: 'http://h:1'}}}}")
+    assert config.models["remote"].cmd == () and config.models["remote"].proxy == "https://api.example.com"
+    (warning,) = config.warnings
+    assert warning.startswith("config.yaml: models.remote.cmd: ")
+    assert "a request for it gets 503" in warning and "peers: {<name>: {proxy: <its URL>, models: [remote]}}" in warning
+    assert "(none: each request for it gets 503)" in config.describe()
 
 
 def test_cmd_must_be_text(config_error, problem):

@@ -124,3 +124,15 @@ def test_a_null_model_entry_gives_way_to_the_other_files_model(tmp_path):
     (tmp_path / "config.yaml").write_text("models:\n  m1: null\n")
     conf_d = files(tmp_path, later_yaml="models:\n  m1: {cmd: run m1, proxy: 'http://127.0.0.1:9001'}\n")
     assert load_config(tmp_path / "config.yaml", conf_d).models["m1"].cmd == ("run", "m1")
+
+
+def test_a_files_key_that_holds_yaml_anchors_is_named_with_its_file(tmp_path):
+    conf_d = files(tmp_path, models_yaml="""
+        shared: &shared {ttl: 60}
+        models:
+          a: {<<: *shared, cmd: run a, proxy: 'http://127.0.0.1:9001'}
+        """)
+    config = load_config(None, conf_d)
+    assert config.models["a"].ttl == 60
+    assert config.warnings == (f"{conf_d}/models.yaml: shared: not a setting: it holds the YAML anchors &shared that "
+                               "other entries use, and is otherwise ignored, as llama-swap ignores it",)

@@ -237,7 +237,7 @@ def test_missing_models_section(config_error, problem):
 
 
 def test_missing_cmd(config_error, problem):
-    message = problem(config_error("models: {llama: {proxy: 'http://h:1'}}"), "models.llama.cmd")
+    message = problem(config_error("models: {llama: {checkEndpoint: none}}"), "models.llama.cmd")
     assert message.startswith("missing") and "cmd: llama-server" in message
 
 
@@ -246,7 +246,7 @@ def test_all_problems_of_a_file_are_reported_at_once(config_error):
         """
         logLevel: loud
         models:
-          a: {proxy: "http://h:1"}
+          a: {unlisted: true}
           b: {cmd: x, proxy: "http://h:2", ttl: abc, concurrencyLimit: -1}
         routing:
           scheduler:
@@ -259,6 +259,7 @@ def test_all_problems_of_a_file_are_reported_at_once(config_error):
     assert keys == {
         "logLevel",
         "models.a.cmd",
+        "models.a.proxy",
         "models.b.ttl",
         "models.b.concurrencyLimit",
         "routing.scheduler.settings.serial.agingDivisor",

@@ -82,6 +82,61 @@ def test_unknown_keys_are_warned_with_a_spelling_hint(load):
     assert config.models["m"].ttl == 0
 
 
+def test_names_from_other_tools_point_to_the_key_that_does_that_job(load):
+    config = load(
+        """
+        readyTimeout: 30
+        host: 0.0.0.0
+        Port: 8080
+        ttl: 60
+        LogLevel: debug
+        models:
+          m:
+            cmd: run --port ${PORT}
+            readyTimeout: 30
+            url: http://127.0.0.1:9000
+            command: run
+            hots: x
+        """
+    )
+    hints = {w.split(": ", 2)[1]: w.split(" — ", 1)[1] for w in config.warnings}
+    assert hints["readyTimeout"].startswith("did you mean healthCheckTimeout? (the seconds a starting model")
+    assert hints["host"] == hints["Port"] == ("the address llamaswap listens on is no config key: "
+                                              "`llamaswap serve --listen HOST:PORT`, as llama-swap's --listen")
+    assert hints["ttl"] == "did you mean globalTTL? (a model's own is models.<id>.ttl)"
+    assert hints["LogLevel"] == "did you mean logLevel?"  # letter case aside
+    assert hints["models.m.readyTimeout"] == "a start is bounded by the top-level healthCheckTimeout (llama-swap has no per-model one)"
+    assert hints["models.m.url"] == "did you mean proxy? (the URL of the model's server)"
+    assert hints["models.m.command"] == "did you mean cmd?"
+    assert hints["models.m.hots"] == "check the spelling"  # no key of a model is close enough
+    assert not any("hooks" in w or "unloadTimeout" in w for w in config.warnings)
+
+
+def test_a_top_level_key_that_holds_yaml_anchors_is_said_to_be_there_for_them(load):
+    config = load(
+        """
+        defaults: &defaults
+          ttl: 300
+          env: [&lang "LANG=C"]
+        x-commands:
+          - &serve "run --port ${PORT}"
+        also: *defaults
+        models:
+          m:
+            <<: *defaults
+            cmd: *serve
+        """
+    )
+    assert config.models["m"].ttl == 300 and config.models["m"].cmd == ("run", "--port", str(config.models["m"].port))
+    assert set(config.warnings) == {
+        "config.yaml: defaults: not a setting: it holds the YAML anchors &defaults, &lang that other entries use, "
+        "and is otherwise ignored, as llama-swap ignores it",
+        "config.yaml: x-commands: not a setting: it holds the YAML anchors &serve that other entries use, and is "
+        "otherwise ignored, as llama-swap ignores it",
+        "config.yaml: also: unknown key, ignored — check the spelling",  # it only uses an anchor set elsewhere
+    }
+
+
 def test_empty_models_section_is_a_warning(load):
     config = load("models: {}\n")
     assert config.models == {}

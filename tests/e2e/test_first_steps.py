@@ -1,5 +1,6 @@
 """What a newcomer does first against `llamaswap serve`: asks the openai SDK for a model (`models.retrieve`), opens
-llama-swap's UI address, mistypes an admin address, and makes a first API key, which closes the open server."""
+llama-swap's UI address, mistypes an admin address, makes a first API key, which closes the open server, and brings a
+llama-swap config with a remote server written as a model."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def served(tmp_path_factory):
           hidden:
             cmd: {fake_cmd("hidden", events)}
             unlisted: true
+          remote:  # an OpenAI-compatible server elsewhere, written as a model
+            proxy: http://127.0.0.1:9
     """
     with Served(tmp, text) as s:
         s.open_before_keys = httpx.get(s.base + "/v1/models", timeout=10).status_code
@@ -51,7 +54,7 @@ def without_created(entry) -> dict:
 def test_the_sdk_retrieves_each_listed_model_as_the_list_gives_it(served):
     ops = client(served, "ops")
     listed = list(ops.models.list())
-    assert {entry.id for entry in listed} == {"org/chat", "qwen3:8b"}  # an ID with a slash, one with a colon
+    assert {entry.id for entry in listed} == {"org/chat", "qwen3:8b", "remote"}  # an ID with a slash, one with a colon
     for entry in listed:
         assert without_created(ops.models.retrieve(entry.id)) == without_created(entry)
     chat = ops.models.retrieve("org/chat")
@@ -96,7 +99,9 @@ def test_the_first_key_says_that_every_route_but_health_now_needs_a_key(served):
     unused = openai.OpenAI(base_url=served.base + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         unused.models.list()
-    assert httpx.get(served.base + "/health", timeout=10).status_code == 200
+    for path, status in (("/health", 200), ("/wol-health", 200), ("/metrics", 200), ("/running", 401),
+                         ("/api/queue", 401), ("/v1/models/org/chat", 401)):  # /metrics: no metricsRequireApiKey
+        assert httpx.get(served.base + path, timeout=10).status_code == status, path
 
 
 @pytest.mark.parametrize("path", ["/ui", "/ui/", "/ui/models", "/ui/logs?x=1"])
@@ -117,3 +122,15 @@ def test_an_unknown_admin_address_gets_the_admins_own_page(served):
     assert 'href="/admin/"' in answer.text and "Log out" in answer.text  # the admin's header, for the user
     api = httpx.get(served.base + "/v1/no-such-route", headers=auth(served.secrets["ops"]), timeout=10)
     assert api.status_code == 404 and api.json()["error"]["code"] == "route_not_found"  # API clients keep JSON
+
+
+def test_a_model_with_a_proxy_and_no_cmd_is_loaded_and_each_request_for_it_says_why_it_fails(served):
+    assert "models.remote.cmd: missing: llama-swap loads a model with a proxy and no cmd" in served.log()
+    answer = httpx.post(served.base + "/v1/chat/completions", headers=auth(served.secrets["ops"]), timeout=30,
+                        json={"model": "remote", "messages": [{"role": "user", "content": "hi"}]})
+    assert answer.status_code == 503, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "model_start_failed"
+    assert error["message"] == ("model 'remote' failed to start: it has no cmd, and llamaswap serves only models it "
+                                "starts (a server that runs on its own goes under peers:, see the warning at load)")
+    assert client(served, "ops").models.retrieve("qwen3:8b").id == "qwen3:8b"  # the service carries on
