@@ -209,6 +209,7 @@ class ProxyService:
                 log.info("no nvidia-smi (on PATH, or %s): GPU memory is not measured", gpu_memory.COMMAND_SETTING)
             return
         watch = gpu_memory.GpuMemoryWatch(command, self.fleet, self.runtime.memory_measured)
+        self.fleet.measure_started = watch.measure_started
         self._background.add(asyncio.get_running_loop().create_task(watch.run()))
 
     async def load(self, *models: str, why: str) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from proxy.model_processes.logring import LogRing
 from proxy.model_processes.orphans import process_owner
-from proxy.model_processes.processes import ModelProcess, SpawnedProcess
+from proxy.model_processes.processes import STOPPED_WHILE_STARTING, ModelProcess, ModelStartError, SpawnedProcess
 from scheduling.core import ModelState
 
 log = logging.getLogger("llamaswap.fleet")
@@ -36,6 +36,8 @@ class ProcessFleet:
         self.processes: dict[str, ModelProcess] = {}
         # Processes of models a reload removed or changed, kept until the scheduler stops them.
         self._retiring: dict[str, ModelProcess] = {}
+        # Where GPU memory is measured: measures a model healthy as a pid before it counts as ready (`gpu_memory`).
+        self.measure_started: Callable[[str, int], Awaitable[None]] | None = None
         self._add(config.models)
 
     def _add(self, models) -> None:
@@ -94,12 +96,18 @@ class ProcessFleet:
         return {m: process.pid for m, process in ready.items() if process.state == ModelState.READY and process.pid}
 
     async def swap_in(self, model: str, evict: tuple[str, ...], gpus: tuple[str, ...] | None = None) -> None:
-        """Stop the evicted models (in parallel), then start `model` and wait until it is healthy; `gpus`
-        (placement's, () for the CPU) become its CUDA_VISIBLE_DEVICES and its cmd's ${GPUS}."""
+        """Stop the evicted models (in parallel), then start `model` and wait until it is healthy, and measured
+        where GPU memory is; `gpus` (placement's, () for the CPU) become its CUDA_VISIBLE_DEVICES and its cmd's
+        ${GPUS}."""
         if evict:
             log.info("swapping to %s: stopping %s", model, ", ".join(evict))
             await asyncio.gather(*(self.stop(m) for m in evict))
-        await self.processes[model].start(gpus)
+        process = self.processes[model]
+        await process.start(gpus)
+        if self.measure_started is not None and process.pid:
+            await self.measure_started(model, process.pid)
+            if process.state != ModelState.READY:
+                raise ModelStartError(model, STOPPED_WHILE_STARTING)
 
     def check_exited(self, model: str) -> bool:
         """Whether `model`'s ready process has died (then reported as a crash at once)."""

@@ -2,14 +2,15 @@
 
 A model declares its memory (`memory:`); a context size or a KV cache larger than thought makes it use more,
 and placement, trusting the declaration, would start models beside it into memory that is not there. So
-once a model is ready, and every `MEASURE_EVERY_S` while it stays loaded (caches grow), its use per GPU is
-measured and told to the scheduler, which shows it beside the declaration and counts the larger of the two.
+once a model is healthy, before it counts as ready (`measure_started`: nothing is placed beside it on its
+declaration alone after that), and every `MEASURE_EVERY_S` while it stays loaded (caches grow), its use per
+GPU is measured and told to the scheduler, which shows it beside the declaration and counts the larger of the two.
 
 A model's use is what nvidia-smi reports for its processes: the one started and everything it started
 (models often run through `sh -c` or a wrapper script), found in /proc. A GPU is named as `hardware.gpus`
 names it, by UUID or index. nvidia-smi runs as a subprocess with a deadline, never on the event loop's
 time; one that is missing, fails, hangs or prints what is not understood leaves the figures absent and
-is said once, and nothing else changes.
+is said once, and nothing else changes: a start waits for no measurement again until nvidia-smi answers.
 """
 
 from __future__ import annotations
@@ -108,9 +109,8 @@ async def ask(command: str, arguments: tuple[str, ...], timeout: float = ANSWER_
 
 
 class GpuMemoryWatch:
-    """Measures the ready models of `fleet` (a `ProcessFleet`) when each becomes ready and every
-    `MEASURE_EVERY_S`, with `hardware:` described; tells `report(model, MiB by GPU)` of each model whose
-    processes use a GPU."""
+    """Measures the models of `fleet` (a `ProcessFleet`) as each becomes ready and every `MEASURE_EVERY_S`, with
+    `hardware:` described; tells `report(model, MiB by GPU)` of each model whose processes use a GPU."""
 
     def __init__(self, command: str, fleet, report: Callable[[str, dict[str, int]], None],
                  every: float = MEASURE_EVERY_S, timeout: float = ANSWER_TIMEOUT_S) -> None:
@@ -120,21 +120,35 @@ class GpuMemoryWatch:
         self.every = every
         self.timeout = timeout
         self._said: set[str] = set()
+        self._seen: dict[str, int] = {}  # model -> the pid last measured
+        self._answering = True  # nvidia-smi answered the last time it was asked
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        seen: dict[str, int] = {}  # model -> the pid last measured
         last = -math.inf
         while True:
             ready = self.fleet.ready_pids() if self.fleet.config.hardware is not None else {}
-            if ready and (loop.time() - last >= self.every or any(seen.get(m) != pid for m, pid in ready.items())):
-                seen, last = dict(ready), loop.time()
-                try:
-                    for model, use in (await self.measure(ready)).items():
-                        self.report(model, use)
-                except Exception:  # a fault here must not end measuring for the life of the service
-                    log.exception("measuring GPU memory failed")
+            new = any(self._seen.get(m) != pid for m, pid in ready.items())
+            if ready and (loop.time() - last >= self.every or new):
+                self._seen, last = dict(ready), loop.time()
+                await self._measure_and_report(ready)
             await asyncio.sleep(CHECK_EVERY_S)
+
+    async def measure_started(self, model: str, pid: int) -> None:
+        """Measure `model`, healthy as `pid`, before it counts as ready: a request for another model placed the
+        moment it is ready counts what it uses, not a declaration found short. Skipped while nvidia-smi does not
+        answer, so one that hangs holds up one start, by its deadline, and no more until it answers again."""
+        if self.fleet.config.hardware is None or not self._answering:
+            return
+        self._seen[model] = pid
+        await self._measure_and_report({model: pid})
+
+    async def _measure_and_report(self, pids: Mapping[str, int]) -> None:
+        try:
+            for model, use in (await self.measure(pids)).items():
+                self.report(model, use)
+        except Exception:  # a fault here must not end measuring for the life of the service
+            log.exception("measuring GPU memory failed")
 
     async def measure(self, pids: Mapping[str, int]) -> dict[str, dict[str, int]]:
         """What the models whose processes started as `pids` (model -> pid) use, MiB by GPU; a model none of
@@ -143,8 +157,10 @@ class GpuMemoryWatch:
             apps = parse_compute_apps(await ask(self.command, COMPUTE_APPS, self.timeout))
             indexes = parse_gpu_indexes(await ask(self.command, GPU_INDEXES, self.timeout)) if apps else {}
         except (OSError, RuntimeError) as exc:
+            self._answering = False
             self._say_once(f"GPU memory is not measured ({exc}); placement counts the declared figures")
             return {}
+        self._answering = True
         gpu_ids = tuple(self.fleet.config.hardware.gpus) if self.fleet.config.hardware is not None else ()
         families = await asyncio.to_thread(lambda: {m: proctable.family(pid) or {pid} for m, pid in pids.items()})
         uses = {m: use_of(family, apps, indexes, gpu_ids) for m, family in families.items()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -19,9 +20,13 @@ from proxy.model_processes import gpu_memory, proctable
 from proxy.model_processes.gpu_memory import (
     COMPUTE_APPS, GpuMemoryWatch, ask, nvidia_smi_command, parse_compute_apps, parse_gpu_indexes, use_of,
 )
+from proxy.config import parse_config
+from proxy.model_processes.fleet import ProcessFleet
 from proxy.testing.fake_nvidia_smi import answer
 from proxy.testing.fakemodel import GPU_DIR_VARIABLE
-from tests.served import wait_until
+from tests.proxy.test_process_placement import Recorder
+from tests.proxy.test_processes import REPO_ROOT
+from tests.served import model_ports, wait_until
 
 # What `nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits` prints.
 COMPUTE_APPS_CSV = """\
@@ -195,6 +200,58 @@ def test_a_loaded_model_is_measured_again_each_period(tmp_path, monkeypatch):
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
     assert all(set(use) == {"GPU-a"} for use in told)  # the index query answered nothing: named by its UUID
+
+
+def measured_fleet(tmp_path, tool: str, told: list, timeout: float = gpu_memory.ANSWER_TIMEOUT_S) -> ProcessFleet:
+    """A real fleet of one model `m` on a GPU of 4 GiB, declaring 1 GiB and using 3 GiB (a fake server), measured
+    at its starts as the service wires it, with the nvidia-smi `tool`."""
+    port = model_ports(1)
+    command = shlex.join([sys.executable, "-m", "proxy.testing.fakemodel", "--port", str(port), "--gpu-memory", "3072"])
+    config = parse_config(textwrap.dedent(f"""\
+        hardware:
+          gpus: [{{id: 0, memory: 4GiB}}]
+        models:
+          m:
+            cmd: {command}
+            proxy: http://127.0.0.1:{port}
+            env: ["PYTHONPATH={REPO_ROOT}"]
+            memory: 1GiB
+    """))
+    fleet = ProcessFleet(config, Recorder(), on_crash=lambda model: None)
+    watch = GpuMemoryWatch(tool, fleet, report=lambda model, use: told.append((model, use)), timeout=timeout)
+    fleet.measure_started = watch.measure_started
+    return fleet
+
+
+async def test_a_started_model_is_measured_before_it_counts_as_ready(tmp_path, monkeypatch):
+    """The start returns (and the scheduler is told the model is ready) only once it has been measured: nothing is
+    placed beside it on a declaration found short, even for the moment before the periodic measurement."""
+    gpu_dir = tmp_path / "gpus"
+    gpu_dir.mkdir()
+    monkeypatch.setenv(GPU_DIR_VARIABLE, str(gpu_dir))
+    tool = executable(tmp_path / "nvidia-smi", f'exec {sys.executable} -m proxy.testing.fake_nvidia_smi "$@"\n')
+    told: list = []
+    fleet = measured_fleet(tmp_path, tool, told)
+    try:
+        await fleet.swap_in("m", (), gpus=("0",))
+        assert told == [("m", {"0": 3072})]
+    finally:
+        await fleet.stop_all()
+
+
+async def test_a_hung_nvidia_smi_holds_up_one_start_by_its_deadline_and_then_none(tmp_path):
+    runs = tmp_path / "runs"
+    hung = executable(tmp_path / "nvidia-smi", f"echo run >> {runs}\nsleep 30\n")
+    told: list = []
+    fleet = measured_fleet(tmp_path, hung, told, timeout=0.5)
+    try:
+        for _ in range(2):
+            await fleet.swap_in("m", (), gpus=("0",))
+            assert fleet.state("m") == "ready"
+            await fleet.stop("m")
+    finally:
+        await fleet.stop_all()
+    assert told == [] and runs.read_text().count("run") == 1  # the second start did not ask it
 
 
 class Fleet:
