@@ -128,13 +128,23 @@ class Window:
 
 def chosen_window(query, now: datetime) -> tuple[Window | None, dict]:
     """A page of window charts' window (None when the query names none it can show) and the template's context
-    for the choice: the presets, what was typed, and the problem."""
+    for the choice: the presets, the problem, and the since and until boxes. Those show the window drawn, in the
+    admin's time zone (since starts its first bucket, so 09:07 shows as 09:05 in buckets of 5 min); until stays
+    empty while it is now. What was typed stays only when it cannot be shown."""
     context = {"presets": list(PRESETS), "since": query.get("since", ""), "until": query.get("until", "")}
     try:
         window = Window.from_query(query, now)
     except BadWindow as exc:
         return None, {**context, "problem": str(exc)}
-    return window, {**context, "window": window, "step": window.step_text}
+    until = _typed(window.until) if query.get("until", "").strip() else ""
+    return window, {**context, "since": _typed(window.since), "until": until, "window": window,
+                    "step": window.step_text}
+
+
+def _typed(moment: datetime) -> str:
+    """A moment as the boxes take it, in the admin's time zone, to the minute unless it has seconds."""
+    local = timezone.localtime(moment)
+    return local.strftime("%Y-%m-%dT%H:%M:%S" if local.second or local.microsecond else "%Y-%m-%dT%H:%M")
 
 
 def _ms(moment: datetime) -> int:

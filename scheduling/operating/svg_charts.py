@@ -57,11 +57,11 @@ def render(chart: Chart) -> SafeString:
              f'aria-label="{escape(chart.title)}" xmlns="http://www.w3.org/2000/svg" '
              'font-size="11" font-family="sans-serif">',
              f"<title>{escape(chart.title)}</title>"]
-    for tick in ticks:
+    for tick, label in zip(ticks, tick_labels(ticks)):
         parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
                      f'stroke="currentColor" stroke-opacity="{0.6 if tick == 0 else 0.15}"/>')
         parts.append(f'<text x="{LEFT - 6}" y="{y(tick) + 4:.1f}" text-anchor="end" fill="currentColor">'
-                     f"{escape(readable(tick) + chart.unit)}</text>")
+                     f"{escape(label + chart.unit)}</text>")
     every = max(1, -(-count // MAX_LABELS))
     for b in range(0, count, every):
         x = LEFT + slot * (b + 0.5 if chart.grouped_bars else b)  # a group is named, a time bucket starts
@@ -163,6 +163,18 @@ def nice_ticks(top: float) -> list[float]:
     while ticks[-1] < top:
         ticks.append(round(ticks[-1] + step, 12))
     return ticks
+
+
+def tick_labels(ticks: list[float]) -> list[str]:
+    """The axis's labels, with as many decimals as the step between ticks needs (0.005 apart: 0.005, 0.01, 0.015),
+    so no two read alike, as `readable`'s rounding to two decimals made 0.01 and 0.015 both "0.01"."""
+    step = ticks[1] - ticks[0]
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    labels = []
+    for tick in ticks:
+        text = f"{tick:,.{decimals}f}"
+        labels.append(text.rstrip("0").rstrip(".") if "." in text else text)
+    return labels
 
 
 def readable(value: float | None) -> str:

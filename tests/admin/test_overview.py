@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from scheduling.operating.overview import BadWindow, Window, summarize
-from scheduling.operating.svg_charts import Chart, Series, nice_ticks, readable, render
+from scheduling.operating.svg_charts import Chart, Series, nice_ticks, readable, render, tick_labels
 
 pytestmark = pytest.mark.django_db
 
@@ -182,6 +182,32 @@ def test_the_svg_helpers_pick_round_ticks_and_readable_numbers():
     assert nice_ticks(180) == [0.0, 50.0, 100.0, 150.0, 200.0]
     assert nice_ticks(0.3) == [0.0, 0.1, 0.2, 0.3]
     assert [readable(v) for v in (1234.5, 83.333, 4.0, 0.25, 0.004, None)] == ["1,234", "83.3", "4", "0.25", "0.004", "—"]
+
+
+def test_axis_labels_never_repeat_a_value():
+    """Ticks 0.005 apart read 0.005, 0.01, 0.015: rounded to two decimals, 0.01 and 0.015 both read "0.01"."""
+    for top in (0.012, 0.0004, 1.3, 7, 1234):
+        svg = render(Chart("t", ["12:00", "12:01"], ["a", "b"], [Series("s", [top, 0.0])], unit=" s"))
+        labels = re.findall(r'text-anchor="end" fill="currentColor">([^<]*)</text>', svg)
+        assert len(labels) == len(set(labels)) == len(nice_ticks(top)), labels
+    assert tick_labels(nice_ticks(0.012)) == ["0", "0.005", "0.01", "0.015"]
+    assert tick_labels(nice_ticks(1234)) == ["0", "500", "1,000", "1,500"]
+
+
+def test_the_since_and_until_boxes_show_the_window_the_page_draws(admin_client):
+    """A since between bucket starts draws from the bucket's start (09:05 in buckets of 5 min), and a time in
+    another zone is drawn in the admin's: the boxes say so, so sending them again draws the same window."""
+    page = admin_client.get(URL, {"since": "2025-03-01T09:07", "until": "2025-03-01T08:00:30-05:00"}).content.decode()
+    assert "in buckets of 5 min" in page
+    assert 'name="since" id="id_since" value="2025-03-01T09:05"' in page
+    assert 'name="until" id="id_until" value="2025-03-01T13:00:30"' in page
+    assert "From March 1, 2025, 9:05 a.m. to March 1, 2025, 1 p.m." in page
+    preset = admin_client.get(URL, {"window": "1h"}).content.decode()
+    since = re.search(r'name="since" id="id_since" value="([^"]+)"', preset).group(1)
+    now = datetime.now(timezone.utc)
+    assert now - timedelta(hours=1, minutes=2) < datetime.fromisoformat(since).replace(tzinfo=timezone.utc) <= now
+    assert 'name="until" id="id_until" value=""' in preset  # until is now
+    assert 'value="yesterday"' in admin_client.get(URL, {"since": "yesterday"}).content.decode()  # refused: as typed
 
 
 def test_times_count_to_the_millisecond_at_the_window_s_end(make_request):
