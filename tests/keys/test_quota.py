@@ -448,18 +448,24 @@ async def held(scope, counter, name: str, order: list[str], may_end: asyncio.Eve
             await may_end.wait()
 
 
-async def test_a_place_freed_goes_to_the_keys_waiter_before_a_request_arriving_then():
-    """Arrival order: a request that comes just as a place frees queues behind the key's request already waiting."""
-    counter = Watched()
+async def first_holding_second_waiting(counter: Watched):
+    """Two requests of a key of concurrency 1: "first" holds its place until `release` is set, "second" has asked for
+    one and waits. Returns (the key's scope, the order they got places in, release, their tasks)."""
     limited = KeyScope(name="k", limits=QuotaLimits(concurrency=1))
     order: list[str] = []
-    first_may_end = asyncio.Event()
-    first = asyncio.create_task(held(limited, counter, "first", order, first_may_end))
-    second = asyncio.create_task(held(limited, counter, "second", order))
+    release = asyncio.Event()
+    tasks = [asyncio.create_task(held(limited, counter, "first", order, release)),
+             asyncio.create_task(held(limited, counter, "second", order))]
     await asyncio.wait_for(counter.waiting.wait(), 5)
-    first_may_end.set()
-    third = asyncio.create_task(held(limited, counter, "third", order))  # comes right after first gives back
-    await asyncio.wait_for(asyncio.gather(first, second, third), 5)
+    return limited, order, release, tasks
+
+
+async def test_a_place_freed_goes_to_the_keys_waiter_before_a_request_arriving_then():
+    """Arrival order: a request that comes just as a place frees queues behind the key's request already waiting."""
+    limited, order, release, tasks = await first_holding_second_waiting(counter := Watched())
+    release.set()
+    tasks.append(asyncio.create_task(held(limited, counter, "third", order)))  # comes right after first gives back
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert order == ["first", "second", "third"]
 
 
@@ -467,13 +473,7 @@ async def test_a_waiter_goes_on_when_a_place_frees_without_asking_again_on_a_tim
     """A place freed on this front end wakes the key's waiter at once; the timer that asks the counter again (for
     places freed on other front ends) is set to an hour here, so a waiter that only polled would not go on."""
     monkeypatch.setattr("proxy.http.quota_gate.RETRY_S", 3600.0)
-    counter = Watched()
-    limited = KeyScope(name="k", limits=QuotaLimits(concurrency=1))
-    order: list[str] = []
-    first_may_end = asyncio.Event()
-    first = asyncio.create_task(held(limited, counter, "first", order, first_may_end))
-    second = asyncio.create_task(held(limited, counter, "second", order))
-    await asyncio.wait_for(counter.waiting.wait(), 5)
-    first_may_end.set()
-    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    _, order, release, tasks = await first_holding_second_waiting(Watched())
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert order == ["first", "second"]
