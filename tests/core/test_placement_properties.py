@@ -171,3 +171,21 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
 
 test_placement_properties = PlacementMachine.TestCase
 test_placement_properties.settings = property_settings(150, stateful_step_count=40)
+
+
+def test_gpu_renames_under_a_failing_start_never_put_two_models_over_one_gpu():
+    """The machine's shrunk example once found over capacity (an 8 000 and a 12 000 MiB model on one 16 000 MiB
+    GPU): reloads renaming GPU 0 → 1 → 0 while a start fails, the last while d stops for b's start. Its steps, with
+    every invariant checked after each."""
+    machine = PlacementMachine()
+    machine.start(gpus=[16_000], needs=[(4_000, 0, False), (12_000, 1, False), (4_000, 0, False), (8_000, 1, False),
+                                        (4_000, 0, False)], settings=SerialSettings(0, 0))
+    steps = [(machine.submit, "d", -100), (machine.reload_hardware, ["0"]), (machine.reload_hardware, ["1"]),
+             (machine.observe, "answer_start", "d", False), (machine.lease, "a", False, 5),
+             (machine.observe, "answer_start", "d", True), (machine.submit, "b", -100), (machine.observe, "finish", 1),
+             (machine.reload_hardware, ["0"]), (machine.observe, "answer_start", "b", False)]
+    for rule, *args in steps:
+        rule(*args)
+        machine.no_gpu_holds_more_than_it_has()
+        machine.the_best_waiting_request_never_waits_for_room_it_has()
+        machine.the_next_deadline_is_ahead()
