@@ -8,6 +8,7 @@ indexed orderings.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
@@ -19,6 +20,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from scheduling.core.mentions import plain
 from scheduling.door import frontdoor
 from scheduling.keys import admin as key_admin  # noqa: F401  (registers the API keys' pages)
 from scheduling import batch_admin  # noqa: F401  (registers the Batches page)
@@ -135,7 +137,7 @@ class WaitingRequestAdmin(LivePageAdmin):
         snapshot = door.ask_now(Snapshot())
         entries = door.ask_now(Waiting())
         # Ranked by score now; the forecast's place and wait (as /api/queue tells them) beside each.
-        predicted = {entry.ticket_id: entry for entry in door.ask_now(Queue())}
+        predicted = {entry.ticket_id: replace(entry, outlook=plain(entry.outlook)) for entry in door.ask_now(Queue())}
         return {
             "entries": entries,
             "rows": [(entry, predicted.get(entry.ticket_id)) for entry in entries],
@@ -410,21 +412,21 @@ class QueuedRequestAdmin(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER  # per-choice counts would scan the table
     paginator = CappedCountPaginator
     list_per_page = 100
-    readonly_fields = ("why", "timeline", "tokens", "runner_up")
+    readonly_fields = ("why", "timeline", "tokens", "runner_up", "error_text", "waited_because_text", "explanation_text")
     fieldsets = (
         ("Why it ran when it did", {"fields": ("why", "timeline", "tokens")}),
         (
             "Request",
             {"fields": ("id", "model", "requested_model", "selector", "peer", "method", "path", "stream", "client",
-                        "api_key", "asked_priority", "priority", "band", "state", "status_code", "error")},
+                        "api_key", "asked_priority", "priority", "band", "state", "status_code", "error_text")},
         ),
         (
             "Decision",
             {"fields": ("scheduler", "serial_priority", "serial_band", "serial_score", "serial_queue_wait_ms",
                         "fifo_priority", "score_priority", "score_affinity", "score_aging", "runner_up",
                         "changed_by_aging", "changed_by_affinity", "changed_by_fairness", "needed_swap", "slot",
-                        "waited_because",
-                        "explanation")},
+                        "waited_because_text",
+                        "explanation_text")},
         ),
         ("Times", {"fields": ("arrived_at", "dispatched_at", "first_byte_at", "finished_at", "duration_ms")}),
         (
@@ -469,10 +471,11 @@ class QueuedRequestAdmin(admin.ModelAdmin):
     @admin.display(description="decision")
     def why(self, obj: QueuedRequest) -> str:
         if obj.explanation:
-            return obj.explanation[0].upper() + obj.explanation[1:] + "."
+            explanation = plain(obj.explanation)
+            return explanation[0].upper() + explanation[1:] + "."
         if obj.state == RequestState.QUEUED:
             return "Still waiting for the GPU; the queue page shows its current rank and score."
-        reason = f": {obj.error}" if obj.error else ""
+        reason = f": {plain(obj.error)}" if obj.error else ""
         return f"Never dispatched — {obj.get_state_display().lower()}{reason}."
 
     @admin.display(description="timeline")
@@ -481,7 +484,7 @@ class QueuedRequestAdmin(admin.ModelAdmin):
         if obj.dispatched_at is not None:
             parts.append(f"waited {(obj.dispatched_at - obj.arrived_at).total_seconds():.1f} s in the queue")
             if obj.waited_because:
-                parts[-1] += f" ({obj.waited_because})"
+                parts[-1] += f" ({plain(obj.waited_because)})"
             if obj.slot is not None:
                 parts.append(f"ran on slot {obj.slot} of {obj.model}")
         elif obj.finished_at is not None:
@@ -507,6 +510,19 @@ class QueuedRequestAdmin(admin.ModelAdmin):
         if obj.prompt_per_second is not None:
             text += f", prompt at {obj.prompt_per_second:.1f} tokens/s"
         return text
+
+    # The row's texts name every model, lease and cost to operators (`scheduling.core.mentions`).
+    @admin.display(description="error")
+    def error_text(self, obj: QueuedRequest) -> str:
+        return plain(obj.error)
+
+    @admin.display(description="waited because")
+    def waited_because_text(self, obj: QueuedRequest) -> str:
+        return plain(obj.waited_because)
+
+    @admin.display(description="explanation")
+    def explanation_text(self, obj: QueuedRequest) -> str:
+        return plain(obj.explanation)
 
     @admin.display(description="runner-up")
     def runner_up(self, obj: QueuedRequest):

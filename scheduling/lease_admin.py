@@ -7,6 +7,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils import timezone
 
+from scheduling.core.mentions import plain
 from scheduling.door import frontdoor
 from scheduling.door.questions import KeepLeases
 from scheduling.models import ModelLease
@@ -18,11 +19,11 @@ def state_in_words(state: dict | None) -> str:
         return "unknown: no scheduler has read it yet"
     name = state["state"]
     if name == "cannot_fit":
-        return f"cannot fit: {state['why']}"
+        return f"cannot fit: {plain(state['why'])}"
     if name == "waiting" and state.get("blocked_by"):
-        return f"waiting: blocked by {', '.join(state['blocked_by'])}"
+        return f"waiting: blocked by {', '.join(plain(blocker) for blocker in state['blocked_by'])}"
     if name == "waiting" and "retry_in_s" in state:
-        failed = f"its load failed ({state['last_error']}); " if "last_error" in state else ""
+        failed = f"its load failed ({plain(state['last_error'])}); " if "last_error" in state else ""
         return f"waiting: {failed}tried again in {state['retry_in_s']:g} s"
     return name
 

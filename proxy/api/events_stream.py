@@ -24,7 +24,7 @@ from asgiref.sync import sync_to_async
 from django.db.models import Max
 
 from proxy.compat.active_profile import active_profile
-from proxy.api.visibility import own_batches, own_entries, own_rows
+from proxy.api.visibility import own_batches, own_entries, own_rows, told_in
 from proxy.compat.model_listing import capability_fields
 from proxy.upstream.peer_relay import peer_model_states
 from scheduling.rows.activity import activity_row
@@ -153,7 +153,7 @@ class EventStream:
         if status:
             pieces.append(status)
         rows = own_rows(self.viewer, await sync_to_async(self.activity.changes)())
-        pieces += [envelope("activity", row) for row in rows]
+        pieces += [envelope("activity", told_in(self.viewer, row)) for row in rows]
         entries = await self._entries()
         pieces += self._inflight_changes(self._inflight_items(entries))
         queue = self._queue_items(entries)
@@ -241,12 +241,10 @@ class EventStream:
         self.inflight = items
         return pieces
 
-    @staticmethod
-    def _queue_items(entries) -> list[dict[str, Any]]:
+    def _queue_items(self, entries) -> list[dict[str, Any]]:
         now = time.time()
-        return [
-            {**entry.as_json(), "eta_at": None if entry.eta_s is None else now + entry.eta_s} for entry in entries
-        ]
+        return [{**told_in(self.viewer, entry.as_json()), "eta_at": None if entry.eta_s is None else now + entry.eta_s}
+                for entry in entries]
 
 
 def _queue_changed(sent: list[dict[str, Any]] | None, queue: list[dict[str, Any]]) -> bool:

@@ -16,9 +16,11 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from proxy.api.views import api_key_required, changes_state
+from proxy.api.visibility import told_in
 from proxy.http.responses import allow_methods, json_error
 from scheduling.door.questions import KeepLeases, NeverFits
 from scheduling.rows.leases import MAX_SECONDS, SYNC_S, leases_in_force, revoke_lease, take_lease
+from scheduling.keys.scope import KeyScope
 
 _SHAPE = f'send a JSON body {{"model": "<model>", "seconds": <how long, 1 to {MAX_SECONDS}>}}'
 _UNANSWERED = {"state": "unknown", "why": f"no scheduler answered; the lease reaches it within {SYNC_S:g} s"}
@@ -34,7 +36,7 @@ async def leases(request: HttpRequest, service) -> HttpResponse:
         states = await _kept(service)
         rows = await database_sync_to_async(leases_in_force)()
         scope = request.caller.scope  # a key that is not an operator's sees the leases on its models
-        return JsonResponse({"leases": [_shown(service, row, states) for row in rows if scope.sees_model(row[1])]})
+        return JsonResponse({"leases": [_shown(service, scope, row, states) for row in rows if scope.sees_model(row[1])]})
     if service.config.hardware is None:
         return json_error(400, "leases keep models placed by memory: describe the GPUs under a top-level hardware: "
                                "section (see docs/configuration.md, Hardware and memory placement)", "placement_off")
@@ -58,10 +60,12 @@ async def leases(request: HttpRequest, service) -> HttpResponse:
     except (TimeoutError, RuntimeError):
         never = None  # no worker answered: its keeper shows the lease `cannot_fit` once it reads it
     if never is not None:
-        return json_error(409, f"{never}: a lease for it would never be kept", "lease_cannot_fit")
+        return json_error(409, f"{request.caller.scope.told(never)}: a lease for it would never be kept",
+                          "lease_cannot_fit")
     lease = await database_sync_to_async(take_lease)(config.id, float(body["seconds"]))
     states = await _kept(service)
-    return JsonResponse(_shown(service, (lease.pk, lease.model, lease.expires_at), states), status=201)
+    return JsonResponse(_shown(service, request.caller.scope, (lease.pk, lease.model, lease.expires_at), states),
+                        status=201)
 
 
 @api_key_required
@@ -102,10 +106,11 @@ def _problem(body: object) -> str | None:
     return None
 
 
-def _shown(service, row: tuple, states: dict[int, dict] | None) -> dict:
+def _shown(service, scope: KeyScope, row: tuple, states: dict[int, dict] | None) -> dict:
+    """A lease as `scope`'s key is told it: what holds it back names only models the key may see."""
     lease_id, model, expires_at = row
     if model not in service.config.models:
         state = {"state": "model_removed"}
     else:
         state = _UNANSWERED if states is None else states.get(lease_id, _UNANSWERED)
-    return {"id": lease_id, "model": model, "expires_at": expires_at.isoformat(), **state}
+    return told_in(scope, {"id": lease_id, "model": model, "expires_at": expires_at.isoformat(), **state})

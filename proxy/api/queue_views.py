@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from proxy.http.responses import allow_methods, json_error
 from proxy.api.views import api_key_required, changes_state
-from proxy.api.visibility import own_entries, own_rows
+from proxy.api.visibility import own_entries, own_rows, told_in
 from scheduling.rows.activity import activity_row
 from scheduling.models import QueuedRequest
 from scheduling.core.priority import PRIORITY_ALIASES
@@ -28,8 +28,9 @@ _ALIASES = ", ".join(f"'{name}'" for name in PRIORITY_ALIASES)
 async def queue(request: HttpRequest, service) -> JsonResponse:
     """`GET /api/queue`: queued requests in predicted dispatch order, then starting, then running ones; a key that
     is not an operator's sees its own (with their places among all)."""
-    entries = await own_entries(request.caller.scope, await service.door.ask(Queue()))
-    return JsonResponse({"data": [entry.as_json() for entry in entries]})
+    scope = request.caller.scope
+    entries = await own_entries(scope, await service.door.ask(Queue()))
+    return JsonResponse({"data": [told_in(scope, entry.as_json()) for entry in entries]})
 
 
 @api_key_required
@@ -48,11 +49,11 @@ async def queue_entry(request: HttpRequest, service, ticket_id: int) -> HttpResp
     scope = request.caller.scope
     entry = await service.door.ask(QueueEntryOf(ticket_id))
     if entry is not None and await own_entries(scope, [entry]):
-        return JsonResponse(entry.as_json())
+        return JsonResponse(told_in(scope, entry.as_json()))
     row = await sync_to_async(_row)(ticket_id)
     if row is None or not own_rows(scope, [row]):
         return json_error(404, f"no request {ticket_id}", "request_not_found")
-    return JsonResponse(row)
+    return JsonResponse(told_in(scope, row))
 
 
 @api_key_required

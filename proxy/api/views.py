@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from proxy.api import events_stream
+from proxy.api.visibility import told_page
 from proxy.http.access import Caller, Denied, Need, route_refusal
 from proxy.http.key_cache import KEYS, caller_of
 from proxy.config.secrets import shown_argv, shown_url
@@ -265,4 +266,4 @@ async def activity(request: HttpRequest, service) -> HttpResponse:
         if query.keys and owner not in query.keys:
             return JsonResponse({"data": [], "next_before_id": None})
         query = replace(query, keys=(owner,))
-    return JsonResponse(await sync_to_async(activity_page)(query))
+    return JsonResponse(told_page(request.caller.scope, await sync_to_async(activity_page)(query)))

@@ -3,7 +3,8 @@
 An operator key — a config file's apiKey, any caller of an open server — sees everything. Any other key sees
 the state of the models its globs allow (every model without `--models`: `KeyScope.sees_model`) and, of the
 requests, its own only (`KeyScope.owner_filter`): another key's requests — their ids, paths, clients, rows —
-are not shown to it, on its models or not, so one tenant never reads another's traffic.
+are not shown to it, on its models or not, so one tenant never reads another's traffic. The texts about its own
+requests — why one waits, what its start stopped, why it was refused — name no model outside its scope (`told_in`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ _Item = TypeVar("_Item")
 # A sample's `model` or `key` label in the Prometheus text format, its value still escaped.
 _SCOPED_LABEL = re.compile(rb'[{,](model|key)="((?:[^"\\]|\\.)*)"')
 _ESCAPED = re.compile(r"\\(.)")
+# The fields of the JSON of a request (`activity_row`, llama-swap's activity), a queue entry or a lease that hold
+# texts about it, which may mention other models.
+_TEXTS = ("explanation", "waited_because", "error", "error_msg", "outlook", "why", "blocked_by", "last_error")
 
 
 async def own_entries(scope: KeyScope, entries: Sequence[_Item]) -> list[_Item]:
@@ -51,6 +55,24 @@ async def _owned(scope: KeyScope, items: Sequence[_Item], id_of: Callable[[_Item
 
 def _owned_ids(table, owner: str, ids: list) -> set:
     return set(table.objects.filter(id__in=ids, api_key=owner).values_list("id", flat=True))
+
+
+def told_in(scope: KeyScope, item: dict[str, Any]) -> dict[str, Any]:
+    """A request's, queue entry's or lease's JSON with its texts (why it waited, what its start stopped, why it was
+    refused, what it waits on) as the key is told them (`KeyScope.told`): a model outside its scope is "another
+    model", its lease id and eviction cost left out."""
+    return {**item, **{field: _told(scope, item[field]) for field in _TEXTS if field in item}}
+
+
+def told_page(scope: KeyScope, page: dict[str, Any]) -> dict[str, Any]:
+    """A page of request rows (`/api/activity`'s, llama-swap's activity) with each row's texts as the key is told them."""
+    return {**page, "data": [told_in(scope, row) for row in page["data"]]}
+
+
+def _told(scope: KeyScope, value: Any) -> Any:
+    if isinstance(value, str):
+        return scope.told(value)
+    return [scope.told(text) for text in value] if isinstance(value, list) else value
 
 
 def shown_models(scope: KeyScope, models: Sequence[str]) -> list[str]:

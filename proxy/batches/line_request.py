@@ -94,7 +94,7 @@ async def send_line(service, custom_id: str, url: str, body: dict, priority: int
     except Refused as exc:
         if exc.code == SHUTTING_DOWN:
             raise Interrupted() from None
-        return False, error_line(custom_id, exc.code, exc.message)
+        return False, error_line(custom_id, exc.code, key.told(exc.message))
     except ProxyError as exc:
         status, answer = exc.status, json.loads(error_body(exc.status, exc.message, exc.code))
         gone = exc.code == UNREACHABLE

@@ -11,6 +11,7 @@ from proxy.upstream.captures import STORE
 from proxy.http.responses import allow_methods, json_error
 from proxy.version import build_info
 from proxy.api.views import api_key_required, operator_only
+from proxy.api.visibility import told_page
 from scheduling.rows.llama_swap_activity import (
     LlamaSwapActivityQuery, LlamaSwapQueryError, llama_swap_activity_page, activity_stats, model_names,
 )
@@ -43,8 +44,9 @@ async def metrics_activity(request: HttpRequest, service) -> HttpResponse:
         query = LlamaSwapActivityQuery.from_params(request.GET)
     except LlamaSwapQueryError as exc:
         return json_error(400, str(exc), "invalid_parameter")
-    query = replace(query, owner=request.caller.scope.owner_filter())
-    return JsonResponse(await sync_to_async(llama_swap_activity_page)(query, STORE.has))
+    scope = request.caller.scope
+    query = replace(query, owner=scope.owner_filter())
+    return JsonResponse(told_page(scope, await sync_to_async(llama_swap_activity_page)(query, STORE.has)))
 
 
 @api_key_required

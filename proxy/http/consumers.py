@@ -141,17 +141,18 @@ class ModelConsumer(StreamingHttpConsumer):
         asked = loop.time()
         try:
             if shows_loading_state(model_cfg, self.scope["path"], stream):
-                lease = await wait_showing_state(self, door, request, loading_stream_headers)
+                lease = await wait_showing_state(self, door, request, loading_stream_headers, self.caller.scope)
             else:
                 lease = await door.submit(request)
         except Refused as exc:
+            message = self.caller.scope.told(exc.message)  # it may say why it waited: of the key's models only
             if self.response_started:  # the loading state began the stream: the refusal ends it
-                await self.send_body(error_event(exc.status, exc.message, exc.code))
+                await self.send_body(error_event(exc.status, message, exc.code))
                 return
             headers = {} if exc.ticket_id is None else identity_headers(exc.ticket_id, loop.time() - asked)
             if exc.retry_after:
                 headers["Retry-After"] = str(int(exc.retry_after))
-            raise ProxyError(exc.status, exc.message, exc.code, headers=headers) from None
+            raise ProxyError(exc.status, message, exc.code, headers=headers) from None
         identity = identity_headers(lease.ticket_id, loop.time() - asked)
         if self.capture is not None:
             self.capture.ticket_id = lease.ticket_id
@@ -177,9 +178,10 @@ class ModelConsumer(StreamingHttpConsumer):
 
     async def end_cut_short(self, cut: Refused, stream: bool, identity: dict[str, str]) -> None:
         """The runtime took the GPU back mid-request (an operator unloaded the model): tell the client why."""
+        message = self.caller.scope.told(cut.message)
         if not self.response_started:
-            raise ProxyError(cut.status, cut.message, cut.code, headers=dict(identity))
-        await self.send_body(error_event(cut.status, cut.message, cut.code) if stream else b"")
+            raise ProxyError(cut.status, message, cut.code, headers=dict(identity))
+        await self.send_body(error_event(cut.status, message, cut.code) if stream else b"")
 
 
 def refused(denied: Denied) -> ProxyError:

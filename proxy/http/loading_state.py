@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from scheduling.door.questions import Progress
 from scheduling.tickets import Lease, TicketRequest
+from scheduling.keys.scope import KeyScope
 
 LOADING_ROUTE = "/v1/chat/completions"
 # A grant within this long streams nothing extra: the client sees the answer as if nothing waited.
@@ -44,11 +45,12 @@ def reasoning_chunk(model: str, text: str, ticket_id: int | None) -> bytes:
 
 
 async def wait_showing_state(
-    consumer, door, request: TicketRequest, stream_headers: Callable[[int | None], list[tuple[bytes, bytes]]]
+    consumer, door, request: TicketRequest, stream_headers: Callable[[int | None], list[tuple[bytes, bytes]]],
+    viewer: KeyScope,
 ) -> Lease:
-    """`door.submit(request)`, streaming progress to `consumer` once the wait outlasts `GRACE_S`.
-    `stream_headers(ticket_id)` gives the headers to begin the stream with. Raises what submit
-    raises; once the stream has begun, the caller must report a refusal inside it."""
+    """`door.submit(request)`, streaming progress to `consumer` once the wait outlasts `GRACE_S`, as the request's
+    key (`viewer`) is told it. `stream_headers(ticket_id)` gives the headers to begin the stream with. Raises what
+    submit raises; once the stream has begun, the caller must report a refusal inside it."""
     handle: list = []
     submitted = asyncio.get_running_loop().create_task(door.submit(request, handle.append))
     began = time.monotonic()
@@ -69,7 +71,7 @@ async def wait_showing_state(
                 await say(f"Waiting for {request.model}…\n")
             if entry is not None and entry.outlook != last:
                 last = entry.outlook
-                await say(last + "\n")
+                await say(viewer.told(last) + "\n")
             elif time.monotonic() - sent_at >= KEEPALIVE_S:
                 await consumer.send_body(b": still waiting\n\n", more_body=True)
                 sent_at = time.monotonic()

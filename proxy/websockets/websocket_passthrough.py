@@ -126,7 +126,7 @@ class WebSocketPassthrough(AsyncConsumer):
                 KEYS.refused(self._caller.scope.name, exc.status)
             await self._refuse(exc.status, exc.message)
         except Refused as exc:
-            await self._refuse(exc.status, exc.message)
+            await self._refuse(exc.status, self._caller.scope.told(exc.message))
         except UpstreamRefused as exc:
             await self._refuse(502, f"{exc}: {exc.body[:200].decode('utf-8', 'replace')}")
         except (OSError, TimeoutError) as exc:
@@ -242,7 +242,7 @@ class WebSocketPassthrough(AsyncConsumer):
                 error=f"model '{model_cfg.id}' dropped the WebSocket without closing it: {ended.reason}",
             ))
         if held.cut is not None:
-            await self._refuse(held.cut.status, held.cut.message)
+            await self._refuse(held.cut.status, self._caller.scope.told(held.cut.message))
 
     async def _relay(self, service, model_cfg, base_url: str, path: str) -> Closed:
         """Pass frames both ways until the model server's side ends; that end is returned."""

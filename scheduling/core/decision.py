@@ -39,7 +39,8 @@ class Decision:
     it never did, or waited only for a fully busy GPU). `fair_turn` says how fair
     share between API keys chose it over an older equal request ("" when it did not).
     `made_room` names the idle models its model's start stopped for their memory, each with its
-    eviction cost and the formula's terms ("" when none was).
+    eviction cost and the formula's terms ("" when none was). Other models are named in them, and in
+    `explain()`, as mentions (`mentions`), told to each reader as far as it may see them.
     """
 
     ticket_id: int
@@ -66,7 +67,7 @@ class Decision:
         return bool(self.fair_turn)
 
     def explain(self) -> str:
-        """The sentence shown to operators next to the dispatch."""
+        """The sentence shown next to the dispatch (to operators, and to the request's key as `mentions.told`)."""
         if self.scheduler == "fifo":
             return f"dispatched in fifo order at effective priority {self.fifo_priority} (model priority + header)"
         text = (

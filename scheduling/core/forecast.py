@@ -37,6 +37,7 @@ from statistics import median
 
 from .durations import DurationHistory, JobKind
 from .effects import Grant, StartModel
+from .mentions import named
 from .simulation import Simulation
 
 # Scheduler events the copy plays through at most, so a forecast of a very long queue stays cheap;
@@ -189,7 +190,7 @@ class _Run:
         self.dispatched: dict[int, tuple[float, float | None, Blocker | None]] = {}
         self.priorities: dict[int, int] = {}  # of the targets, as dispatched
         self.launched: dict[str, tuple[float, Blocker | None]] = {}
-        self.unknown: set[str] = set()  # what has no typical duration yet
+        self.unknown: set[tuple[str, str]] = set()  # what has no typical duration yet: (a load of, model)
         self.granted = 0  # jobs the copy has played
 
     # -- Timing: the typical durations ---------------------------------------------------------------
@@ -205,7 +206,7 @@ class _Run:
 
     def _known(self, seconds: float | None, what: str, model: str) -> float | None:
         if seconds is None:
-            self.unknown.add(f"{what} {model}")
+            self.unknown.add((what, model))
         return seconds
 
     def expect(self, event: str, subject: object, model: str, after: float | None) -> None:
@@ -258,7 +259,8 @@ class _Run:
 
     def _why_unknown(self, ticket_id: int, complete: bool) -> str:
         if self.unknown:
-            return f"no history yet: {' or '.join(sorted(self.unknown))} has never finished, so its length is unknown"
+            never = " or ".join(f"{what} {named(model)}" for what, model in sorted(self.unknown))
+            return f"no history yet: {never} has never finished, so its length is unknown"
         if not complete and self.sim.next_at() is not None:
             return "too far back in the queue to predict"
         # What the copy, with nothing left under way, last held it back for: a pin or a lease in its way, say.

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .decision import Decision
+from .mentions import named
 from .ticket import Ticket
 
 
@@ -40,3 +41,10 @@ class Round:
         for victim in victims:
             self.reserved.setdefault(victim, (ticket_id, target))
         self.targets.append((target, ticket_id))
+
+
+def reserved_for(ticket_id: int, target: str) -> str:
+    """Why a request waits for a better one's swap: "reserved for #4's swap to coder", or to a model its reader
+    may not see, "reserved for a swap to another model"."""
+    swap = f"#{ticket_id}'s swap to {target}"
+    return f"reserved for {named(target, swap, 'a swap to another model')}"

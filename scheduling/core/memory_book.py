@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from .mentions import listed
 from .placement import (
     Demand, Hardware, MemoryNeed, Resident, Room, assign, eviction_cost, fits_at_all, free_memory, make_room,
 )
@@ -228,7 +229,7 @@ class MemoryBook:
                     f"(1 − e^−{demand:.2f}))")
 
         where = (f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {', '.join(gpus)}") if gpus else "the CPU"
-        return (f"to make room on {where} its start stopped {' and '.join(priced(m) for m in stopped)}: the idle "
+        return (f"to make room on {where} its start stopped {listed((m, priced(m)) for m in stopped)}: the idle "
                 "models whose stop frees enough at least cost, cost = load seconds × (1 − e^−demand), demand = "
                 "Σ 2^(priority/100) of the model's requests per minute over the last 10 minutes")
 
@@ -332,7 +333,7 @@ class MemoryBook:
         room = self.room(model, holding, busy, leaving)
         if room is None or not room.blocked_by:
             return None
-        protections = " and ".join(f"{m} ({self.protection(m)})" for m in room.blocked_by)
+        protections = listed((m, f"{m} ({self.protection(m)})") for m in room.blocked_by)
         verb = "is" if len(room.blocked_by) == 1 else "are"
         return f"model {model} has room only if {protections} {verb} stopped, which is never done to make room"
 

@@ -44,7 +44,8 @@ class Scheduler(Protocol):
     def is_queued(self, ticket_id: int) -> bool:
         """Whether the request still waits in the queue (not dispatched, not ended)."""
     def held_back_because(self, ticket_id: int) -> str:
-        """Why a waiting request was last passed over while the GPU had room ("" if it was not, or unknown)."""
+        """Why a waiting request was last passed over while the GPU had room ("" if it was not, or unknown); other
+        models are mentions (`mentions`)."""
     def placement(self) -> dict | None:
         """Each GPU's memory and models, with hardware described (None without)."""
     def apply_leases(self, leases: Mapping[str, tuple[str, float]], now: float) -> list[Effect]:

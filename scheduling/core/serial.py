@@ -23,8 +23,9 @@ from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, StopModel
 from .fairness import FairShare
 from .fleet import ModelFleet, ModelState
-from .launches import Job, Launch, Round
+from .launches import Job, Launch, Round, reserved_for
 from .memory_book import MemoryBook
+from .mentions import named
 from .placement import Hardware
 from .priority import Band, band_of
 from .queue import WaitQueue
@@ -344,7 +345,7 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
         model = ticket.model
         reserved = round_.reserved.get(model)
         if reserved is not None:
-            return f"reserved for #{reserved[0]}'s swap to {reserved[1]}"
+            return reserved_for(*reserved)
         if model in loaded:
             used, slots = len(self._slots.get(model, ())), self._settings.slots_for(model)
             return None if used < slots else f"model {model} was busy ({used}/{slots} slots)"
@@ -353,10 +354,10 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
         evicting = self._evicted_by_start(model)
         if evicting is not None:  # it goes once that start has ended (or was given up): nothing below may get in first
             round_.reserve(ticket.id, model, self._victims(model, up) | {model})
-            return f"model {model} was being stopped for the start of {evicting}"
+            return f"model {model} was being stopped for the start of {named(evicting)}"
         for target, ticket_id in round_.targets:
             if not self._may_start_beside(model, target, up):
-                return f"reserved for #{ticket_id}'s swap to {target}"
+                return reserved_for(ticket_id, target)
         others = self._others(model)
         if self.memory is not None and (
             blocked := self.memory.blocked(model, others, self._in_use, self._policy.evictions(model, others))
@@ -366,7 +367,7 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
         busy = sorted(v for v in victims | {model} if self._in_use(v))
         if busy:  # wait for them to finish; meanwhile nothing below may add to their work
             round_.reserve(ticket.id, model, victims | {model})
-            return f"model {busy[0]} was busy, and starting {model} stops it"
+            return f"{named(busy[0], f'model {busy[0]}')} was busy, and starting {model} stops it"
         return None
 
     def _dispatch_ticket(self, ticket: Ticket, now: float, loaded: tuple[str, ...], best_overall: bool) -> list[Effect]:

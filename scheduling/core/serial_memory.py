@@ -10,6 +10,7 @@ from . import refusals
 from .effects import Effect, StartModel
 from .fleet import ModelState
 from .launches import Launch
+from .mentions import listed
 from .placement import Resident, Room, assign
 
 
@@ -63,7 +64,7 @@ class SerialMemory:
         if not pins:
             return self.memory.never_fits(model) or f"model {model} needs more memory than the hardware described has"
         verb = "is" if len(pins) == 1 else "are"
-        return (f"model {model} has room only if {' and '.join(f'{m} (pinned)' for m in pins)} {verb} stopped, "
+        return (f"model {model} has room only if {listed((m, f'{m} (pinned)') for m in pins)} {verb} stopped, "
                 "which is never done to make room")
 
     def can_load(self, model: str) -> dict:

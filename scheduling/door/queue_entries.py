@@ -12,6 +12,7 @@ from typing import Any
 
 from scheduling.core import ScoreTerms, band_of
 from scheduling.core.forecast import Blocker, Outlook
+from scheduling.core.mentions import named
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,8 @@ class QueueEntry:
     """One request not yet finished. `state`: waiting (queued), starting (its model loads for it) or
     running. `position` (1 = next) counts the queued requests in their predicted dispatch order;
     `eta_s` is the predicted time until it is sent to its model (0 once it is; None when it cannot be
-    predicted, `outlook` then says why)."""
+    predicted, `outlook` then says why). `outlook` names other models as mentions (`scheduling.core.mentions`):
+    whoever shows it tells it to its reader."""
 
     ticket_id: int
     model: str
@@ -154,7 +156,7 @@ def describe(outlook: Outlook, model: str, jobs: list[tuple[str, str, float]] = 
         place = f"#{outlook.position} in the queue, {ahead} ahead" if ahead else "next in the queue"
     if outlook.eta_s is None:
         behind = sorted(jobs, key=lambda job: (job[0] != model, -job[2]))
-        running = f"; behind a {behind[0][1]} job on {behind[0][0]}, running for {seconds_in_words(behind[0][2])}" if behind else ""
+        running = f"; behind a {behind[0][1]} job on {named(behind[0][0])}, running for {seconds_in_words(behind[0][2])}" if behind else ""
         return f"{place}{running}; no prediction: {outlook.unknown}"
     if outlook.position is None:
         return f"{place}, ~{seconds_in_words(outlook.eta_s)} left"
@@ -172,10 +174,10 @@ def _blocker(blocker: Blocker) -> str:
     if blocker.kind == "job":
         if blocker.expected:
             return f"{blocker.band} requests expected meanwhile run until {when}"
-        return f"a {blocker.band} job on {blocker.model} ends in {when}"
+        return f"a {blocker.band} job on {named(blocker.model)} ends in {when}"
     if blocker.kind == "load":
-        return f"{blocker.model} is loaded in {when}"
-    return f"{blocker.model} stops in {when}"
+        return f"{named(blocker.model)} is loaded in {when}"
+    return f"{named(blocker.model)} stops in {when}"
 
 
 def seconds_in_words(seconds: float) -> str:

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
+from scheduling.core import mentions
 from scheduling.keys.quota import UNLIMITED, QuotaLimits
 
 
@@ -32,6 +33,11 @@ class KeyScope:
         """Whether the key is shown `model`'s state (loaded, queue, placement, series): an operator key every
         model's, another key its own models' only."""
         return self.operator or self.allows_model(model)
+
+    def told(self, text: str) -> str:
+        """A text about one of the key's requests, as the key is told it: each model it may not see mentioned as
+        "another model", with no lease id or eviction cost of it (`scheduling.core.mentions`)."""
+        return mentions.told(text, self.sees_model)
 
     def owner_filter(self) -> str | None:
         """Whose files, batches and requests this key may see (and files and batches change): its own (made or

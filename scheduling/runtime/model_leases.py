@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 
 from django.db import DatabaseError
 
+from scheduling.core.mentions import named, plain
 from scheduling.door.outage_log import OutageLog
 from scheduling.rows.connections import on_fresh_connection
 from scheduling.rows.leases import SYNC_S, leases_in_force, revoke_leases_of
@@ -131,7 +132,7 @@ class ModelLeases:
             if exc.code == "shutting_down":
                 return  # nothing to try again, nor to warn of
             self._failure[model] = exc.message
-            log.warning("loading leased model %s failed (%s); trying again in %.0f s", model, exc.message,
+            log.warning("loading leased model %s failed (%s); trying again in %.0f s", model, plain(exc.message),
                         retry_after(self._loads[model]))
         else:
             self._failure.pop(model, None)
@@ -155,12 +156,12 @@ class ModelLeases:
         if room.blocked_by:  # the pins leave room (it would never fit else): what waits on is the others' protection
             protected = {m: facts["protected"] for m, facts in placement["models"].items()
                          if facts["protected"] and facts["protected"] != "pinned" and m != model}
-            named = [m for m in room.blocked_by if m in protected] or sorted(protected)
-            return {"state": "waiting", "blocked_by": [f"{m} ({protected[m]})" for m in named]}
+            blocking = [m for m in room.blocked_by if m in protected] or sorted(protected)
+            return {"state": "waiting", "blocked_by": [named(m, f"{m} ({protected[m]})") for m in blocking]}
         snapshot = self._runtime.snapshot[1]
         busy = sorted(m for m in room.evict if m in snapshot.running or m in snapshot.starting)
         if busy:
-            return {"state": "waiting", "blocked_by": [f"{m} (busy)" for m in busy]}
+            return {"state": "waiting", "blocked_by": [named(m, f"{m} (busy)") for m in busy]}
         return None
 
     def states(self) -> dict[int, dict]:

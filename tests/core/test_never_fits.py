@@ -2,6 +2,7 @@
 would make room, or it fits on no GPU; a leased model in the way is waited for, not a reason to refuse."""
 
 from scheduling.core import ModelSpec, SerialScheduler, SerialSettings, SwapPolicy, Ticket
+from scheduling.core.mentions import plain
 from scheduling.core.placement import Hardware, MemoryNeed
 
 ONE_24 = Hardware({"0": 24_576})
@@ -17,7 +18,7 @@ def scheduler_with(*pinned: str) -> SerialScheduler:
 
 
 def test_a_model_only_a_pins_stop_would_make_room_for_never_fits_and_says_which():
-    assert scheduler_with("a").never_fits("b") == (
+    assert plain(scheduler_with("a").never_fits("b")) == (
         "model b has room only if a (pinned) is stopped, which is never done to make room")
 
 

@@ -4,6 +4,7 @@ pending swap keeps idle, and why a request waited while slots stood idle (the de
 import pytest
 
 from scheduling.core import Dequeued, SerialScheduler, SerialSettings, StartModel, SwapGroup, SwapPolicy
+from scheduling.core.mentions import plain, told
 
 from .harness import Tickets, dequeued, grant_of, grants, specs, starts
 
@@ -162,7 +163,8 @@ def test_waited_because_names_the_swap_that_reserved_the_model(ticket):
     held = ticket("chat", 0, arrival=2.0)
     scheduler.submit(held, 2.0)  # chat has a free slot, but coder's swap will evict chat
     decision = grant_of(scheduler.cancel(swap.id, 3.0)).decision
-    assert (decision.slot, decision.waited_because) == (2, f"reserved for #{swap.id}'s swap to coder")
+    assert (decision.slot, plain(decision.waited_because)) == (2, f"reserved for #{swap.id}'s swap to coder")
+    assert told(decision.waited_because, {"chat"}.__contains__) == "reserved for a swap to another model"
 
 
 def test_waited_because_names_the_busy_model_a_swap_waits_for(ticket):
@@ -172,4 +174,5 @@ def test_waited_because_names_the_busy_model_a_swap_waits_for(ticket):
     scheduler.submit(swap, 1.0)
     scheduler.finished(busy.ticket_id, 2.0)
     decision = grant_of(scheduler.model_ready("coder", 3.0)).decision
-    assert decision.waited_because == "model chat was busy, and starting coder stops it"
+    assert plain(decision.waited_because) == "model chat was busy, and starting coder stops it"
+    assert told(decision.waited_because, {"coder"}.__contains__) == "another model was busy, and starting coder stops it"

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from proxy.http import loading_state
+from scheduling.keys.scope import UNRESTRICTED
 from scheduling.tickets import TicketRequest
 
 
@@ -50,7 +51,7 @@ async def test_an_unchanging_wait_keeps_the_stream_alive_with_comments_and_names
     consumer, door = Consumer(), Door()
     request = TicketRequest(model="chat", path="/v1/chat/completions", priority=0, requested_model="chat")
     waiting = asyncio.get_running_loop().create_task(
-        loading_state.wait_showing_state(consumer, door, request, lambda ticket_id: [])
+        loading_state.wait_showing_state(consumer, door, request, lambda ticket_id: [], UNRESTRICTED)
     )
     deadline = asyncio.get_running_loop().time() + 5
     while consumer.sent.count(b": still waiting\n\n") < 2:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduling.core.durations import JobKind
+from scheduling.core.mentions import plain, told
 from scheduling.door.queue_entries import queue_entries
 from scheduling.tickets import Refused
 
@@ -34,8 +35,10 @@ async def test_waiting_requests_are_ranked_with_predicted_waits_behind_the_runni
     assert (first.state, first.position, second.position) == ("waiting", 1, 2)
     assert first.eta_s == pytest.approx(600 + 10, abs=1)  # the batch job, then loading coder
     assert second.eta_s == pytest.approx(600 + 10 + 30 + 20, abs=1)  # then coder's job, then chat again
-    assert first.outlook.startswith("next in the queue; ~10 min: a normal job on chat ends in ~10 min")
+    assert plain(first.outlook).startswith("next in the queue; ~10 min: a normal job on chat ends in ~10 min")
     assert "then loading coder takes ~10 s" in first.outlook
+    assert told(first.outlook, {"coder"}.__contains__).startswith(
+        "next in the queue; ~10 min: a normal job on another model ends in ~10 min")
     assert second.outlook.startswith("#2 in the queue, 1 ahead")
     gpu.finish(batch_lease)
     await gpu.fleet.start("coder")
@@ -50,8 +53,8 @@ async def test_without_history_the_entry_says_there_is_no_prediction(gpu_for):
     waiting = await gpu.submit("chat")
     (entry,) = [e for e in queue_entries(gpu.runtime) if e.ticket_id == waiting.ticket_id]
     assert entry.eta_s is None and entry.position == 1
-    assert entry.outlook.startswith("next in the queue; behind a normal job on chat, running for 1 s; no prediction: "
-                                    "no history yet")
+    assert plain(entry.outlook).startswith("next in the queue; behind a normal job on chat, running for 1 s; "
+                                           "no prediction: no history yet")
     gpu.finish(lease)
     gpu.finish(await waiting.lease())
 

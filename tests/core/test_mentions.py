@@ -1,0 +1,50 @@
+"""Texts with mentions of models (`scheduling.core.mentions`): operators read every name, as the text was written;
+a reader who may not see a model reads "another model", and nothing said of it."""
+
+from __future__ import annotations
+
+from hypothesis import given, strategies as st
+
+from scheduling.core.mentions import MARK, listed, named, plain, told
+
+from .search_effort import property_settings
+
+NAMES = st.text(min_size=1, max_size=12)  # any model name a config could hold, marks and quotes included
+WORDS = st.text(st.characters(blacklist_characters="«»"), max_size=12)  # said of a model: any but the test's brackets
+
+
+def test_a_reader_who_sees_the_model_reads_what_was_said_of_it_and_another_reads_the_stand_in():
+    text = f"model chat was being stopped for the start of {named('coder')}"
+    assert plain(text) == "model chat was being stopped for the start of coder"
+    assert told(text, {"chat"}.__contains__) == "model chat was being stopped for the start of another model"
+    swap = "reserved for " + named("coder", "#4's swap to coder", "a swap to another model")
+    assert (plain(swap), told(swap, {"chat"}.__contains__)) == ("reserved for #4's swap to coder",
+                                                               "reserved for a swap to another model")
+
+
+def test_a_list_names_the_models_the_reader_sees_then_counts_the_others():
+    text = f"only if {listed([('a', 'a (pinned)'), ('b', 'b (lease #3)'), ('c', 'c (pinned)')])} are stopped"
+    assert plain(text) == "only if a (pinned) and b (lease #3) and c (pinned) are stopped"
+    assert told(text, {"c"}.__contains__) == "only if c (pinned) and 2 other models are stopped"
+    assert told(text, {"a", "c"}.__contains__) == "only if a (pinned) and c (pinned) and another model are stopped"
+    assert told(text, lambda model: False) == "only if 3 other models are stopped"
+
+
+def test_a_stray_mark_in_words_not_ours_is_left_out_and_breaks_nothing():
+    assert plain(f"the model said {MARK}no{MARK} and {MARK}{{\"shown\": 3}}{MARK} then {MARK}") == (
+        "the model said no and {\"shown\": 3} then ")
+    assert plain("no mark at all") == "no mark at all"
+
+
+@property_settings(300)
+@given(st.lists(st.tuples(NAMES, WORDS), min_size=1, max_size=4, unique_by=lambda pair: pair[0]), st.data())
+def test_whatever_the_names_no_unseen_one_is_told_and_operators_read_the_words_as_written(models, data):
+    shown = [(model, f"«{at}»{words}") for at, (model, words) in enumerate(models)]
+    seen = data.draw(st.sets(st.sampled_from([model for model, _ in models])))
+    text = f"before {listed(shown)} after"
+    assert plain(text) == f"before {' and '.join(said for _, said in shown)} after"
+    told_text = told(text, seen.__contains__)
+    assert told_text.startswith("before ") and told_text.endswith(" after")
+    assert [f"«{at}»" in told_text for at in range(len(shown))] == [model in seen for model, _ in shown]
+    unseen = len(shown) - len(seen)
+    assert told_text.endswith({0: " after", 1: "another model after"}.get(unseen, f"{unseen} other models after"))
