@@ -65,4 +65,4 @@ def test_the_command_warns_when_a_new_keys_expiry_has_passed():
     assert "--expires 2001-01-01T00:00:00+00:00 has passed: the key is refused from the start" in err.getvalue()
     assert out.getvalue().strip().splitlines()[-1].startswith(ApiKey.objects.get(name="stale").prefix)
     call_command("keys", "create", "fresh", "--expires", "2999-01-01T00:00:00Z", stdout=out, stderr=(later := StringIO()))
-    assert later.getvalue() == ""
+    assert "--expires" not in later.getvalue()
