@@ -74,6 +74,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
+    # A view that raised because the scheduler or the database is away: 503 with Retry-After, not a 500.
+    "proxy.http.unavailable.UnavailableMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into its lockout page.
     "axes.middleware.AxesMiddleware",
 ]

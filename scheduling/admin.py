@@ -103,7 +103,7 @@ class LivePageAdmin(admin.ModelAdmin):
                     return HttpResponseRedirect(request.path)
                 return self.act(request, door)
             page = self.page_context(request, door) if door is not None else {}
-        except TimeoutError:
+        except frontdoor.Unanswered:
             page, unavailable = {}, _NO_ANSWER
         context = {
             **self.admin_site.each_context(request),
@@ -210,7 +210,7 @@ class ConfiguredModelAdmin(LivePageAdmin):
     def page_context(self, request: HttpRequest, door: frontdoor.FrontDoor) -> dict:
         try:
             states, unanswered = door.ask_now(Processes()), ""
-        except (TimeoutError, RuntimeError) as exc:  # the configured models are still worth listing
+        except frontdoor.Unanswered as exc:  # the configured models are still worth listing
             states, unanswered = {}, str(exc) or _NO_ANSWER
         rows = [
             {

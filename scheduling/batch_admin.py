@@ -68,7 +68,7 @@ class BatchAdmin(ReadOnly):
             return "—"
         try:
             seconds = door.ask_now(question)
-        except (TimeoutError, RuntimeError):
+        except frontdoor.Unanswered:
             return "unknown: the scheduler did not answer"
         return "unknown: no job of its model finished yet" if seconds is None else seconds_in_words(seconds)
 

@@ -36,7 +36,7 @@ def _states() -> tuple[dict[int, dict] | str, set[str]]:
         return "unknown: no scheduler runs in this process", set()
     try:
         return door.ask_now(KeepLeases()), set(door.config.models)
-    except (TimeoutError, RuntimeError):
+    except frontdoor.Unanswered:
         return "unknown: the scheduler did not answer", set(door.config.models)
 
 

@@ -18,6 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from proxy.api.views import api_key_required, changes_state
 from proxy.api.visibility import told_in
 from proxy.http.responses import allow_methods, json_error
+from scheduling.door.frontdoor import Unanswered
 from scheduling.door.questions import KeepLeases, NeverFits
 from scheduling.rows.leases import MAX_SECONDS, SYNC_S, leases_in_force, revoke_lease, take_lease
 from scheduling.keys.scope import KeyScope
@@ -57,7 +58,7 @@ async def leases(request: HttpRequest, service) -> HttpResponse:
         return json_error(404, f"model '{body['model']}' is not configured", "model_not_found")
     try:
         never = await service.door.ask(NeverFits(config.id))
-    except (TimeoutError, RuntimeError):
+    except Unanswered:
         never = None  # no worker answered: its keeper shows the lease `cannot_fit` once it reads it
     if never is not None:
         return json_error(409, f"{request.caller.scope.told(never)}: a lease for it would never be kept",
@@ -84,7 +85,7 @@ async def _kept(service) -> dict[int, dict] | None:
     """Have the scheduler read the leases in force now; their states (None: no scheduler answered)."""
     try:
         return await service.door.ask(KeepLeases())
-    except (TimeoutError, RuntimeError):
+    except Unanswered:
         return None
 
 

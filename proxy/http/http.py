@@ -18,6 +18,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from proxy.http.errors import ProxyError, error_body
+from proxy.http.unavailable import as_unavailable
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -69,9 +70,12 @@ class StreamingHttpConsumer(AsyncHttpConsumer):
             await self.send_error(exc)
         except asyncio.CancelledError:
             raise
-        except Exception:  # a child task's crash is invisible to daphne: answer it here
-            log.exception("unexpected failure while handling %s", self.scope.get("path"))
-            await self.send_error(ProxyError(500, "llamaswap hit an unexpected error; see its log", "internal_error"))
+        except Exception as exc:  # a child task's crash is invisible to daphne: answer it here
+            refusal = as_unavailable(exc)  # the scheduler or the database away: 503, not a crash
+            if refusal is None:
+                log.exception("unexpected failure while handling %s", self.scope.get("path"))
+                refusal = ProxyError(500, "llamaswap hit an unexpected error; see its log", "internal_error")
+            await self.send_error(refusal)
 
     async def http_disconnect(self, message):
         if self._job is not None and not self._job.done():

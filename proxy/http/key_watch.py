@@ -19,7 +19,6 @@ from django.utils import timezone
 from proxy.http.access import Caller, Denied, Need, model_refusal, route_refusal
 from proxy.http.key_cache import KEYS, REFRESH_S
 from scheduling.door import frontdoor
-from scheduling.door.questions import RefuseKey
 
 # How often a holder looks: twice per refresh, so a revoke is seen at most REFRESH_S plus one read after it.
 WATCH_S = REFRESH_S / 2
@@ -110,12 +109,12 @@ async def queue_closed_when_revoked(door, name: str) -> AsyncIterator[None]:
 
 
 async def _refuse_queued(door, name: str) -> None:
+    """Refuse the key's queued requests once it stops counting, and those that reach the queue for `SWEEP_S` after.
+    The door refuses them at once whether or not its scheduler can be reached now (`FrontDoor.refuse_key`): a
+    Redis blink neither delays the 401s nor ends the sweep."""
     denied = await until_refused(name)
     until = asyncio.get_running_loop().time() + SWEEP_S
     while asyncio.get_running_loop().time() < until:
-        try:
-            if ended := await door.ask(RefuseKey(name, denied.message)):
-                log.info("refused %d queued request(s) of the API key '%s': %s", len(ended), name, denied.message)
-        except (TimeoutError, RuntimeError) as exc:  # no scheduler answered: the next look asks again
-            log.warning("could not refuse the queued requests of the API key '%s': %s", name, exc)
+        if refused := await door.refuse_key(name, denied.message):
+            log.info("refused %d queued request(s) of the API key '%s': %s", refused, name, denied.message)
         await asyncio.sleep(WATCH_S)

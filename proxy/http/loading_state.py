@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Callable
 
+from scheduling.door.frontdoor import Unanswered
 from scheduling.door.questions import Progress
 from scheduling.tickets import Lease, TicketRequest
 from scheduling.keys.scope import KeyScope
@@ -93,5 +94,5 @@ async def _progress(door, handle: list):
         return None
     try:
         return await door.ask(Progress(handle[0]))
-    except (TimeoutError, RuntimeError):  # a worker slow to answer: the next update tries again
+    except Unanswered:  # a worker out of reach or slow to answer: the next update tries again
         return None

@@ -50,16 +50,34 @@ class FrontDoor(Protocol):
                     first_byte_s: float | None) -> None:
         """A relayed request ended `seconds` after it began: its row and metrics. Idempotent."""
 
+    async def refuse_key(self, key: str, why: str) -> int:
+        """Refuse every request of the API key `key` still waiting for the GPU with 401 `invalid_api_key` saying
+        `why` (the key stopped counting), at once, whether or not the scheduler can be reached now: a scheduler
+        out of reach is told once it can be, and writes their rows then. Returns how many were refused here.
+        Running requests go on."""
+
     # -- questions --------------------------------------------------------------------------------
     async def ask(self, question: Question) -> Any:
-        """The answer to `question`, on the event loop; TimeoutError or RuntimeError when the
-        scheduler did not or could not answer."""
+        """The answer to `question`, on the event loop; `Unanswered` when the scheduler did not or could not
+        answer, and nothing else for that."""
 
     def ask_now(self, question: Question) -> Any:
         """`ask` from any thread but the event loop's (Django's admin views run on worker threads)."""
 
     async def close(self) -> None:
         """Stop serving; requests still waiting are refused."""
+
+
+class Unanswered(Exception):
+    """The scheduler did not or could not answer a question: its worker is out of reach (Redis away, none up),
+    it did not answer in time, or answering failed there. The one failure `ask` and `ask_now` raise; the
+    service goes on, and a caller says so (an HTTP route: 503 with `Retry-After`) or asks again later."""
+
+    retry_after_s = 1  # a worker is reached again about a second after Redis is back
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 class ConfigUnavailable(Exception):

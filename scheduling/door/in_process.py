@@ -11,7 +11,8 @@ import inspect
 import time
 from typing import Any
 
-from scheduling.door.questions import BeginRelayed, EndRelayed, Question, answer
+from scheduling.door.frontdoor import Unanswered
+from scheduling.door.questions import BeginRelayed, EndRelayed, Question, RefuseKey, answer
 from scheduling.runtime import SchedulerRuntime
 from scheduling.tickets import Lease, Outcome, TicketRequest
 
@@ -38,12 +39,20 @@ class InProcessFrontDoor:
         if ticket_id is not None:
             answer(EndRelayed(ticket_id, outcome, seconds, first_byte_s), self.runtime, self.fleet)
 
+    async def refuse_key(self, key: str, why: str) -> int:
+        return len(await self.ask(RefuseKey(key, why)))
+
     async def ask(self, question: Question) -> Any:
         answered = answer(question, self.runtime, self.fleet)
         return await answered if inspect.isawaitable(answered) else answered
 
     def ask_now(self, question: Question) -> Any:
-        return self.runtime.from_thread(answer, question, self.runtime, self.fleet)
+        try:
+            return self.runtime.from_thread(answer, question, self.runtime, self.fleet)
+        except TimeoutError:  # the loop is held up (a long scheduling step): the page says so
+            raise Unanswered(f"the scheduler did not answer {type(question).__name__!r} in time") from None
+        except RuntimeError as exc:  # its loop has ended: this process is shutting down
+            raise Unanswered(f"the scheduler is not running ({exc})") from None
 
     async def close(self) -> None:
         """Nothing to stop: the composition root shuts the runtime and the fleet down."""

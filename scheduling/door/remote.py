@@ -16,22 +16,21 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from scheduling import events
 from scheduling.core import band_of
+from scheduling.door.frontdoor import Unanswered
 from scheduling.door.outage_log import OutageLog
-from scheduling.door.questions import BeginRelayed, EndRelayed, Question, StillGranted
-from scheduling.rows.recorder import Recorder
-from scheduling.rows.row_columns import request_columns
+from scheduling.door.refusal_rows import RefusalRows
+from scheduling.door.questions import BeginRelayed, EndRelayed, Question, RefuseKey, StillGranted
 from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
-from scheduling.door.ticket_ids import TicketBlocks, take_block
 from scheduling.door.directory import WorkerDirectory
 from scheduling.door.wire import (
     ANNOUNCE_S,
     FRONT_END_TIMEOUT_S,
     FRONT_ENDS_GROUP,
+    GOODBYE_S,
     HEARTBEAT_S,
     REDIS_FAILURES,
     SEND_RETRY_S,
@@ -47,6 +46,7 @@ from scheduling.door.wire import (
     Cut,
     Granted,
     Message,
+    Queued,
     TicketRefused,
     Release,
     Stop,
@@ -62,12 +62,12 @@ from scheduling.door.wire import (
 ANSWER_TIMEOUT_S = 5.0
 # How long a new request waits for Redis to come back before it is refused (a blip only delays it).
 REDIS_WAIT_S = 5.0
-# How long a request refused for want of Redis waits for a request id for its row.
-ROW_WAIT_S = 2.0
 # How long a request for a model no worker has announced waits for one (a front end that just started
 # hears every live worker within one announcement round).
 ROUTE_WAIT_S = 2 * ANNOUNCE_S
 CLOSE_TIMEOUT_S = 5.0  # for the listener to take its stop message
+# How many requests refused here a front end remembers, for a grant that crossed the refusal on the wire.
+REFUSED_KEPT = 10_000
 # Heartbeats failing this long may become a worker's FRONT_END_TIMEOUT_S of silence: grants are checked from then on.
 SUSPECT_SILENCE_S = 2 * HEARTBEAT_S
 
@@ -124,6 +124,9 @@ class ChannelLayerFrontDoor:
         self._relayed: dict[int, str] = {}  # requests relayed to a peer: ticket id -> the worker writing its row
         self._sends: set[asyncio.Task] = set()
         self._answers: dict[str, asyncio.Future] = {}
+        self._rows: dict[str, int] = {}  # by key: the row of a request its worker said is queued (`Queued`)
+        # By key: how a request refused here ended, for the release of a grant that crossed the refusal.
+        self._refused: dict[str, Outcome] = {}
         self._loop = asyncio.get_running_loop()
         self.refusals = RefusalRows(self._loop)
         # When a heartbeat last went through, and when a silence long enough for a worker to take this front end
@@ -174,6 +177,7 @@ class ChannelLayerFrontDoor:
             raise
         finally:
             del self._submitted[key]
+            self._rows.pop(key, None)
         lease = Lease(answer.ticket_id, request.model, answer.upstream, answer.decision)
         self._leases[answer.ticket_id] = _Held(key, lease, request.route, self._loop.time(), answer.worker,
                                                request.api_key)
@@ -242,30 +246,59 @@ class ChannelLayerFrontDoor:
             key=request.api_key,
         ))
 
+    async def refuse_key(self, key: str, why: str) -> int:
+        """This front end's requests of `key` still waiting are refused here at once, Redis or not, each naming
+        its row when its worker said it (`Queued`); each worker holding one is sent a `RefuseKey` of its own,
+        delivered once Redis answers, which lets them go from its queue and writes their rows (`cancelled`, 401,
+        `why`). A grant that crossed the refusal is given back saying the same (`_refused`)."""
+        mine = [handle for handle, (request, _, _) in self._submitted.items()
+                if request.api_key == key and handle in self._waiting and not self._waiting[handle].done()]
+        for handle in mine:
+            self._refused[handle] = Outcome(state=RequestState.CANCELLED, status_code=401, error=why)
+            self._waiting.pop(handle).set_exception(Refused(401, "invalid_api_key", why, ticket_id=self._rows.get(handle)))
+        while len(self._refused) > REFUSED_KEPT:
+            del self._refused[next(iter(self._refused))]
+        for worker in {self._submitted[handle][2] for handle in mine}:  # answered where nobody waits for it
+            self._send_later(Ask(f"{self._reply}?{next(self._keys)}", self._reply, RefuseKey(key, why)), worker)
+        return len(mine)
+
     async def ask(self, question: Question) -> Any:
-        """Ask the live workers the question names (`Question.workers`), in parallel, and merge their answers."""
-        await self._reply_channel()
+        """Ask the live workers the question names (`Question.workers`), in parallel, and merge their answers.
+        A Redis blip only delays the question; `Unanswered` when Redis stays away, or a worker does not answer,
+        for `ANSWER_TIMEOUT_S`, or one could not answer."""
+        deadline = self._loop.time() + ANSWER_TIMEOUT_S
+        await self._listening(question, deadline)
         reach = _Reach(self.workers, self._loop.time(), self._submitted)
         channels = question.workers(reach)
-        answers = await asyncio.gather(*(self._ask_worker(channel, question.put_to(channel)) for channel in channels))
+        answers = await asyncio.gather(*(self._ask_worker(channel, question.put_to(channel), deadline)
+                                         for channel in channels))
         return question.merge(dict(zip(channels, answers)))
 
     def ask_now(self, question: Question) -> Any:
         return asyncio.run_coroutine_threadsafe(self.ask(question), self._loop).result()
 
     async def close(self) -> None:
-        """Stop listening; requests still waiting are refused as the service shuts down."""
+        """Stop listening; requests still waiting are refused as the service shuts down. With Redis away, the
+        messages still unsent (releases, cancels) are given up after `GOODBYE_S`: the worker lets a silent front
+        end's requests go after its silence limit, their rows saying so."""
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         if self._listener is not None:
-            await self.layer.send(self._reply, to_message(Stop()))
-            done, _ = await asyncio.wait([self._listener], timeout=CLOSE_TIMEOUT_S)
-            if not done:
-                self._listener.cancel()
+            try:
+                async with asyncio.timeout(GOODBYE_S):
+                    await self.layer.send(self._reply, to_message(Stop()))
+                await asyncio.wait([self._listener], timeout=CLOSE_TIMEOUT_S)
+            except (*REDIS_FAILURES, TimeoutError) as exc:
+                log.warning("Redis is unreachable (%s): the front end stops without its last messages",
+                            exc or f"no answer within {GOODBYE_S:g} s")
+            self._listener.cancel()
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(Refused(503, "shutting_down", "llamaswap is shutting down; retry later", 1))
-        await asyncio.gather(*self._sends, return_exceptions=True)
+        if self._sends:
+            _, unsent = await asyncio.wait(self._sends, timeout=GOODBYE_S)
+            for send in unsent:
+                send.cancel()
         await self.refusals.close()
 
     async def _workers_for(self, among: list[str] | None) -> list[str]:
@@ -274,23 +307,34 @@ class ChannelLayerFrontDoor:
         now = self._loop.time()
         return self.workers.live(now) if among is None else self.workers.serving(among, now)
 
-    async def _ask_worker(self, worker: str, question: Question) -> Any:
-        """Ask the worker on channel `worker`; raises TimeoutError when it does not answer in time,
-        RuntimeError when it could not answer."""
-        reply = await self._reply_channel()
+    async def _listening(self, question: Question, deadline: float) -> str:
+        """This front end's reply channel, listened on (`_reply_channel`), Redis let `deadline` pass for it."""
+        try:
+            return await self._through_redis(self._reply_channel, deadline)
+        except Refused as exc:
+            raise _unreachable(question, exc) from exc
+
+    async def _ask_worker(self, worker: str, question: Question, deadline: float | None = None) -> Any:
+        """Ask the worker on channel `worker` (by `deadline`, on the loop's clock: within `ANSWER_TIMEOUT_S`);
+        `Unanswered` when it cannot be reached or does not answer by then, or could not answer."""
+        deadline = self._loop.time() + ANSWER_TIMEOUT_S if deadline is None else deadline
+        reply = await self._listening(question, deadline)
         key = f"{reply}?{next(self._keys)}"
         answer = self._loop.create_future()
         self._answers[key] = answer
         name = type(question).__name__
         try:
-            await self.layer.send(worker, to_message(Ask(key, reply, question)))
-            result: Answer = await asyncio.wait_for(answer, ANSWER_TIMEOUT_S)
+            await self._through_redis(lambda: self.layer.send(worker, to_message(Ask(key, reply, question))), deadline)
+            async with asyncio.timeout_at(deadline):
+                result: Answer = await answer
+        except Refused as exc:
+            raise _unreachable(question, exc) from exc
         except TimeoutError:
-            raise TimeoutError(f"the scheduler worker did not answer {name!r} within {ANSWER_TIMEOUT_S:g} s") from None
+            raise Unanswered(f"the scheduler worker did not answer {name!r} within {ANSWER_TIMEOUT_S:g} s") from None
         finally:
             self._answers.pop(key, None)
         if result.error:
-            raise RuntimeError(f"the scheduler worker could not answer {name!r}: {result.error}")
+            raise Unanswered(f"the scheduler worker could not answer {name!r}: {result.error}")
         return result.value
 
     async def _reply_channel(self) -> str:
@@ -377,15 +421,19 @@ class ChannelLayerFrontDoor:
     def _answer(self, message: Message) -> None:
         if isinstance(message, Granted):
             waiting = self._waiting.pop(message.key, None)
-            if waiting is None or waiting.done():
-                self._send_later(Release(message.key, LEFT_BEFORE_GRANT), message.worker)  # the client left as it was granted
+            if waiting is None or waiting.done():  # the client left, or was refused here, as it was granted
+                self._send_later(Release(message.key, self._refused.pop(message.key, LEFT_BEFORE_GRANT)), message.worker)
             elif self._grants_suspect():
                 task = self._loop.create_task(self._check_grant(message, waiting))
                 self._sends.add(task)
                 task.add_done_callback(self._sends.discard)
             else:
                 waiting.set_result(message)
+        elif isinstance(message, Queued):
+            if message.key in self._waiting:
+                self._rows[message.key] = message.ticket_id
         elif isinstance(message, TicketRefused):
+            self._refused.pop(message.key, None)
             waiting = self._waiting.pop(message.key, None)
             if waiting is not None and not waiting.done():
                 waiting.set_exception(message.refused)
@@ -414,7 +462,7 @@ class ChannelLayerFrontDoor:
             try:
                 held = await self._ask_worker(granted.worker, StillGranted(key))
                 break
-            except (TimeoutError, RuntimeError, *REDIS_FAILURES) as exc:
+            except Unanswered as exc:
                 log.warning("could not ask whether request %s is still granted (%s); asking again", key, exc)
                 await asyncio.sleep(SEND_RETRY_S)
         if waiting.done():  # the client left meanwhile (before the answer, or while it was on its way)
@@ -451,56 +499,10 @@ class _Reach:
         return [] if submitted is None else [submitted[2]]
 
 
-class RefusalRows:
-    """The rows of the requests a front end refuses itself, having failed to reach the worker over Redis
-    for `REDIS_WAIT_S`: no worker heard of them, so the front end writes them to the shared database,
-    in the shape the runtime gives a request it refuses, with ids from the sequence the workers take
-    theirs from, through a recorder of its own, which holds them while PostgreSQL is away too. The
-    ids are taken when the front end first reaches Redis, so an outage of both finds them in hand; a
-    request refused while none can be had (the database away since then) is refused without a row."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._opened: asyncio.Future | None = None  # (recorder, ticket ids), or None without a shared database
-
-    def prepare(self) -> None:
-        if self._opened is None or (self._opened.done() and self._opened.exception() is not None):
-            self._opened = self._loop.run_in_executor(None, self._open)
-            self._opened.add_done_callback(lambda opened: opened.exception())  # logged when a request needs it
-
-    @staticmethod
-    def _open() -> tuple[Recorder, TicketBlocks] | None:
-        from django.db import connection
-
-        if connection.vendor != "postgresql":  # a front end shares PostgreSQL with its workers; a test may have none
-            return None
-        ids = TicketBlocks(take_block)
-        recorder = Recorder()
-        recorder.start()
-        return recorder, ids
-
-    async def record(self, request: TicketRequest, arrived_at: float, refusal: Refused) -> int | None:
-        """Write the refused request's row; returns its ticket id, or None when none could be had."""
-        self.prepare()
-        try:
-            opened = await asyncio.wait_for(asyncio.shield(self._opened), ROW_WAIT_S)
-            if opened is None:
-                return None
-            recorder, ids = opened
-            ticket_id = ids()
-        except (Exception, TimeoutError) as exc:
-            log.warning("a request refused for want of Redis has no row: no request id could be had (%s)", exc)
-            return None
-        recorder.create(
-            ticket_id, **request_columns(request), max_wait_s=request.max_wait_s, state=RequestState.REJECTED,
-            status_code=refusal.status, error=refusal.message,
-            arrived_at=datetime.fromtimestamp(arrived_at, timezone.utc), finished_at=datetime.now(timezone.utc),
-        )
-        return ticket_id
-
-    async def close(self) -> None:
-        if self._opened is not None and self._opened.done() and self._opened.exception() is None and self._opened.result():
-            await self._loop.run_in_executor(None, self._opened.result()[0].close)
+def _unreachable(question: Question, refused: Refused) -> Unanswered:
+    """A question that could not be sent: Redis stayed away (`_through_redis`'s refusal says why)."""
+    why = type(refused.__cause__).__name__ if refused.__cause__ else refused.message
+    return Unanswered(f"cannot reach the scheduler workers over Redis ({why}) to ask {type(question).__name__!r}")
 
 
 def unreachable(exc: Exception) -> Refused:

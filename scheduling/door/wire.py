@@ -35,6 +35,9 @@ FRONT_ENDS_GROUP = "llamaswap.frontends"  # every front end's reply channel: wor
 WORKERS_GROUP = "llamaswap.workers"  # every active worker's channel: a front end that starts asks who serves what
 RECEIVE_RETRY_S = 1.0  # after the layer failed to deliver (Redis restarting, a network blip)
 SEND_RETRY_S = 0.25  # between tries of a send while Redis is away
+# How long a process that stops waits on Redis for its last messages (its own stop, leaving a group, a release)
+# before it exits without them: Redis silent (a partition) would otherwise hold it for the 30 s read timeout.
+GOODBYE_S = 2.0
 # What a send or receive raises when Redis is away or a pooled connection to it broke (redis-py drops
 # that connection, so the next try opens a fresh one); anything else is no reason to try again.
 REDIS_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError)
@@ -123,6 +126,15 @@ class Granted:
 
 
 @dataclass(frozen=True)
+class Queued:
+    """Worker → front end, for a request not granted at once: it waits under this row, so a refusal the front end
+    makes itself (its key revoked while Redis is away, `ChannelLayerFrontDoor.refuse_key`) names its request id."""
+
+    key: str
+    ticket_id: int
+
+
+@dataclass(frozen=True)
 class TicketRefused:
     """Worker → front end: the scheduler answered with an error instead of a grant."""
 
@@ -177,7 +189,8 @@ class Stop:
     sender: str = ""
 
 
-Message = Submit | Hello | Announce | Discover | Cancel | Release | Granted | TicketRefused | Cut | Ask | Answer | Heartbeat | Stop
+Message = (Submit | Hello | Announce | Discover | Cancel | Release | Granted | Queued | TicketRefused | Cut | Ask | Answer
+           | Heartbeat | Stop)
 _TYPES: dict[str, type] = {
     "ticket.submit": Submit,
     "worker.hello": Hello,
@@ -186,6 +199,7 @@ _TYPES: dict[str, type] = {
     "ticket.cancel": Cancel,
     "ticket.release": Release,
     "ticket.granted": Granted,
+    "ticket.queued": Queued,
     "ticket.refused": TicketRefused,
     "ticket.cut": Cut,
     "scheduler.ask": Ask,

@@ -32,6 +32,7 @@ from scheduling.door.wire import (
     REDIS_FAILURES,
     FRONT_END_TIMEOUT_S,
     FRONT_ENDS_GROUP,
+    GOODBYE_S,
     WORKERS_GROUP,
     Announce,
     Discover,
@@ -45,6 +46,7 @@ from scheduling.door.wire import (
     Cut,
     Granted,
     Message,
+    Queued,
     TicketRefused,
     Release,
     Stop,
@@ -112,6 +114,7 @@ class SchedulerWorker:
         self._stop_token = uuid.uuid4().hex  # unique even where a restarted worker gets the same pid
         self._announcing = OutageLog(log, "announcing this worker over Redis")
         self._serving: asyncio.Task | None = None  # run()'s task, for a stop that cannot reach Redis
+        self._cut_off = False  # the stop found Redis away: no other goodbye is waited for
 
     def rebuild(self, carried: list[Carried]) -> None:
         """Serve the requests a previous worker left queued (their rows), for the front ends that
@@ -200,10 +203,12 @@ class SchedulerWorker:
         finally:
             reaper.cancel()
             announcer.cancel()
-            try:
-                await self.layer.group_discard(WORKERS_GROUP, self.channel)
-            except Exception as exc:  # Redis gone: the group's expiry drops this channel in time
-                log.warning("could not leave the workers' group: %s", exc)
+            if not self._cut_off:
+                try:
+                    async with asyncio.timeout(GOODBYE_S):
+                        await self.layer.group_discard(WORKERS_GROUP, self.channel)
+                except Exception as exc:  # Redis gone: the group's expiry drops this channel in time
+                    log.warning("could not leave the workers' group: %s", exc or type(exc).__name__)
 
     def _announcement(self) -> Announce:
         return Announce(self.channel, self.models, self.name)
@@ -309,13 +314,16 @@ class SchedulerWorker:
                 self.runtime.drop_carried(carried.ticket_id, "the client left while no worker served it")
 
     async def stop(self) -> None:
-        """End `run()` once the messages sent before this one are handled. With Redis away that cannot be
-        waited for: `run()` ends now, and what is still on the channel waits there for the next worker."""
+        """End `run()` once the messages sent before this one are handled. With Redis away (refusing, or silent
+        for `GOODBYE_S`) that cannot be waited for: `run()` ends now, leaving no group, and what is still on the
+        channel waits there for the next worker."""
         try:
-            await self.layer.send(self.channel, to_message(Stop(self._stop_token)))
-        except REDIS_FAILURES as exc:
+            async with asyncio.timeout(GOODBYE_S):
+                await self.layer.send(self.channel, to_message(Stop(self._stop_token)))
+        except (*REDIS_FAILURES, TimeoutError) as exc:
             log.warning("Redis is unreachable (%s: %s): stopping without reading the rest of this worker's channel",
-                        type(exc).__name__, exc)
+                        type(exc).__name__, exc or f"no answer within {GOODBYE_S:g} s")
+            self._cut_off = True
             if self._serving is not None:
                 self._serving.cancel(msg=self._stop_token)
 
@@ -359,7 +367,18 @@ class SchedulerWorker:
 
     def _start(self, key: str, remote: _Remote, waiting: Coroutine[None, None, Lease]) -> None:
         self._remotes[key] = remote
-        remote.task = asyncio.get_running_loop().create_task(self._serve(key, remote, waiting))
+        loop = asyncio.get_running_loop()
+        remote.task = loop.create_task(self._serve(key, remote, waiting))
+        loop.call_soon(self._tell_queued, key, remote)  # after the task's first step: queued, or granted at once
+
+    def _tell_queued(self, key: str, remote: _Remote) -> None:
+        """Tell the front end the row of a request that was not granted (or refused) at once; one granted at once
+        costs no message."""
+        if key in self._answered or self._remotes.get(key) is not remote:
+            return
+        ticket_id = self.runtime.ticket_of(key)
+        if ticket_id is not None:
+            send_soon(self.layer, remote.reply, Queued(key, ticket_id), self._sends)
 
     def _answering(self, key: str) -> None:
         """Remember that `key` has its answer, so a second submit of it is dropped."""

@@ -11,6 +11,7 @@ from django.db.models import Count, Q
 
 from scheduling.core import band_of
 from scheduling.core.durations import JobKind
+from scheduling.door.frontdoor import Unanswered
 from scheduling.door.questions import RunTime
 from scheduling.models import Batch
 from scheduling.rows.batch_status import ACTIVE
@@ -84,7 +85,7 @@ async def time_left_s(door, shown: BatchProgress) -> float | None:
         return None
     try:
         return await door.ask(question)
-    except (TimeoutError, RuntimeError):
+    except Unanswered:
         return None
 
 

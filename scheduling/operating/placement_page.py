@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 from django.urls import reverse
 from django.utils import timezone
 
+from scheduling.door.frontdoor import Unanswered
 from scheduling.door.questions import Placement
 from scheduling.models import ModelLease
 
@@ -110,7 +111,7 @@ def section(door, unanswered: str, no_answer: str) -> dict:
     if not missing:
         try:
             answer = door.ask_now(Placement())
-        except (TimeoutError, RuntimeError) as exc:
+        except Unanswered as exc:
             missing = str(exc) or no_answer
     if missing:
         return {"placed_by_memory": True, "boxes": [], "placement_missing": missing}

@@ -151,7 +151,7 @@ def push_to_running_scheduler() -> bool:
     settings = stored_serial_settings(door.config.scheduler.serial, door.config.models)
     try:
         door.ask_now(Retune(settings))
-    except (TimeoutError, RuntimeError):
+    except frontdoor.Unanswered:
         log.exception("could not apply scheduler settings %s to the running scheduler", settings)
         return False
     log.info("scheduler settings now agingDivisor=%s swapAffinityBonus=%s slots=%s fairness=%s",

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from scheduling.door.remote import REDIS_WAIT_S
-from scheduling.door.wire import FRONT_END_TIMEOUT_S
+from scheduling.door.wire import ANNOUNCE_S, FRONT_END_TIMEOUT_S, GOODBYE_S
 from tests.e2e.held import HeldRequest, HeldStream
 from tests.e2e.test_distributed import distributed  # noqa: F401 (a fixture)
 from tests.faults.cluster import MODEL, config_text
@@ -26,6 +26,10 @@ from tests.faults.test_database_outage import through
 from tests.served import Served, Worker, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
+
+# docs/distributed.md: a process stopped while Redis is away waits for it at most GOODBYE_S; with nothing to drain, it
+# exits within that and a few seconds more (its models stopped, its rows flushed, the interpreter's own exit).
+STOP_BOUND_S = GOODBYE_S + 3
 
 
 @dataclass
@@ -231,11 +235,29 @@ def test_a_front_end_cut_from_redis_longer_than_the_silence_limit_keeps_one_row_
 
 def test_a_worker_stopped_while_its_redis_is_away_exits_cleanly_and_told_the_outage_once(pair):
     assert pair.ask("first").status_code == 200
+    settled(pair, 2)  # its release reached the worker: nothing is left to drain
     pair.relays["worker redis"].cut()
     wait_until(lambda: "announcing this worker over Redis failed" in pair.worker.log(), 10, 0.1, "the outage noticed")
     time.sleep(3)  # the fault goes on for a few announce rounds
+    stopped_at = time.monotonic()
     pair.worker.proc.send_signal(signal.SIGTERM)
-    assert pair.worker.proc.wait(60) == 0
+    assert pair.worker.proc.wait(120) == 0
+    assert time.monotonic() - stopped_at < STOP_BOUND_S
     log = pair.worker.log()
     assert "Traceback" not in log and "stopping without reading the rest of this worker's channel" in log, log
     assert log.count("announcing this worker over Redis failed") == 1, log
+
+
+@pytest.mark.parametrize("process", ["worker", "front end"])
+def test_a_process_stopped_while_redis_is_silent_exits_within_its_bound(pair, process):
+    """Redis silent rather than refusing (a partition: connections open, no byte back): a stopping process waits
+    for it at most GOODBYE_S, not the 30 s Redis read timeout each of its goodbyes would otherwise take."""
+    settled(pair, 1)  # the warm request's release reached the worker: nothing is left to drain
+    pair.relays[f"{process} redis"].stall()
+    time.sleep(ANNOUNCE_S)  # the fault itself, for a full announce round
+    handle = pair.worker if process == "worker" else pair.front_end
+    stopped_at = time.monotonic()
+    handle.proc.send_signal(signal.SIGTERM)
+    assert handle.proc.wait(120) == 0
+    assert time.monotonic() - stopped_at < STOP_BOUND_S, handle.log()
+    assert "Traceback" not in handle.log(), handle.log()

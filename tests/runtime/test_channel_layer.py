@@ -10,6 +10,7 @@ import pytest
 
 from scheduling.core import Band
 from scheduling.events import Finished, Unserved
+from scheduling.door.frontdoor import Unanswered
 from scheduling.door.in_process import InProcessFrontDoor
 from scheduling.door.questions import BusyModels, CancelWaiting, LogText, Reprioritize, Snapshot, Unload, Waiting
 from scheduling.door.remote import ChannelLayerFrontDoor
@@ -185,7 +186,7 @@ async def test_operators_on_a_front_end_see_and_change_the_workers_queue(wired):
 
 async def test_a_question_the_worker_does_not_know_is_answered_with_an_error(wired):
     _, worker, first, _ = wired("a")
-    with pytest.raises(RuntimeError, match="could not answer 'LogText'.*nothing answers 'LogText'"):
+    with pytest.raises(Unanswered, match="could not answer 'LogText'.*nothing answers 'LogText'"):
         await first._ask_worker(worker.channel, LogText("a", "", ""))
 
 

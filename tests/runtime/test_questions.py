@@ -22,7 +22,7 @@ from scheduling.door.wire import Answer, Ask, from_message, to_message
 from tests.core.test_purity import imported_modules
 
 ROOT = Path(__file__).resolve().parents[2]
-PORT = {"submit", "release", "begin_relayed", "end_relayed", "ask", "ask_now", "close"}
+PORT = {"submit", "release", "refuse_key", "begin_relayed", "end_relayed", "ask", "ask_now", "close"}
 
 
 def public_methods(cls: type) -> set[str]:

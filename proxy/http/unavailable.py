@@ -1,0 +1,44 @@
+"""A part the service leans on is away — the scheduler (its worker out of reach over Redis, or not answering) or the
+database — and a route needs it: one place answers that with 503, `Retry-After` and why, OpenAI-shaped, never a 500
+with a traceback. Django's views reach it as a middleware (`UnavailableMiddleware`), the model consumers through
+`as_unavailable`; the reason the database gave stays in the log, with its addresses."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import InterfaceError, OperationalError
+from django.utils.deprecation import MiddlewareMixin
+
+from proxy.http.errors import ProxyError
+from proxy.http.responses import json_error
+from scheduling.door.frontdoor import Unanswered
+
+# A route reconnects to the database on its next request; the request history is written within about 2 s of its
+# return (docs/distributed.md, The database away for a while).
+DATABASE_RETRY_AFTER_S = 2
+
+log = logging.getLogger("llamaswap.proxy")
+
+
+def as_unavailable(exc: BaseException) -> ProxyError | None:
+    """The 503 for `exc` when it says the scheduler or the database is away; None for anything else."""
+    if isinstance(exc, Unanswered):
+        return ProxyError(503, f"{exc.why}; retry later", "scheduler_unreachable",
+                          headers={"Retry-After": str(exc.retry_after_s)})
+    if isinstance(exc, (OperationalError, InterfaceError)):  # the server away, or a connection it dropped
+        return ProxyError(503, f"the database is unreachable ({type(exc).__name__}); retry later", "database_unreachable",
+                          headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+    return None
+
+
+class UnavailableMiddleware(MiddlewareMixin):
+    """Django's views: a view that raised because the scheduler or the database is away answers 503."""
+
+    def process_exception(self, request, exception):
+        refusal = as_unavailable(exception)
+        if refusal is None:
+            return None
+        log.warning("%s %s answered 503: %s", request.method, request.path, exception)
+        return json_error(refusal.status, refusal.message, refusal.code,
+                          **{name.replace("-", "_"): value for name, value in refusal.headers.items()})
