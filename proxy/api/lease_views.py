@@ -20,8 +20,8 @@ from proxy.api.visibility import told_in
 from proxy.http.responses import allow_methods, json_error
 from scheduling.door.frontdoor import Unanswered
 from scheduling.door.questions import KeepLeases, NeverFits
-from scheduling.rows.leases import MAX_SECONDS, SYNC_S, leases_in_force, revoke_lease, take_lease
 from scheduling.keys.scope import KeyScope
+from scheduling.rows.leases import MAX_SECONDS, SYNC_S, leases_in_force, revoke_lease, take_lease
 
 _SHAPE = f'send a JSON body {{"model": "<model>", "seconds": <how long, 1 to {MAX_SECONDS}>}}'
 _UNANSWERED = {"state": "unknown", "why": f"no scheduler answered; the lease reaches it within {SYNC_S:g} s"}

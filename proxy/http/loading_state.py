@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from scheduling.door.frontdoor import Unanswered
 from scheduling.door.questions import Progress
-from scheduling.tickets import Lease, TicketRequest
 from scheduling.keys.scope import KeyScope
+from scheduling.tickets import Lease, TicketRequest
 
 LOADING_ROUTE = "/v1/chat/completions"
 # A grant within this long streams nothing extra: the client sees the answer as if nothing waited.
