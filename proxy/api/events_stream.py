@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -24,16 +25,20 @@ from asgiref.sync import sync_to_async
 from django.db.models import Max
 
 from proxy.compat.active_profile import active_profile
+from proxy.http.unavailable import as_unavailable
 from proxy.api.visibility import own_batches, own_entries, own_rows, told_in
 from proxy.compat.model_listing import capability_fields
 from proxy.upstream.peer_relay import peer_model_states
 from scheduling.rows.activity import activity_row
 from scheduling.door.questions import LogsSince, Processes, Queue
+from scheduling.door.outage_log import OutageLog
 from scheduling.operating.batch_progress import BatchWatch, time_left_s
 from scheduling.models import QueuedRequest
 from scheduling.tickets import RequestState
 from scheduling.core import ModelState
 from scheduling.keys.scope import UNRESTRICTED, KeyScope
+
+log = logging.getLogger("llamaswap.proxy")
 
 TICK_S = 0.5
 BATCH_TICK_S = 1.0  # a batch's counts are one grouped query over its lines: looked at less often
@@ -131,6 +136,7 @@ class EventStream:
         self.profile: str | None = None  # the active profile this connection was last told of
         self.batches = BatchWatch()
         self.batches_looked = 0.0
+        self.unsent: list[str] = []  # what a `changes()` that failed gathered before it failed
 
     async def first(self) -> str:
         """Everything: log history, every model's status, the in-flight snapshot and the queue."""
@@ -147,8 +153,10 @@ class EventStream:
         return "".join(pieces)
 
     async def changes(self) -> str:
-        """What changed since the last call ("" for nothing)."""
-        pieces = await self._logs()
+        """What changed since the last call ("" for nothing). A call that fails (the scheduler or the database away)
+        leaves what it gathered before it failed to the next, whose answer begins with it."""
+        pieces = self.unsent  # grown in place
+        pieces += await self._logs()
         status = await self._model_status()
         if status:
             pieces.append(status)
@@ -163,6 +171,7 @@ class EventStream:
         pieces += await self._profile_changed()
         if time.monotonic() - self.batches_looked >= BATCH_TICK_S:
             pieces += await self._batch_progress()
+        self.unsent = []
         return "".join(pieces)
 
     async def _entries(self) -> list:
@@ -265,16 +274,25 @@ def _queue_changed(sent: list[dict[str, Any]] | None, queue: list[dict[str, Any]
     return False
 
 
-async def events(service, *, viewer: KeyScope = UNRESTRICTED, tick_s: float = TICK_S,
-                 keepalive_s: float = KEEPALIVE_S):
-    """The response body: the first payload, then changes; ends when the client leaves (Django
-    cancels the response's task then, which cancels the sleep or query this is waiting in)."""
-    stream = EventStream(service, viewer=viewer)
-    yield await stream.first()
+async def events(stream: EventStream, first: str, *, tick_s: float = TICK_S, keepalive_s: float = KEEPALIVE_S):
+    """The response body: `first` (the stream's first payload, asked before the response began: the scheduler or the
+    database away answers that 503), then changes; ends when the client leaves (Django cancels the response's task
+    then, which cancels the sleep or query this is waiting in). A look the scheduler or the database does not answer
+    sends nothing, and the next looks again: a Redis blink or a database outage does not end the stream."""
+    yield first
     quiet_since = time.monotonic()
+    outage = OutageLog(log, "updating an /api/events stream")
     while True:
         await asyncio.sleep(tick_s)
-        changes = await stream.changes()
+        try:
+            changes = await stream.changes()
+        except Exception as exc:
+            if as_unavailable(exc) is None:
+                raise
+            outage.failed(exc)
+            changes = ""
+        else:
+            outage.worked()
         if changes:
             quiet_since = time.monotonic()
             yield changes

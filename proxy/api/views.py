@@ -207,8 +207,9 @@ async def _logs_stream(door, model: str | None, model_id: str | None, history: b
 async def api_events(request: HttpRequest, service) -> HttpResponse:
     """`GET /api/events`: llama-swap's Server-Sent Events (see proxy.api.events_stream), of what the key may
     see (proxy.api.visibility); the models' log text only for an operator key, as `/logs`."""
-    events = events_stream.events(service, viewer=request.caller.scope)
-    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    stream = events_stream.EventStream(service, viewer=request.caller.scope)
+    first = await stream.first()  # the scheduler or the database away: 503 (proxy.http.unavailable), not a stream
+    response = StreamingHttpResponse(events_stream.events(stream, first), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a proxy in front must pass each event on as it comes
     return response

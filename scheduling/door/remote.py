@@ -124,6 +124,7 @@ class ChannelLayerFrontDoor:
         self._relayed: dict[int, str] = {}  # requests relayed to a peer: ticket id -> the worker writing its row
         self._sends: set[asyncio.Task] = set()
         self._answers: dict[str, asyncio.Future] = {}
+        self._submitting: set[str] = set()  # keys whose submit is still being sent
         self._rows: dict[str, int] = {}  # by key: the row of a request its worker said is queued (`Queued`)
         # By key: how a request refused here ended, for the release of a grant that crossed the refusal.
         self._refused: dict[str, Outcome] = {}
@@ -156,12 +157,15 @@ class ChannelLayerFrontDoor:
         self._submitted[key] = (request, arrived_at, worker)
         try:
             try:
+                self._submitting.add(key)
                 await self._through_redis(lambda: self.layer.send(worker, to_message(Submit(key, reply, request))), deadline)
             except Refused as exc:
                 self._waiting.pop(key, None)
                 self._send_later(Cancel(key), worker)  # in case the submit reached the worker after all
                 await self._refused_here(request, key, arrived_at, exc)
                 raise
+            finally:
+                self._submitting.discard(key)
             if queued is not None:
                 queued(key)
             answer: Granted = await granted
@@ -247,12 +251,13 @@ class ChannelLayerFrontDoor:
         ))
 
     async def refuse_key(self, key: str, why: str) -> int:
-        """This front end's requests of `key` still waiting are refused here at once, Redis or not, each naming
+        """This front end's requests of `key` waiting at a worker are refused here at once, Redis or not, each naming
         its row when its worker said it (`Queued`); each worker holding one is sent a `RefuseKey` of its own,
-        delivered once Redis answers, which lets them go from its queue and writes their rows (`cancelled`, 401,
-        `why`). A grant that crossed the refusal is given back saying the same (`_refused`)."""
-        mine = [handle for handle, (request, _, _) in self._submitted.items()
-                if request.api_key == key and handle in self._waiting and not self._waiting[handle].done()]
+        delivered once Redis answers, after the submits, which lets them go from its queue and writes their rows
+        (`cancelled`, 401, `why`). A grant that crossed the refusal is given back saying the same (`_refused`). One
+        whose submit is still being sent is left to the sweep's next call (`proxy.http.key_watch`), or to its 503."""
+        mine = [handle for handle, (request, _, _) in self._submitted.items() if request.api_key == key
+                and handle in self._waiting and not self._waiting[handle].done() and handle not in self._submitting]
         for handle in mine:
             self._refused[handle] = Outcome(state=RequestState.CANCELLED, status_code=401, error=why)
             self._waiting.pop(handle).set_exception(Refused(401, "invalid_api_key", why, ticket_id=self._rows.get(handle)))

@@ -6,10 +6,11 @@ refused 401 within the documented 2 s, by request id, and their rows say why."""
 
 from __future__ import annotations
 
+import json
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -21,10 +22,8 @@ from tests.e2e.test_distributed import distributed  # noqa: F401 (a fixture)
 from tests.e2e.test_key_quotas import Held, Later, started
 from tests.e2e.test_key_revocation import REVOKE_BOUND_S
 from tests.faults.cluster import MODEL
-from tests.faults.relay import Relay
-from tests.faults.test_database_outage import through
-from tests.faults.test_redis_outage import Pair
-from tests.served import Served, Worker, fake_cmd, model_ports, wait_until
+from tests.faults.test_redis_outage import Pair, paired
+from tests.served import fake_cmd, model_ports, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -37,12 +36,9 @@ ROUTES = [("GET", "/v1/models"), ("GET", "/running"), ("GET", "/api/queue"), ("G
 
 @pytest.fixture
 def pair(tmp_path, distributed):  # noqa: F811
-    """A front end and a worker, each reaching Redis through its relay ("front end redis", "worker redis"); one
-    model of one slot, placed by memory (so leases can be taken)."""
+    """A front end and a worker, each reaching Redis through a relay of its own (`paired`); one model of one slot,
+    placed by memory, so leases can be taken."""
     env, _ = distributed
-    url, redis_url = env["DATABASE_URL"], env["REDIS_URL"]
-    relays = {name: Relay("127.0.0.1", urlsplit(redis_url).port, name=name).start()
-              for name in ("front end redis", "worker redis")}
     events = tmp_path / "events.jsonl"
     text = textwrap.dedent(f"""
         startPort: {model_ports(1)}
@@ -51,22 +47,46 @@ def pair(tmp_path, distributed):  # noqa: F811
           {MODEL}: {{cmd: "{fake_cmd(MODEL, events)}", memory: 8GiB}}
         routing: {{scheduler: {{use: serial}}}}
     """)
-    (tmp_path / "fe").mkdir()
-    try:
-        with Worker(tmp_path / "w", text, {**env, "REDIS_URL": through(redis_url, relays["worker redis"])}) as worker:
-            front_env = {**env, "REDIS_URL": through(redis_url, relays["front end redis"]),
-                         "LLAMASWAP_DATA_DIR": str(tmp_path / "fe" / "data")}
-            with Served(tmp_path / "fe", text, env=front_env) as front_end:
-                started_pair = Pair(front_end, worker, relays, url, events)
-                assert started_pair.ask("warm").status_code == 200  # the model is up, the front end knows the worker
-                yield started_pair
-    finally:
-        for each in relays.values():
-            each.close()
+    with paired(tmp_path, env, text, events) as started:
+        yield started
 
 
 def leases(pair: Pair) -> list[dict]:
     return httpx.get(pair.front_end.base + "/api/leases", timeout=30).json()["leases"]
+
+
+class EventsRead:
+    """An `/api/events` stream read on a thread of its own: each event's type, with when it came."""
+
+    def __init__(self, base: str) -> None:
+        self.events: list[tuple[float, str]] = []
+        self.ended = threading.Event()
+        self._client = httpx.Client(timeout=httpx.Timeout(30, read=None))
+        threading.Thread(target=self._read, args=(base,), daemon=True).start()
+
+    def _read(self, base: str) -> None:
+        try:
+            with self._client.stream("GET", base + "/api/events") as answer:
+                for line in answer.iter_lines():
+                    if line.startswith("data: "):
+                        self.events.append((time.monotonic(), json.loads(line[6:])["type"]))
+        except httpx.HTTPError:
+            pass
+        finally:
+            self.ended.set()
+
+    def since(self, moment: float) -> list[str]:
+        return [kind for at, kind in self.events if at > moment]
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def opened_events(base: str) -> httpx.Response:
+    """The answer to a new `/api/events` request, its head only."""
+    with httpx.stream("GET", base + "/api/events", timeout=30) as answer:
+        return answer if answer.status_code == 200 else httpx.Response(answer.status_code, headers=answer.headers,
+                                                                        content=answer.read())
 
 
 def test_a_route_that_cannot_reach_the_worker_answers_503_with_retry_after_and_a_lease_asked_meanwhile_is_kept(pair):
@@ -76,16 +96,42 @@ def test_a_route_that_cannot_reach_the_worker_answers_503_with_retry_after_and_a
         method, path = route
         return httpx.request(method, base + path, timeout=30)
 
-    pair.relays["front end redis"].cut()
+    stream = EventsRead(base)
     try:
-        with ThreadPoolExecutor(len(ROUTES) + 1) as pool:
-            lease = pool.submit(httpx.post, base + "/api/leases", json={"model": MODEL, "seconds": 600}, timeout=30)
-            answers = list(pool.map(asked, ROUTES))
-            lease = lease.result()
-        shown = [(entry["id"], entry["state"]) for entry in leases(pair)]
+        wait_until(lambda: "modelStatus" in stream.since(0), 10, 0.05, "an /api/events stream's first payload")
+        pair.relays["front end redis"].cut()
+        try:
+            with ThreadPoolExecutor(len(ROUTES) + 2) as pool:
+                lease = pool.submit(httpx.post, base + "/api/leases", json={"model": MODEL, "seconds": 600}, timeout=30)
+                opened = pool.submit(opened_events, base)
+                answers = list(pool.map(asked, ROUTES)) + [opened.result()]
+                lease = lease.result()
+            shown = [(entry["id"], entry["state"]) for entry in leases(pair)]
+        finally:
+            pair.relays["front end redis"].restore()
+        restored_at = time.monotonic()
+        check_routes_and_lease(pair, answers, lease, shown)
+        for route in ROUTES:
+            assert asked(route).status_code == 200, route
+        # the stream open through the outage goes on: the unloads just asked reach it
+        wait_until(lambda: "modelStatus" in stream.since(restored_at), 10, 0.05, "the open stream telling the unload")
+        assert not stream.ended.is_set(), "the open /api/events stream ended with the outage"
     finally:
+        stream.close()
+
+    pair.relays["front end redis"].cut()  # a blink shorter than a question's wait only delays it
+    with ThreadPoolExecutor(1) as pool:
+        models = pool.submit(asked, ("GET", "/v1/models"))
+        time.sleep(BLINK_S)  # the fault itself
         pair.relays["front end redis"].restore()
-    for (method, path), answer in zip(ROUTES, answers):
+        assert models.result().status_code == 200, models.result().text
+    assert "Traceback" not in pair.front_end.log(), pair.front_end.log()
+
+
+def check_routes_and_lease(pair: Pair, answers: list[httpx.Response], lease: httpx.Response, shown: list) -> None:
+    """Each route asked while Redis was away answered 503 saying why; the lease asked meanwhile was kept, `unknown`
+    until the worker read it, which it does within SYNC_S of Redis's return."""
+    for (method, path), answer in zip(ROUTES + [("GET", "/api/events")], answers, strict=True):
         assert answer.status_code == 503, (method, path, answer.status_code, answer.text)
         assert answer.headers.get("retry-after") == "1", (method, path, answer.headers)
         error = answer.json()["error"]
@@ -97,16 +143,6 @@ def test_a_route_that_cannot_reach_the_worker_answers_503_with_retry_after_and_a
     assert shown == [(made, "unknown")], shown
     wait_until(lambda: [(entry["id"], entry["state"]) for entry in leases(pair)] == [(made, "loaded")],
                SYNC_S + ANSWER_TIMEOUT_S, 0.1, "the worker keeping the lease asked while Redis was away")
-    for route in ROUTES:
-        assert asked(route).status_code == 200, route
-
-    pair.relays["front end redis"].cut()  # a blink shorter than a question's wait only delays it
-    with ThreadPoolExecutor(1) as pool:
-        models = pool.submit(asked, ("GET", "/v1/models"))
-        time.sleep(BLINK_S)  # the fault itself
-        pair.relays["front end redis"].restore()
-        assert models.result().status_code == 200, models.result().text
-    assert "Traceback" not in pair.front_end.log(), pair.front_end.log()
 
 
 def test_a_key_revoked_during_a_redis_blink_has_each_queued_request_refused_401_within_2_s(pair):
@@ -123,7 +159,8 @@ def test_a_key_revoked_during_a_redis_blink_has_each_queued_request_refused_401_
         rows = wait_until(lambda: leaked_rows(pair) if len(leaked_rows(pair)) == 3 else None, 10, 0.05,
                           "the key's three requests queued at the worker")
         assert {row[1] for row in rows} == {"queued"}, rows
-        for relay in pair.relays.values():  # Redis drops every connection
+        redis = [pair.relays["front end redis"], pair.relays["worker redis"]]
+        for relay in redis:  # Redis drops every connection
             relay.cut()
         cut_at = time.monotonic()
         revoke(pair, "leak")
@@ -137,7 +174,7 @@ def test_a_key_revoked_during_a_redis_blink_has_each_queued_request_refused_401_
             answers[int(answer.headers["x-llamaswap-request-id"])] = answer
         assert time.monotonic() - cut_at < REDIS_WAIT_S, "the requests were refused while Redis was still away"
         time.sleep(max(0.0, cut_at + BLINK_S - time.monotonic()))  # the rest of the blink
-        for relay in pair.relays.values():
+        for relay in redis:
             relay.restore()
         assert set(answers) == {row[0] for row in rows}, "each answer names its own request's row"
         for answer in answers.values():

@@ -5,9 +5,11 @@ and what the rows say."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -55,6 +57,15 @@ class Pair:
 @pytest.fixture
 def pair(tmp_path, distributed):
     env, _ = distributed
+    events = tmp_path / "events.jsonl"
+    with paired(tmp_path, env, config_text(events), events) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def paired(tmp_path: Path, env: dict, text: str, events: Path) -> Iterator[Pair]:
+    """A front end and a worker serving the config `text` (its models' events in `events`), each reaching Redis, and the
+    front end PostgreSQL, through a relay of its own; the model loaded by a first request."""
     url, redis_url = env["DATABASE_URL"], env["REDIS_URL"]
 
     def relay(target: str, name: str) -> Relay:
@@ -63,8 +74,6 @@ def pair(tmp_path, distributed):
 
     relays = {"front end redis": relay(redis_url, "fe-redis"), "front end postgres": relay(url, "fe-postgres"),
               "worker redis": relay(redis_url, "w-redis")}
-    events = tmp_path / "events.jsonl"
-    text = config_text(events)
     worker_env = {**env, "REDIS_URL": through(redis_url, relays["worker redis"])}
     (tmp_path / "fe").mkdir()
     try:

@@ -6,6 +6,7 @@ import json
 
 from proxy.api import events_stream
 from proxy.api.events_stream import _queue_changed, envelope
+from scheduling.door.frontdoor import Unanswered
 
 
 def test_envelope_is_llama_swaps_sse_message_with_json_text_inside():
@@ -47,9 +48,30 @@ class Quiet:
         return ""
 
 
-async def test_a_quiet_stream_sends_only_keep_alive_comments(monkeypatch):
-    monkeypatch.setattr(events_stream, "EventStream", Quiet)
-    stream = events_stream.events(None, tick_s=0, keepalive_s=0)
+async def test_a_quiet_stream_sends_only_keep_alive_comments():
+    quiet = Quiet(None)
+    stream = events_stream.events(quiet, await quiet.first(), tick_s=0, keepalive_s=0)
     assert await anext(stream) == "first"
     assert await anext(stream) == ": ping\n\n"
+    await stream.aclose()
+
+
+class Blinking(Quiet):
+    """A connection whose scheduler does not answer its first look (Redis away), then tells a change."""
+
+    looks = 0
+
+    async def changes(self):
+        self.looks += 1
+        if self.looks == 1:
+            raise Unanswered("cannot reach the scheduler workers over Redis (ConnectionError) to ask 'Queue'")
+        return "changed"
+
+
+async def test_a_look_the_scheduler_does_not_answer_ends_no_stream():
+    blinking = Blinking(None)
+    stream = events_stream.events(blinking, await blinking.first(), tick_s=0, keepalive_s=60)
+    assert await anext(stream) == "first"
+    assert await anext(stream) == "changed"
+    assert blinking.looks == 2
     await stream.aclose()
