@@ -629,8 +629,8 @@ def splice(results: str, report: Report, parts: list[str], command: str, load_be
     blank = lines.index("")  # the generated line, then the machine's lines: these go after them
     while blank + 1 < len(lines) and lines[blank + 1].startswith("- "):
         blank += 1
-    lines[blank + 1:blank + 1] = [f"- {part} run again by `{command}` on {when} (load average before: {load_before})"
-                                  for part in parts]
+    load = f"load average before: {load_before}, after: {load_average()}"  # other work skews it while it runs
+    lines[blank + 1:blank + 1] = [f"- {part} run again by `{command}` on {when} ({load})" for part in parts]
     text = "\n".join(lines)
     for part, block in section_blocks(report).items():
         start = f"\n{mark(part)}\n"  # a line of its own: a summary row ends with the mark too

@@ -30,6 +30,7 @@ def test_a_part_run_again_replaces_its_rows_and_sections_and_keeps_the_others():
     assert after.count("3 ms") == 3 and "#### Replay again" in after
     assert after.count("1 ms") == 3 and "#### Data path" in after  # the other part's rows and section stay
     assert "- replay run again by `suite --only replay`" in after
+    assert "(load average before: 1, after: " in after  # the load it ran at, not only the load it began at
     again = suite.splice(after, report_of("replay", "4 ms", "Replay"), ["replay"], "suite --only replay", "1")
     assert "3 ms" not in again and again.count("4 ms") == 3 and again.count("run again") == 1
 
