@@ -3,7 +3,9 @@ alone decides what runs together): each GPU's declared use never exceeds its mem
 leased model is stopped to make room; each start's victims are the least set by (busy models, cost, models) (brute
 force, with each model's cost worked out here from the requests and load times the machine saw); and the best
 waiting request never waits, while nothing is under way, for a model that would fit now. Reloads remove,
-rename and add GPUs under running models: those finish on their retiring GPU, then start again on a listed one."""
+rename and add GPUs under running models: those finish on their retiring GPU, then start again on a listed one.
+A second machine, on hardware no reload changes and models used one request at a time to the end, makes most
+starts stop others, so that the choice of victims is judged often."""
 
 import itertools
 import math
@@ -29,14 +31,18 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
                 needs=st.lists(st.tuples(SIZES, st.integers(0, 2), st.booleans()), min_size=5, max_size=5),
                 settings=st.builds(SerialSettings, st.sampled_from([0, 60]), st.sampled_from([0, 10])))
     def start(self, gpus, needs, settings):
-        self.hardware = Hardware({str(i): size for i, size in enumerate(gpus)})
+        hardware = Hardware({str(i): size for i, size in enumerate(gpus)})
         self.sizes = {"0": gpus[0], "1": gpus[-1], "x": 24_000}  # a GPU keeps its size through reloads
-        self.specs = {}
+        specs = {}
         for model, (mib, count, pinned) in zip(MODELS, needs):
             need = MemoryNeed(mib, min(count, len(gpus)))
-            if assign(self.hardware, need, ()) is None:
+            if assign(hardware, need, ()) is None:
                 need = MemoryNeed(min(gpus), 1)
-            self.specs[model] = ModelSpec(model, ttl=5 if model in "ab" else 0, memory=need, pinned=pinned and model == "e")
+            specs[model] = ModelSpec(model, ttl=5 if model in "ab" else 0, memory=need, pinned=pinned and model == "e")
+        self.set_up(hardware, specs, settings)
+
+    def set_up(self, hardware, specs, settings):
+        self.hardware, self.specs = hardware, specs
         policy = SwapPolicy([SwapGroup("(placement)", MODELS, swap=False, exclusive=False)], MODELS)
         self.scheduler = SerialScheduler(self.specs, policy, settings, self.hardware)
         self.runtime = RuntimeDouble(self.scheduler)
@@ -62,10 +68,13 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
         leased_before = set(self.leased)
         for stop in (e for e in effects if isinstance(e, StopModel) and e.reason == "ttl"):
             assert stop.model not in leased_before, f"{stop}: a leased model unloaded by its TTL"
+        placed = dict(before)  # as each start of the call leaves it, for the next
         for start in (e for e in effects if isinstance(e, StartModel)):
             assert not set(start.evict) & (busy | protected | self.leased), f"{start} stops a busy or protected model"
-            self.check_least_cost(start, before, costs, busy, protected)
+            self.check_least_cost(start, placed, costs, busy, protected)
             self.sent[start.model] = self.runtime.now
+            placed = {m: gpus for m, gpus in placed.items() if m not in start.evict} | {start.model: start.gpus}
+            costs[start.model], busy = self.cost(start.model), busy | {start.model}
         return effects
 
     def cost(self, model: str) -> float:
@@ -171,6 +180,38 @@ class PlacementMachine(RuntimeAnswers, RuleBasedStateMachine):
 
 test_placement_properties = PlacementMachine.TestCase
 test_placement_properties.settings = property_settings(150, stateful_step_count=40)
+
+
+class EvictionMachine(PlacementMachine):
+    """The same checks on hardware no reload changes, filled by models of one GPU each, used one request at a time to
+    the end (`use`) as well as piecemeal: most starts stop others, so the choice of victims is judged often, on costs
+    that come and go with demand (`wait`) and load times that differ."""
+
+    reload_hardware = lease = crash = None  # not rules here: this machine judges the victims chosen
+
+    @initialize(gpus=st.integers(1, 2), sizes=st.lists(st.sampled_from([4_000, 8_000, 12_000]), min_size=5, max_size=5))
+    def start(self, gpus, sizes):
+        specs = {model: ModelSpec(model, memory=MemoryNeed(mib)) for model, mib in zip(MODELS, sizes)}
+        self.set_up(Hardware({str(i): 16_000 for i in range(gpus)}), specs, SerialSettings())
+
+    @rule(model=st.sampled_from(MODELS), priority=st.sampled_from([-100, 0, 100]), load_s=st.sampled_from([1, 5, 40]))
+    def use(self, model, priority, load_s):
+        """A request for `model`, then everything owed answered, each start after `load_s`, until nothing is left."""
+        self.submit(model, priority)
+        while True:
+            if self.runtime.stops:
+                self.observe("answer_stop", min(self.runtime.stops))
+            elif self.runtime.starts:
+                self.runtime.now += load_s
+                self.observe("answer_start", min(self.runtime.starts), True)
+            elif self.runtime.running:
+                self.observe("finish", min(self.runtime.running))
+            else:
+                return
+
+
+test_stopped_models_are_the_least_set = EvictionMachine.TestCase
+test_stopped_models_are_the_least_set.settings = property_settings(150, stateful_step_count=40)
 
 
 def test_gpu_renames_under_a_failing_start_never_put_two_models_over_one_gpu():
