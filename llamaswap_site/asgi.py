@@ -11,11 +11,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from proxy.http.cors import PreflightAnswerer  # noqa: E402
+from proxy.http.disk_full import DiskFullAnswerer  # noqa: E402
 from proxy.http.routing import http_patterns, websocket_patterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": PreflightAnswerer(URLRouter([*http_patterns, re_path(r"", django_asgi_app)])),
+        "http": PreflightAnswerer(URLRouter([*http_patterns, re_path(r"", DiskFullAnswerer(django_asgi_app))])),
         "websocket": URLRouter(websocket_patterns),
     }
 )

@@ -28,9 +28,10 @@ CREATE_CHUNK = 2000
 # -- files --------------------------------------------------------------------------------------------
 
 def create_file(upload: StoredUpload, purpose: str, owner: str) -> BatchFile:
-    """The uploaded file's row, its bytes put in place; a row that cannot be written leaves no file behind."""
-    storage.publish(upload.file_id)
+    """The uploaded file's row, its bytes put in place; a file that cannot be put in place, or a row that cannot be
+    written, leaves no file behind."""
     try:
+        storage.publish(upload.file_id)
         return BatchFile.objects.create(id=upload.file_id, filename=upload.name, purpose=purpose, bytes=upload.size,
                                         owner=owner)
     except BaseException:
@@ -285,28 +286,34 @@ def error_line(custom_id: str, code: str, message: str) -> dict:
 
 def finalize(batch_id: str, runner: str, status: str) -> None:
     """Write the output and error files from the lines' results, in file order, and end the batch. Done again
-    from the start if cut short: the files' ids are the batch's, so a second run replaces the first's."""
+    from the start if cut short: the files' ids are the batch's, so a second run replaces the first's; writing them
+    fails (the disk full) with both removed."""
     mine = Batch.objects.filter(pk=batch_id, runner=runner)
     if status == "completed":
         mine.filter(status="in_progress").update(status="finalizing", finalizing_at=timezone.now())
     if not mine.exists():
         return
     suffix = batch_id.removeprefix("batch_")
+    files = {"output": (f"file-{suffix}o", "succeeded"), "error": (f"file-{suffix}e", "failed")}
     written = {}
-    for kind, state in (("output", "succeeded"), ("error", "failed")):
-        file_id = f"file-{suffix}{kind[0]}"
-        size = 0
-        with open(storage.partial_path(file_id), "wb") as out:
-            for result in (BatchRequest.objects.filter(batch_id=batch_id, state=state).order_by("line")
-                           .values_list("result", flat=True).iterator(chunk_size=CREATE_CHUNK)):
-                data = result.encode() + b"\n"
-                out.write(data)
-                size += len(data)
-        if size:
-            storage.publish(file_id)
-            written[kind] = (file_id, size)
-        else:
+    try:
+        for kind, (file_id, state) in files.items():
+            size = 0
+            with open(storage.partial_path(file_id), "wb") as out:
+                for result in (BatchRequest.objects.filter(batch_id=batch_id, state=state).order_by("line")
+                               .values_list("result", flat=True).iterator(chunk_size=CREATE_CHUNK)):
+                    data = result.encode() + b"\n"
+                    out.write(data)
+                    size += len(data)
+            if size:
+                storage.publish(file_id)
+                written[kind] = (file_id, size)
+            else:
+                storage.remove(file_id)
+    except BaseException:  # a full disk, say: nothing half-written stays (it holds room), the next try writes all
+        for file_id, _ in files.values():
             storage.remove(file_id)
+        raise
     with transaction.atomic():
         for kind, (file_id, size) in written.items():
             BatchFile.objects.update_or_create(id=file_id, defaults={

@@ -24,6 +24,7 @@ from proxy.batches import batch_rows, storage
 from proxy.batches.line_quota import Stopped
 from proxy.batches.line_request import Interrupted, ModelGone, send_line
 from proxy.batches.lines import parse_line
+from proxy.http.disk_full import is_disk_full
 from scheduling import batch_metrics
 from scheduling.metrics import BATCH_LINES_ENDED
 from scheduling.door.outage_log import OutageLog
@@ -157,7 +158,11 @@ class BatchRunner:
         cause = f"{type(exc).__name__}: {exc}"
         self._failures[batch_id] = (count + 1, cause)
         delay = min(2.0 ** count, BACKOFF_MAX_S)
-        if cause != last:
+        if cause != last and is_disk_full(exc):  # finalizing: the results are rows, only the files wait for room
+            log.error("batch %s: the disk is full writing its output and error files (%s); its results are kept and "
+                      "the files written once there is room, tried again in %g s, then less often (at most every "
+                      "%g s)", batch_id, cause, delay, BACKOFF_MAX_S)
+        elif cause != last:
             log.error("batch %s: unexpected failure (%s); taken up again in %g s, then less often (at most every "
                       "%g s) while it fails", batch_id, cause, delay, BACKOFF_MAX_S, exc_info=exc)
         return delay

@@ -4,6 +4,7 @@ held whole in memory and a bad one is refused at its first bad line."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
@@ -91,7 +92,8 @@ class BatchFileUploadHandler(FileUploadHandler):
         self.discard()
 
     def discard(self) -> None:
-        """Forget what was written (a refused upload)."""
+        """Forget what was written (a refused upload, or one the disk had no room for)."""
         if self._out is not None:
-            self._out.close()
+            with contextlib.suppress(OSError):  # a full disk: what is still buffered cannot be written, nor need be
+                self._out.close()
         storage.remove(self.file_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
@@ -17,11 +18,13 @@ from proxy.batches.lines import ENDPOINTS, BadLine, is_storable_text
 from proxy.batches.objects import batch_object, file_object, page
 from proxy.batches.upload import FIELD, BatchFileUploadHandler, FileTooLarge, file_size_limit
 from proxy.http.access import Need
+from proxy.http.disk_full import disk_full, is_disk_full
 from proxy.http.holding import asked_priority, unreadable_priority
 from proxy.http.body_limit import BodyLimit
 from proxy.http.responses import allow_methods, json_error
 from scheduling.core import PRIORITY_HEADER
 
+log = logging.getLogger("llamaswap.batches")
 BATCH_PRIORITY = -100
 MAX_FILENAME = 255  # characters: the column that keeps it
 MAX_METADATA = 16
@@ -65,6 +68,9 @@ async def files(request: HttpRequest, service) -> HttpResponse:
     except (MultiPartParserError, RequestDataTooBig, TooManyFieldsSent) as exc:
         handler.discard()
         return json_error(400, f"unreadable multipart body: {exc}", "invalid_multipart")
+    except OSError as exc:
+        handler.discard()
+        return _no_room(exc)
     repeated = [name for name, values in form.lists() if len(values) > 1] + ([FIELD] if handler.file_parts > 1 else [])
     if repeated:
         handler.discard()
@@ -78,8 +84,20 @@ async def files(request: HttpRequest, service) -> HttpResponse:
         handler.discard()
         what = "a file field" if uploaded is None else f"purpose=batch (not {form.get('purpose')!r})"
         return json_error(400, f"the upload needs {what}: only batch input files are taken", "invalid_request")
-    row = await database_sync_to_async(batch_rows.create_file)(uploaded, "batch", request.caller.scope.name)
+    try:
+        row = await database_sync_to_async(batch_rows.create_file)(uploaded, "batch", request.caller.scope.name)
+    except OSError as exc:
+        return _no_room(exc)
     return JsonResponse(file_object(row))
+
+
+def _no_room(exc: OSError) -> HttpResponse:
+    """507 for an upload the disk had no room for, its file already removed; any other failure is raised."""
+    if not is_disk_full(exc):
+        raise exc
+    log.warning("POST /v1/files answered 507: the disk is full writing the file into %s (%s)", storage.folder(), exc)
+    refusal = disk_full("the file")
+    return json_error(refusal.status, refusal.message, refusal.code)
 
 
 async def _upload_limit(config, owner: str) -> FileTooLarge:

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import io
 import logging
+import tempfile
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -23,6 +24,7 @@ from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.web import http
 
 from proxy.http.body_limit import BodyLimit
+from proxy.http.disk_full import disk_full, is_disk_full
 from proxy.http.errors import ProxyError
 from proxy.http.spooled_body import SpooledBody
 from proxy.websockets.websocket_frames import MESSAGE_TOO_BIG
@@ -89,7 +91,7 @@ def _refusal_headers(refused: ProxyError, body: bytes) -> list[tuple[str, str]]:
 
 
 class _Dropped(io.BytesIO):
-    """Where the body of a request refused for its length goes: nowhere (not a file, not memory)."""
+    """Where the body of a request refused as it arrived goes: nowhere (not a file, not memory)."""
 
     def write(self, data) -> int:
         return len(data)
@@ -102,7 +104,8 @@ class PhrasedRequest(WebRequest):
     A body over the factory's `body_limit(method, path)` is refused from its Content-Length, or once a chunked
     one passes the limit: Twisted would spool it whole to a file before the application saw it (a client could
     fill the disk with one request). The rest is read and dropped, so the client, which sends it all before it
-    reads an answer, gets the error rather than a reset connection."""
+    reads an answer, gets the error rather than a reset connection. A body the disk has no room for is answered
+    the same way, 507 (`disk_full`), and what was spooled of it is let go."""
 
     refused: ProxyError | None = None  # the answer to a body refused as it arrived
     _limit: BodyLimit | None = None
@@ -115,17 +118,36 @@ class PhrasedRequest(WebRequest):
         elif length is not None and length > limit.max_bytes:
             self._refuse(limit.over(length))
         else:
-            super().gotLength(length)
+            try:
+                super().gotLength(length)  # a body over 100 000 bytes, or chunked: a temporary file
+            except OSError as exc:
+                self._disk_full(exc)
 
     def handleContentChunk(self, data):
         self._received += len(data)
         if self.refused is None and self._limit is not None and self._received > self._limit.max_bytes:
-            self.content.close()  # the part kept so far, a temporary file
             self._refuse(self._limit.over(None))
-        self.content.write(data)
+        try:
+            self.content.write(data)
+            self.content.flush()  # a full disk is met here, not at the end where Twisted rewinds the file
+        except OSError as exc:
+            self._disk_full(exc)
+
+    def _disk_full(self, exc: OSError) -> None:
+        """The body cannot be spooled: answered 507 once it has arrived (any other failure is raised)."""
+        if not is_disk_full(exc):
+            raise exc
+        log.warning("%s %s answered 507: the disk is full spooling its body into %s (%s)",
+                    self.channel._command.decode("latin-1"), self.channel._path.decode("latin-1"),
+                    tempfile.gettempdir(), exc)
+        self._refuse(disk_full("the request body"))
 
     def _refuse(self, error: ProxyError) -> None:
+        """Answer `error` once the body has arrived; what was kept of the body goes (a temporary file's room with it)."""
         self.refused = error
+        if self.content is not None:
+            with contextlib.suppress(OSError):  # a full disk: the bytes still buffered cannot be written, nor need be
+                self.content.close()
         self.content = _Dropped()
 
     def process(self):
