@@ -182,3 +182,15 @@ def test_a_batch_whose_output_finds_the_disk_full_waits_in_finalizing_and_comple
     assert done.status == "completed", done
     assert [line["custom_id"] for line in lines_of(api, done.output_file_id)] == [f"line-{n}" for n in range(3)]
     assert [name for name in os.listdir(disk.root / "files") if name.endswith(".partial")] == []
+
+
+def test_a_model_request_whose_body_the_server_cannot_spool_is_507_and_served_once_space_frees(served, disk):
+    body = {"model": "chat", "messages": [{"role": "user", "content": "x" * 1_000_000}]}
+    disk.fill(leave=256 * 1024)
+    refused = httpx.post(served.base + "/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 507, (refused.status_code, refused.text[:500])
+    assert refused.json()["error"]["code"] == "disk_full"
+    assert chat(served.base, "chat").status_code == 200  # a small body is kept in memory: served
+
+    disk.empty()
+    assert httpx.post(served.base + "/v1/chat/completions", json=body, timeout=60).status_code == 200
