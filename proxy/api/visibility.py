@@ -4,7 +4,8 @@ An operator key — a config file's apiKey, any caller of an open server — see
 the state of the models its globs allow (every model without `--models`: `KeyScope.sees_model`) and, of the
 requests, its own only (`KeyScope.owner_filter`): another key's requests — their ids, paths, clients, rows —
 are not shown to it, on its models or not, so one tenant never reads another's traffic. The texts about its own
-requests — why one waits, what its start stopped, why it was refused — name no model outside its scope (`told_in`).
+requests — why one waits, what its start stopped, why it was refused, whose turn fair share gave it — name no model
+outside its scope and no other key (`told_in`).
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ def _owned_ids(table, owner: str, ids: list) -> set:
 
 def told_in(scope: KeyScope, item: dict[str, Any]) -> dict[str, Any]:
     """A request's, queue entry's or lease's JSON with its texts (why it waited, what its start stopped, why it was
-    refused, what it waits on) as the key is told them (`KeyScope.told`): a model outside its scope is "another
-    model", its lease id and eviction cost left out."""
+    refused, what it waits on, whose turn fair share gave it) as the key is told them (`KeyScope.told`): a model
+    outside its scope is "another model", its lease id and eviction cost left out, another key "another key"."""
     return {**item, **{field: _told(scope, item[field]) for field in _TEXTS if field in item}}
 
 

@@ -1,11 +1,12 @@
-"""Texts about a request that name other models, told to each reader as far as it may see them.
+"""Texts about a request that name other models or other API keys, told to each reader as far as it may see them.
 
-Why a request waits, what its start stopped, why it was refused: these texts are read by operators, who see every
-model, and by the key that sent the request, which may be limited to some models. So where such a text names a model
-it does not write the name but a mention: the model, what is said of it to a reader who sees it (its name, with a
-lease id or an eviction cost), and what is said to one who does not ("another model"). A text with mentions is still
-a `str` — it travels as one in refusals, queue entries, over Redis and in the rows — and `told` writes it out for one
-reader. Operators are told exactly what the text said before mentions existed.
+Why a request waits, what its start stopped, why it was refused, why fair share sent it: these texts are read by
+operators, who see every model and every key, and by the key that sent the request, which may be limited to some
+models and sees no other key's name. So where such a text names a model or a key it does not write the name but a
+mention: the model (or the key), what is said of it to a reader who sees it (its name, with a lease id or an
+eviction cost), and what is said to one who does not ("another model", "another key"). A text with mentions is
+still a `str` — it travels as one in refusals, queue entries, over Redis and in the rows — and `told` writes it out
+for one reader. Operators are told exactly what the text said before mentions existed.
 
 A mention is its JSON between two `MARK`s; JSON escapes every control character, so no name can hold a `MARK`.
 """
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable
 
 MARK = "\x1d"  # ASCII's group separator: no model name, number or word of ours holds one
 ANOTHER_MODEL = "another model"
+KEY = "key"  # what a mention of an API key is of (one of a model says nothing: mentions were of models first)
 
 
 def named(model: str, shown: str | None = None, hidden: str = ANOTHER_MODEL) -> str:
@@ -30,32 +32,41 @@ def listed(shown: Iterable[tuple[str, str]], join: str = " and ") -> str:
     return _mention(list(shown), join, ANOTHER_MODEL)
 
 
-def told(text: str, sees: Callable[[str], bool]) -> str:
-    """`text` as told to a reader who sees the models `sees` is true of."""
+def of_key(key: str, shown: str, hidden: str) -> str:
+    """Words about the API key `key` (whose a request is): `shown` to a reader who may see its name, the key itself
+    or an operator; `hidden` to any other."""
+    return _mention([(key, shown)], "", hidden, of=KEY)
+
+
+def told(text: str, sees: Callable[[str], bool], sees_key: Callable[[str], bool] = lambda key: False) -> str:
+    """`text` as told to a reader who sees the models `sees` is true of, and the API keys `sees_key` is true of
+    (none unless said)."""
     if MARK not in text:
         return text
     pieces = text.split(MARK)
     for at in range(1, len(pieces) - 1, 2):  # each piece between two marks
-        pieces[at] = _said(pieces[at], sees)
+        pieces[at] = _said(pieces[at], sees, sees_key)
     return "".join(pieces)
 
 
 def plain(text: str) -> str:
-    """`text` as an operator reads it: every model named."""
-    return told(text, lambda model: True)
+    """`text` as an operator reads it: every model and key named."""
+    return told(text, lambda model: True, lambda key: True)
 
 
-def _mention(shown: list[tuple[str, str]], join: str, hidden: str) -> str:
-    return MARK + json.dumps({"shown": shown, "join": join, "hidden": hidden}, ensure_ascii=False) + MARK
+def _mention(shown: list[tuple[str, str]], join: str, hidden: str, of: str | None = None) -> str:
+    mention = {"shown": shown, "join": join, "hidden": hidden} | ({"of": of} if of else {})
+    return MARK + json.dumps(mention, ensure_ascii=False) + MARK
 
 
-def _said(piece: str, sees: Callable[[str], bool]) -> str:
+def _said(piece: str, sees: Callable[[str], bool], sees_key: Callable[[str], bool]) -> str:
     try:
         mention = json.loads(piece)
         shown, join, hidden = [(str(m), str(t)) for m, t in mention["shown"]], str(mention["join"]), str(mention["hidden"])
+        looks = sees_key if mention.get("of") == KEY else sees
     except (ValueError, KeyError, TypeError):
         return piece  # no mention: a stray mark in words not ours (a model server's error), left out
-    said = [text for model, text in shown if sees(model)]
+    said = [text for model, text in shown if looks(model)]
     if unseen := len(shown) - len(said):
         said.append(hidden if unseen == 1 else f"{unseen} other models")
     return join.join(said)

@@ -7,6 +7,7 @@ from collections.abc import Collection
 
 from .decision import Decision
 from .fairness import FairShare
+from .mentions import of_key
 from .queue import Pick
 from .ticket import Ticket
 
@@ -54,4 +55,5 @@ class SerialFairness:
 
 
 def _key_named(key: str | None) -> str:
-    return "without a key row" if key is None else f"of key {key!r}"
+    """Whose a request is, as a mention: its key's name only to a reader who may see it (that key, an operator)."""
+    return "without a key row" if key is None else of_key(key, f"of key {key!r}", "of another key")

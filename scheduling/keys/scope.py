@@ -34,10 +34,15 @@ class KeyScope:
         model's, another key its own models' only."""
         return self.operator or self.allows_model(model)
 
+    def sees_key(self, key: str) -> bool:
+        """Whether the key may see another key's name in a text: an operator sees every key's, another its own."""
+        return self.operator or key == self.name
+
     def told(self, text: str) -> str:
         """A text about one of the key's requests, as the key is told it: each model it may not see mentioned as
-        "another model", with no lease id or eviction cost of it (`scheduling.core.mentions`)."""
-        return mentions.told(text, self.sees_model)
+        "another model", with no lease id or eviction cost of it, each other key as "another key"
+        (`scheduling.core.mentions`)."""
+        return mentions.told(text, self.sees_model, self.sees_key)
 
     def owner_filter(self) -> str | None:
         """Whose files, batches and requests this key may see (and files and batches change): its own (made or

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduling.core import SerialScheduler, SerialSettings, Ticket
+from scheduling.core.mentions import plain, told
 
 from .harness import grant_of, grants, one_at_a_time, specs
 from .scoring import best_first
@@ -86,7 +87,9 @@ def test_the_decision_names_the_fair_turn_and_the_older_request_it_went_before()
     turn = grant_of(scheduler.finished(2, 4.0)).decision
     assert turn.ticket_id == 4 and turn.changed_by_fairness
     assert turn.runner_up_id == 3 and turn.runner_up_score > turn.score  # #3 waited longer
-    assert "fair share between API keys: #4 (of key 'b') had its turn before #3 (of key 'a')" in turn.explain()
+    assert "fair share between API keys: #4 (of key 'b') had its turn before #3 (of key 'a')" in plain(turn.explain())
+    as_b = told(turn.explain(), lambda model: True, {"b"}.__contains__)  # the key of the request: only its own name
+    assert "fair share between API keys: #4 (of key 'b') had its turn before #3 (of another key)" in as_b
 
 
 def test_turning_fairness_on_while_requests_wait_gives_them_turns_in_arrival_order():

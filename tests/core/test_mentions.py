@@ -1,11 +1,12 @@
-"""Texts with mentions of models (`scheduling.core.mentions`): operators read every name, as the text was written;
-a reader who may not see a model reads "another model", and nothing said of it."""
+"""Texts with mentions of models and API keys (`scheduling.core.mentions`): operators read every name, as the text
+was written; a reader who may not see a model reads "another model", and nothing said of it; a key reads its own name
+and "another key" for any other."""
 
 from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from scheduling.core.mentions import MARK, listed, named, plain, told
+from scheduling.core.mentions import MARK, listed, named, of_key, plain, told
 
 from .search_effort import property_settings
 
@@ -48,3 +49,13 @@ def test_whatever_the_names_no_unseen_one_is_told_and_operators_read_the_words_a
     assert [f"«{at}»" in told_text for at in range(len(shown))] == [model in seen for model, _ in shown]
     unseen = len(shown) - len(seen)
     assert told_text.endswith({0: " after", 1: "another model after"}.get(unseen, f"{unseen} other models after"))
+
+
+def test_a_key_is_named_to_itself_and_to_operators_and_to_any_other_key_is_another_key():
+    beta, alpha = (of_key(key, f"of key {key!r}", "of another key") for key in ("beta", "alpha"))
+    text = f"#4 ({beta}) went before #3 ({alpha})"
+    assert plain(text) == "#4 (of key 'beta') went before #3 (of key 'alpha')"
+    assert told(text, lambda model: True, {"beta"}.__contains__) == "#4 (of key 'beta') went before #3 (of another key)"
+    # Seeing every model says nothing of keys: a key named like a model the reader sees is still another key.
+    assert told(text, lambda model: True) == "#4 (of another key) went before #3 (of another key)"
+    assert told(f"for {named('alpha')}", lambda model: model == "alpha", lambda key: False) == "for alpha"

@@ -3,11 +3,14 @@ and a model server with one slot; the order its event log shows the requests sta
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
 from tests.e2e.test_api_keys import auth, chat, new_key
 from tests.e2e.test_key_quotas import Held, Later, config_text
+from tests.e2e.test_key_visibility import events_of
 from tests.served import Served, read_events, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -74,3 +77,34 @@ def test_a_key_of_weight_two_gets_two_turns_to_one(served):
     sent = [(light, f"weighted-l{n}") for n in range(3)] + [(heavy, f"weighted-h{n}") for n in range(4)]
     assert serve_in_turn(served, holder, sent) == [
         "weighted-l0", "weighted-h0", "weighted-h1", "weighted-l1", "weighted-h2", "weighted-h3", "weighted-l2"]
+
+
+def test_a_key_is_told_its_fair_turn_naming_its_own_key_and_the_other_as_another_key(served):
+    """The decision text of a request fair share sent ahead names both keys; the key that sent it reads its own
+    name and "another key" for the other — in `/api/activity`, `/api/queue/<id>` and `/api/events` — while an
+    operator reads both names."""
+    holder = new_key(served, "holder3", "--operator")
+    alpha, beta = new_key(served, "tenant-alpha"), new_key(served, "tenant-beta")
+    wait_until(lambda: chat(served, "chat", beta).status_code == 200, 2.0, 0.05, "the keys to count")
+    with httpx.stream("GET", served.base + "/api/events", headers=auth(beta), timeout=30) as feed:
+        chunks = feed.iter_text()
+        next(chunks)  # the first payload: from here on, only what changes
+        sent = [(alpha, "told-a0"), (alpha, "told-a1"), (beta, "told-b0")]
+        assert serve_in_turn(served, holder, sent) == ["told-a0", "told-b0", "told-a1"]
+        turn = wait_until(lambda: next((row for row in activity(served, holder) if row["api_key"] == "tenant-beta"
+                                        and "fair_share" in row["changed_pick"]), None), 10, 0.05, "the fair pick's row")
+        streamed: list[dict] = []
+
+        def ended() -> bool:
+            streamed.extend(row for row in events_of(next(chunks)).get("activity", []) if row["id"] == turn["id"])
+            return any(row["state"] == "completed" for row in streamed)
+
+        wait_until(ended, 10, 0, "the fair pick's end in the key's stream")
+    assert "(of key 'tenant-beta') had its turn before #" in turn["explanation"]
+    assert "(of key 'tenant-alpha'), which arrived earlier" in turn["explanation"], turn["explanation"]
+    mine = next(row for row in activity(served, beta) if row["id"] == turn["id"])
+    assert mine["explanation"] == turn["explanation"].replace("(of key 'tenant-alpha')", "(of another key)")
+    entry = httpx.get(served.base + f"/api/queue/{turn['id']}", headers=auth(beta), timeout=10).json()
+    assert entry["explanation"] == mine["explanation"], entry
+    for shown in (mine, entry, *streamed):
+        assert "tenant-alpha" not in json.dumps(shown), shown
