@@ -1,5 +1,6 @@
 """The disk is full under a request: where the HTTP server spools its body (`TMPDIR`), where Django copies the body
-before a view runs (`TMPDIR` too, past 2.5 MB), or where an upload's file is written (`LLAMASWAP_FILES_DIR`).
+before a view runs (`TMPDIR` too, past 2.5 MB), where an upload's file is written (`LLAMASWAP_FILES_DIR`), or under
+the database a route writes its rows to.
 Wherever it strikes, the client gets the same answer — 507 Insufficient Storage, OpenAI-shaped, saying the disk is
 full and nothing of the request was kept — the operator a log line naming where, and the service serves on.
 
@@ -17,10 +18,18 @@ from proxy.http.errors import ProxyError
 log = logging.getLogger("llamaswap.http")
 
 FULL = frozenset({errno.ENOSPC, errno.EDQUOT})  # no space left; a disk quota exceeded
+SQLITE_FULL = 13  # "database or disk is full"
+POSTGRESQL_DISK_FULL = "53100"
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in FULL
+    """A file's write found no room, or the database's did (Django's error, raised from the driver's: SQLite's
+    SQLITE_FULL, PostgreSQL's disk_full)."""
+    if isinstance(exc, OSError):
+        return exc.errno in FULL
+    driver = exc.__cause__
+    return (getattr(driver, "sqlite_errorcode", None) == SQLITE_FULL
+            or getattr(driver, "sqlstate", None) == POSTGRESQL_DISK_FULL)
 
 
 def disk_full(what: str) -> ProxyError:

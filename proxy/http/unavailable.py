@@ -1,7 +1,8 @@
 """A part the service leans on is away — the scheduler (its worker out of reach over Redis, or not answering) or the
 database — and a route needs it: one place answers that with 503, `Retry-After` and why, OpenAI-shaped, never a 500
 with a traceback. Django's views reach it as a middleware (`UnavailableMiddleware`), the model consumers through
-`as_unavailable`; the reason the database gave stays in the log, with its addresses."""
+`as_unavailable`; the reason the database gave stays in the log, with its addresses. A database whose disk is full
+is not away but keeps nothing: 507 `disk_full` (`proxy.http.disk_full`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 from django.db import InterfaceError, OperationalError
 from django.utils.deprecation import MiddlewareMixin
 
+from proxy.http.disk_full import disk_full, is_disk_full
 from proxy.http.errors import ProxyError
 from proxy.http.responses import json_error
 from scheduling.door.frontdoor import Unanswered
@@ -22,7 +24,10 @@ log = logging.getLogger("llamaswap.proxy")
 
 
 def as_unavailable(exc: BaseException) -> ProxyError | None:
-    """The 503 for `exc` when it says the scheduler or the database is away; None for anything else."""
+    """The 503 for `exc` when it says the scheduler or the database is away (507 when the database's disk is full:
+    it answers, but keeps nothing); None for anything else."""
+    if is_disk_full(exc):
+        return disk_full("what the request changes")
     if isinstance(exc, Unanswered):
         return ProxyError(503, f"{exc.why}; retry later", "scheduler_unreachable",
                           headers={"Retry-After": str(exc.retry_after_s)})
@@ -33,12 +38,13 @@ def as_unavailable(exc: BaseException) -> ProxyError | None:
 
 
 class UnavailableMiddleware(MiddlewareMixin):
-    """Django's views: a view that raised because the scheduler or the database is away answers 503."""
+    """Django's views: a view that raised because the scheduler or the database is away answers 503 (507: a disk
+    full)."""
 
     def process_exception(self, request, exception):
         refusal = as_unavailable(exception)
         if refusal is None:
             return None
-        log.warning("%s %s answered 503: %s", request.method, request.path, exception)
+        log.warning("%s %s answered %d: %s", request.method, request.path, refusal.status, exception)
         return json_error(refusal.status, refusal.message, refusal.code,
                           **{name.replace("-", "_"): value for name, value in refusal.headers.items()})

@@ -94,6 +94,9 @@ def served(tmp_path_factory, small_disk):
     text = config(tmp / "events.jsonl").replace("maxBatchFileBytes: 2000000", f"maxBatchFileBytes: {FILE_LIMIT}")
     env = {"LLAMASWAP_FILES_DIR": str(small_disk.root / "files"), "TMPDIR": str(small_disk.root / "tmp")}
     with Served(tmp, text, env=env) as started:
+        # Python picks the folder of its temporary files at their first use, the first of TMPDIR, /tmp… it can create
+        # a file in: one upload spooled now, while the disk has room, makes it TMPDIR for the service's life.
+        assert upload(started, sized(200_000)).status_code == 200
         yield started
 
 
@@ -194,3 +197,26 @@ def test_a_model_request_whose_body_the_server_cannot_spool_is_507_and_served_on
 
     disk.empty()
     assert httpx.post(served.base + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
+def test_an_upload_whose_row_finds_the_databases_disk_full_is_507_and_keeps_no_file(tmp_path, disk):
+    """The default layout keeps SQLite in the data dir: here it alone is on the full disk, so the file is written
+    and put in place, and recording it fails. The file goes with the refusal; the request rows wait and are written
+    once space frees."""
+    data = disk.root / "data-of-a-second-service"
+    env = {"LLAMASWAP_DATA_DIR": str(data), "LLAMASWAP_FILES_DIR": str(tmp_path / "files")}
+    with Served(tmp_path, config(tmp_path / "events.jsonl"), env=env) as second:
+        second.data_dir = data
+        disk.fill()
+        refused = upload(second, jsonl(2))
+        assert refused.status_code == 507, (refused.status_code, refused.text[:500])
+        error = refused.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "disk_full") and "disk is full" in error["message"]
+        assert os.listdir(tmp_path / "files") == []
+        assert chat(second.base, "chat").status_code == 200  # its row waits for room
+
+        disk.empty()
+        stored = upload(second, jsonl(2))
+        assert stored.status_code == 200, stored.text
+        assert os.listdir(tmp_path / "files") == [stored.json()["id"]]
+        second.check_settled("chat")
