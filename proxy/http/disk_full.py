@@ -1,8 +1,8 @@
 """The disk is full under a request: where the HTTP server spools its body (`TMPDIR`), where Django copies the body
 before a view runs (`TMPDIR` too, past 2.5 MB), where an upload's file is written (`LLAMASWAP_FILES_DIR`), or under
-the database a route writes its rows to.
-Wherever it strikes, the client gets the same answer — 507 Insufficient Storage, OpenAI-shaped, saying the disk is
-full and nothing of the request was kept — the operator a log line naming where, and the service serves on.
+the database a route writes its rows to. Wherever it strikes, the client gets the same answer — 507 Insufficient
+Storage, OpenAI-shaped, saying the disk is full and nothing of the request was kept — the operator a log line naming
+where, and the service serves on.
 
 507 rather than 503: the disk does not empty itself in seconds, so no `Retry-After` could be honest; the operator
 must free space. Clients still read it as a server error (the openai SDK retries it as it retries any 5xx)."""
