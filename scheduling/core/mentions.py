@@ -8,15 +8,19 @@ eviction cost), and what is said to one who does not ("another model", "another 
 still a `str` — it travels as one in refusals, queue entries, over Redis and in the rows — and `told` writes it out
 for one reader. Operators are told exactly what the text said before mentions existed.
 
-A mention is its JSON between two `MARK`s; JSON escapes every control character, so no name can hold a `MARK`.
+A mention is its JSON between `MARK` and `END`. JSON escapes every control character, so no mention holds either, but
+the words around it may (a model ID is any YAML string): a mention is only JSON found between a `MARK` and the
+nearest `END` with no mark between, so a mark in a name can neither pair with a mention's own nor show its JSON.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 
-MARK = "\x1d"  # ASCII's group separator: no model name, number or word of ours holds one
+MARK, END = "\x1d", "\x1e"  # ASCII's group and record separators
+_MENTION = re.compile(f"{MARK}([^{MARK}{END}]*){END}")
 ANOTHER_MODEL = "another model"
 KEY = "key"  # what a mention of an API key is of (one of a model says nothing: mentions were of models first)
 
@@ -41,12 +45,13 @@ def of_key(key: str, shown: str, hidden: str) -> str:
 def told(text: str, sees: Callable[[str], bool], sees_key: Callable[[str], bool] = lambda key: False) -> str:
     """`text` as told to a reader who sees the models `sees` is true of, and the API keys `sees_key` is true of
     (none unless said)."""
-    if MARK not in text:
+    if MARK not in text and END not in text:
         return text
-    pieces = text.split(MARK)
-    for at in range(1, len(pieces) - 1, 2):  # each piece between two marks
-        pieces[at] = _said(pieces[at], sees, sees_key)
-    return "".join(pieces)
+    pieces, at = [], 0
+    for found in _MENTION.finditer(text):
+        pieces += [_unmarked(text[at:found.start()]), _said(found[1], sees, sees_key)]
+        at = found.end()
+    return "".join(pieces) + _unmarked(text[at:])
 
 
 def plain(text: str) -> str:
@@ -56,7 +61,12 @@ def plain(text: str) -> str:
 
 def _mention(shown: list[tuple[str, str]], join: str, hidden: str, of: str | None = None) -> str:
     mention = {"shown": shown, "join": join, "hidden": hidden} | ({"of": of} if of else {})
-    return MARK + json.dumps(mention, ensure_ascii=False) + MARK
+    return MARK + json.dumps(mention, ensure_ascii=False) + END
+
+
+def _unmarked(words: str) -> str:
+    """Words between mentions without stray marks (in a model server's error, or a name)."""
+    return words.replace(MARK, "").replace(END, "")
 
 
 def _said(piece: str, sees: Callable[[str], bool], sees_key: Callable[[str], bool]) -> str:
@@ -65,7 +75,7 @@ def _said(piece: str, sees: Callable[[str], bool], sees_key: Callable[[str], boo
         shown, join, hidden = [(str(m), str(t)) for m, t in mention["shown"]], str(mention["join"]), str(mention["hidden"])
         looks = sees_key if mention.get("of") == KEY else sees
     except (ValueError, KeyError, TypeError):
-        return piece  # no mention: a stray mark in words not ours (a model server's error), left out
+        return piece  # no mention: words between stray marks (a model server's error), kept without them
     said = [text for model, text in shown if looks(model)]
     if unseen := len(shown) - len(said):
         said.append(hidden if unseen == 1 else f"{unseen} other models")

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from scheduling.core.mentions import MARK, listed, named, of_key, plain, told
+from scheduling.core.mentions import END, MARK, listed, named, of_key, plain, told
 
 from .search_effort import property_settings
 
 NAMES = st.text(min_size=1, max_size=12)  # any model name a config could hold, marks and quotes included
 WORDS = st.text(st.characters(blacklist_characters="«»"), max_size=12)  # said of a model: any but the test's brackets
+# Words around mentions (a model ID, a model server's error): marks, and what looks like a mention, included.
+AROUND = st.lists(st.one_of(st.sampled_from([MARK, END, "model ", '{"shown": [["m", "fake"]], "join": "", "hidden": "h"}']),
+                            WORDS), max_size=6).map("".join)
 
 
 def test_a_reader_who_sees_the_model_reads_what_was_said_of_it_and_another_reads_the_stand_in():
@@ -35,6 +38,19 @@ def test_a_stray_mark_in_words_not_ours_is_left_out_and_breaks_nothing():
     assert plain(f"the model said {MARK}no{MARK} and {MARK}{{\"shown\": 3}}{MARK} then {MARK}") == (
         "the model said no and {\"shown\": 3} then ")
     assert plain("no mark at all") == "no mark at all"
+
+
+@property_settings(300)
+@given(st.lists(AROUND, min_size=1, max_size=3))
+def test_marks_in_the_words_around_mentions_never_show_an_unseen_model(words):
+    """A model ID may hold the marks (`"we\\x1dird"` is a YAML string): a text naming it beside a mention of a model
+    the reader may not see still tells nothing of that model."""
+    mentions = [named("secret", "«secret (lease #3)»"), listed([("secret", "«secret (pinned)»")])]
+    text = "".join(word + mentions[at % 2] for at, word in enumerate(words)) + words[0]
+    told_text = told(text, lambda model: model != "secret")
+    assert "secret" not in told_text and "«" not in told_text, told_text
+    assert told_text.count("another model") >= len(words)
+    assert plain(text).count("«secret") == len(words)
 
 
 @property_settings(300)
