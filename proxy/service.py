@@ -253,36 +253,38 @@ class ProxyService:
     def _model_crashed(self, model: str) -> None:
         self.runtime.model_exited(model)
 
-    def resolve_model(self, name: str, scope=None):
+    def resolve_model(self, name: str, scope=None, asked: str | None = None):
         """The model `name` (an ID or an alias) names. With the caller's key `scope`, a name the key may not use is
-        refused 403 whether or not it is configured, and named as asked (not an alias's model), so a key's answers
-        say nothing of the models outside it."""
+        refused 403 whether or not it is configured, and named as asked (`asked`, the client's name before a
+        profile's pin or a selector led to `name`; not an alias's model), so a key's answers say nothing of the
+        models outside it."""
         model = self.config.resolve(name)
         if scope is not None and not scope.allows_model(name if model is None else model.id):
-            raise ProxyError(403, f"the API key '{scope.name}' may not use model '{name}'", "model_not_allowed")
+            raise ProxyError(403, f"the API key '{scope.name}' may not use model '{asked or name}'",
+                             "model_not_allowed")
         if model is None:
             raise ProxyError(404, f"model '{name}' is not configured; GET /v1/models lists the available models", "model_not_found")
         return model
 
-    def resolve_upstream_path(self, rest: str, scope=None):
+    def resolve_upstream_path(self, rest: str, scope=None, asked: str | None = None):
         """`<model>/<path>` → (model config, path); model IDs may contain '/', so the longest match wins.
 
         The path is None when the request named just the model (`/upstream/<model>`), which
         is answered with a redirect that adds the trailing slash. With the caller's key `scope`, a path whose model
         the key may not use is refused 403 whether or not a model is configured there (404 only where its globs
-        match a leading name of at most SCOPED_NAME_MAX characters), in one wording that names the path, not the model: the key learns nothing of the
-        models outside its scope.
+        match a leading name of at most SCOPED_NAME_MAX characters), in one wording that names the path as asked
+        (`asked`, before a profile's pin), not the model: the key learns nothing of the models outside its scope.
         """
         longest = max(map(len, [*self.config.models, *self.config.aliases]), default=0)
         for name, remainder in leading_names(rest, longest):
             model = self.config.resolve(name)
             if model is not None:
                 if scope is not None and not scope.allows_model(model.id):
-                    raise self._not_the_keys(scope, rest)
+                    raise self._not_the_keys(scope, asked or rest)
                 return model, remainder
         if scope is not None and not any(scope.allows_model(name)
                                          for name, _ in leading_names(rest, max(longest, SCOPED_NAME_MAX))):
-            raise self._not_the_keys(scope, rest)
+            raise self._not_the_keys(scope, asked or rest)
         raise ProxyError(404, f"no configured model matches /upstream/{rest}", "model_not_found")
 
     @staticmethod

@@ -38,7 +38,7 @@ async def model_entry(request: HttpRequest, service, model_id: str) -> HttpRespo
     scope), then by the model an alias reaches."""
     entry = next((entry for entry in await _entries(service, every_name=True) if entry["id"] == model_id), None)
     reached = model_id if entry is None else _reached(entry)
-    if denied := model_refusal(request.caller, model_id) or model_refusal(request.caller, reached):
+    if denied := model_refusal(request.caller, model_id) or model_refusal(request.caller, reached, model_id):
         return refused_for(request.caller, json_error(denied.status, denied.message, denied.code))
     if entry is None:
         return json_error(404, f"The model '{model_id}' does not exist.", "model_not_found")

@@ -85,7 +85,7 @@ async def send_line(service, custom_id: str, url: str, body: dict, priority: int
                                      "model_not_supported")
                 parsed = choice.applied_to(ModelRequest(body["model"], False, json.dumps(body).encode(),
                                                         "application/json", body))
-                model_cfg = service.resolve_model(parsed.requested_model, key)
+                model_cfg = service.resolve_model(parsed.requested_model, key, body["model"])
                 forwarded = forwarded_body(parsed, model_cfg.use_model_name or choice.body_model, model_cfg.filters)
                 status, answer, request_id, gone = await _scheduled(service, model_cfg, body["model"], url,
                                                                     forwarded, priority, key, weight, tally)

@@ -101,8 +101,9 @@ def route_refusal(caller: Caller, need: Need) -> Denied | None:
     return None
 
 
-def model_refusal(caller: Caller, model: str) -> Denied | None:
-    """Why the caller's key may not use `model` (a model ID, or a peer's `<peer>/<model>`), else None."""
+def model_refusal(caller: Caller, model: str, asked: str | None = None) -> Denied | None:
+    """Why the caller's key may not use `model` (a model ID, or a peer's `<peer>/<model>`), else None; the refusal
+    names the model as asked (`asked`: what led to `model`, an alias, a selector, a pin), never one outside it."""
     if caller.scope.allows_model(model):
         return None
-    return Denied(403, f"the API key '{caller.scope.name}' may not use model '{model}'", "model_not_allowed")
+    return Denied(403, f"the API key '{caller.scope.name}' may not use model '{asked or model}'", "model_not_allowed")

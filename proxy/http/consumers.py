@@ -99,9 +99,9 @@ class ModelConsumer(StreamingHttpConsumer):
             )
         return headers
 
-    def check_model(self, model: str) -> None:
-        """The caller's key must allow `model` (its ID, or a peer's `<peer>/<model>`)."""
-        if denied := model_refusal(self.caller, model):
+    def check_model(self, model: str, asked: str | None = None) -> None:
+        """The caller's key must allow `model` (its ID, or a peer's `<peer>/<model>`), named as `asked` if refused."""
+        if denied := model_refusal(self.caller, model, asked):
             raise refused(denied)
 
     def counts_tokens_of(self, parsed) -> bool:
@@ -221,8 +221,9 @@ class OpenAIConsumer(ModelConsumer):
                                      body=b"", headers=headers,
                                      selector=choice.selector)
                     return
+                model_cfg = service.resolve_model(choice.model, self.caller.scope, requested)
                 await self.serve(
-                    service, service.resolve_model(choice.model, self.caller.scope), requested=requested, stream=False, method="GET",
+                    service, model_cfg, requested=requested, stream=False, method="GET",
                     upstream_path=upstream_path(path) + f"?{query}", body=b"", headers=headers, selector=choice.selector,
                 )
             finally:
@@ -236,7 +237,7 @@ class OpenAIConsumer(ModelConsumer):
                 await serve_peer_body(self, service, found, parsed, asked=asked, headers=headers, selector=choice.selector,
                                       upstream_path=upstream_path(path) + (f"?{query}" if query else ""))
                 return
-            model_cfg = service.resolve_model(parsed.requested_model, self.caller.scope)
+            model_cfg = service.resolve_model(parsed.requested_model, self.caller.scope, asked)
             forwarded = await off_loop_when_large(
                 body, forwarded_body, parsed, model_cfg.use_model_name or choice.body_model, model_cfg.filters,
                 self.counts_tokens_of(parsed),
@@ -260,7 +261,8 @@ class UpstreamConsumer(ModelConsumer):
         raw = self.scope.get("raw_path") or quote(self.scope["path"]).encode()
         rest = raw.decode("latin-1").split("?", 1)[0][len("/upstream/"):]
         # The key's scope first: before anything that tells the model's state (409, a redirect) or that it exists.
-        model_cfg, remainder = service.resolve_upstream_path(await pinned_upstream_path(service, rest), self.caller.scope)
+        pinned = await pinned_upstream_path(service, rest)
+        model_cfg, remainder = service.resolve_upstream_path(pinned, self.caller.scope, rest)
         if remainder is not None and climbs_out(remainder):
             raise ProxyError(400, f"/upstream/{rest}: '..' path segments are not forwarded", "invalid_path")
         if remainder is None:

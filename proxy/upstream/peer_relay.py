@@ -129,7 +129,7 @@ async def serve_peer(consumer, service, peer: PeerConfig, model: str, *, request
     """Relay one request to `peer`'s `model` (the body already names it as the peer does) and record it,
     within the caller's key's quotas as a local model's request is."""
     qualified = peer.qualified(model)
-    consumer.check_model(qualified)
+    consumer.check_model(qualified, requested)
     async with within_quota(consumer.caller.scope) as tally:
         consumer.tally, tally.prompt_bytes = tally, len(body)
         await _relay_to_peer(consumer, service, peer, qualified, tally, requested=requested, stream=stream,

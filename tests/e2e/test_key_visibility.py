@@ -125,3 +125,25 @@ def events_of(text: str) -> dict[str, list]:
             outer = json.loads(line[len("data: "):])
             found.setdefault(outer["type"], []).append(json.loads(outer["data"]))
     return found
+
+
+def test_a_name_that_leads_to_a_model_outside_the_keys_scope_is_refused_as_asked(tmp_path):
+    """A selector, a profile's pin or an alias may lead to a model the key may not use: the refusal names what the
+    key asked for, never the model it led to (nor so which model a selector would pick now)."""
+    events = tmp_path / "events.jsonl"
+    text = config_text({"chat": f'cmd: "{fake_cmd("chat", events)}"',
+                        "secretcoder": f'cmd: "{fake_cmd("secretcoder", events)}", aliases: [chat-alias]'},
+                       "selectors: {chat-sel: {strategy: pin, targets: [secretcoder]}}\n"
+                       "profiles: {day: {pins: {chat-pin: secretcoder}}}\nhooks: {on_startup: {profile: day}}")
+    with Served(tmp_path, text) as s:
+        secret = new_key(s, "globbed", "--models", "chat*")
+        wait_until(lambda: chat(s, "chat", secret).status_code == 200, 5, 0.05, "the key to count")
+        sent = {"chat-sel": chat(s, "chat-sel", secret), "chat-pin": chat(s, "chat-pin", secret),
+                "chat-alias": chat(s, "chat-alias", secret),
+                "/v1/models/chat-alias": httpx.get(s.base + "/v1/models/chat-alias", headers=auth(secret), timeout=10),
+                "/upstream/chat-pin/v1/models": httpx.get(s.base + "/upstream/chat-pin/v1/models", headers=auth(secret),
+                                                          timeout=10)}
+    for asked, answer in sent.items():
+        assert answer.status_code == 403 and answer.json()["error"]["code"] == "model_not_allowed", (asked, answer.text)
+        message = answer.json()["error"]["message"]
+        assert asked.removeprefix("/v1/models/") in message and "secretcoder" not in message, (asked, message)
