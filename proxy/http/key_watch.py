@@ -22,9 +22,6 @@ from scheduling.door import frontdoor
 
 # How often a holder looks: twice per refresh, so a revoke is seen at most REFRESH_S plus one read after it.
 WATCH_S = REFRESH_S / 2
-# How long after a key is seen refused its queued requests are still looked for: one admitted just before the
-# revoke may reach the queue a moment after the first look.
-SWEEP_S = 2.0
 
 log = logging.getLogger("llamaswap.keys")
 
@@ -109,12 +106,12 @@ async def queue_closed_when_revoked(door, name: str) -> AsyncIterator[None]:
 
 
 async def _refuse_queued(door, name: str) -> None:
-    """Refuse the key's queued requests once it stops counting, and those that reach the queue for `SWEEP_S` after.
-    The door refuses them at once whether or not its scheduler can be reached now (`FrontDoor.refuse_key`): a
-    Redis blink neither delays the 401s nor ends the sweep."""
-    denied = await until_refused(name)
-    until = asyncio.get_running_loop().time() + SWEEP_S
-    while asyncio.get_running_loop().time() < until:
+    """Refuse the key's queued requests every `WATCH_S` for as long as it does not count and this front end holds
+    one of its requests: a submit that waited for Redis (up to REDIS_WAIT_S) reaches the queue seconds after the
+    revoke. The door refuses them at once whether or not its scheduler can be reached now (`FrontDoor.refuse_key`):
+    a Redis blink neither delays the 401s nor ends the sweep. A key that counts again is left alone."""
+    while True:
+        denied = await until_refused(name)
         if refused := await door.refuse_key(name, denied.message):
             log.info("refused %d queued request(s) of the API key '%s': %s", refused, name, denied.message)
         await asyncio.sleep(WATCH_S)

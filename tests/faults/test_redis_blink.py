@@ -195,6 +195,37 @@ def test_a_key_revoked_during_a_redis_blink_has_each_queued_request_refused_401_
     assert not any(started(pair.events, f"leak-{index}") for index in range(3)), "no refused request reached the model"
 
 
+def test_a_key_revoked_while_its_requests_wait_to_reach_the_worker_has_them_refused_once_redis_is_back(pair):
+    """A request admitted while Redis is away waits up to REDIS_WAIT_S for its submit to go through. Its key revoked
+    meanwhile, the submit goes through seconds after the front end saw the revoke; the request is refused 401 within
+    2 s of Redis's return all the same, never served once the slot frees."""
+    front_end = pair.front_end
+    holder, secret = new_key(front_end, "holder"), new_key(front_end, "late")
+    wait_until(lambda: httpx.get(front_end.base + "/v1/models", headers=auth(secret)).status_code == 200, 5, 0.05,
+               "the keys to count")
+    running = Held(front_end, holder, "busy", tokens=400, tps=20, model=MODEL)  # the model's one slot, 20 s
+    try:
+        relay = pair.relays["front end redis"]
+        relay.cut()
+        cut_at = time.monotonic()
+        waiting = [Later(front_end, secret, f"late-{index}", model=MODEL) for index in range(3)]
+        time.sleep(0.5)  # admitted while the key counts: their submits wait for Redis
+        revoke(pair, "late")
+        # Redis back past the 2 s the front end looks for the key's requests once it sees the revoke, within the wait
+        time.sleep(max(0.0, cut_at + REDIS_WAIT_S - 1.0 - time.monotonic()))
+        assert not any(later.done() for later in waiting), [later.result().text for later in waiting if later.done()]
+        relay.restore()
+        restored_at = time.monotonic()
+        for later in waiting:
+            wait_until(later.done, restored_at + REVOKE_BOUND_S - time.monotonic(), 0.02,
+                       f"each request refused within {REVOKE_BOUND_S:g} s of Redis's return")
+            answer = later.result()
+            assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key", answer.text
+    finally:
+        running.close()
+    assert not any(started(pair.events, f"late-{index}") for index in range(3)), "a refused request reached the model"
+
+
 def revoke(pair: Pair, name: str) -> None:
     """Revoke the key as `llamaswap keys revoke` does (its row disabled), at a known instant: the command's own start
     takes seconds on a loaded machine, longer than the blink."""
