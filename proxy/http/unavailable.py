@@ -14,7 +14,7 @@ from django.utils.deprecation import MiddlewareMixin
 from proxy.http.disk_full import disk_full, is_disk_full
 from proxy.http.errors import ProxyError
 from proxy.http.responses import json_error
-from scheduling.door.frontdoor import Unanswered
+from scheduling.door.frontdoor import DatabaseAway, Unanswered
 
 # A route reconnects to the database on its next request; the request history is written within about 2 s of its
 # return (docs/distributed.md, The database away for a while).
@@ -28,13 +28,19 @@ def as_unavailable(exc: BaseException) -> ProxyError | None:
     it answers, but keeps nothing); None for anything else."""
     if is_disk_full(exc):
         return disk_full("what the request changes")
+    if isinstance(exc, DatabaseAway):  # the worker's database, not the scheduler, is what is away
+        return _database_unreachable(exc.kind)
     if isinstance(exc, Unanswered):
         return ProxyError(503, f"{exc.why}; retry later", "scheduler_unreachable",
                           headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, (OperationalError, InterfaceError)):  # the server away, or a connection it dropped
-        return ProxyError(503, f"the database is unreachable ({type(exc).__name__}); retry later", "database_unreachable",
-                          headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+        return _database_unreachable(type(exc).__name__)
     return None
+
+
+def _database_unreachable(kind: str) -> ProxyError:
+    return ProxyError(503, f"the database is unreachable ({kind}); retry later", "database_unreachable",
+                      headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
 
 
 class UnavailableMiddleware(MiddlewareMixin):

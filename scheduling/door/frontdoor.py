@@ -80,6 +80,15 @@ class Unanswered(Exception):
         self.why = why
 
 
+class DatabaseAway(Unanswered):
+    """The worker could not answer because its database is unreachable: a route says so as it does for its own
+    rows (503 `database_unreachable`), not as the scheduler out of reach. `kind`: the failure's type."""
+
+    def __init__(self, why: str, kind: str) -> None:
+        super().__init__(why)
+        self.kind = kind
+
+
 class ConfigUnavailable(Exception):
     """No config can be shown: none is named, or the file is unusable (the message says which)."""
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from scheduling import events
 from scheduling.core import band_of
-from scheduling.door.frontdoor import Unanswered
+from scheduling.door.frontdoor import DatabaseAway, Unanswered
 from scheduling.door.outage_log import OutageLog
 from scheduling.door.refusal_rows import RefusalRows
 from scheduling.door.questions import BeginRelayed, EndRelayed, Question, RefuseKey, StillGranted
@@ -338,6 +338,9 @@ class ChannelLayerFrontDoor:
             raise Unanswered(f"the scheduler worker did not answer {name!r} within {ANSWER_TIMEOUT_S:g} s") from None
         finally:
             self._answers.pop(key, None)
+        if result.database_away:
+            raise DatabaseAway(f"the scheduler worker could not answer {name!r}: its database is unreachable "
+                               f"({result.error})", result.error)
         if result.error:
             raise Unanswered(f"the scheduler worker could not answer {name!r}: {result.error}")
         return result.value

@@ -162,11 +162,14 @@ class Ask:
 
 @dataclass(frozen=True)
 class Answer:
-    """Worker → front end: the value (plain data) or, when it could not answer, why."""
+    """Worker → front end: the value (plain data) or, when it could not answer, why. `database_away`: answering
+    needed the worker's database, which is unreachable; `error` then names only the failure's type (the
+    database's own words name its address and stay in the worker's log)."""
 
     key: str
     value: Any = None
     error: str = ""
+    database_away: bool = False
 
 
 @dataclass(frozen=True)

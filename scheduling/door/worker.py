@@ -422,6 +422,10 @@ class SchedulerWorker:
         try:
             value = await self.door.ask(ask.question)
         except Exception as exc:  # the asker gets the failure; the worker keeps serving
+            if _database_away(exc):  # expected in an outage: no traceback, and its address stays here
+                log.warning("answering %s failed: the database is unreachable (%s)", type(ask.question).__name__, exc)
+                await self._send(ask.reply, Answer(ask.key, error=type(exc).__name__, database_away=True))
+                return
             log.exception("answering %s failed", type(ask.question).__name__)
             await self._send(ask.reply, Answer(ask.key, error=f"{type(exc).__name__}: {exc}"))
             return
@@ -443,3 +447,10 @@ def _forget_oldest(remembered: dict) -> None:
     """Keep the latest ANSWERED_KEYS entries (dicts keep insertion order)."""
     while len(remembered) > ANSWERED_KEYS:
         del remembered[next(iter(remembered))]
+
+
+def _database_away(exc: BaseException) -> bool:
+    """Whether `exc` is Django's word for the database being unreachable (or a connection it dropped)."""
+    from django.db import InterfaceError, OperationalError  # imported late: the worker imports before Django is set up
+
+    return isinstance(exc, (OperationalError, InterfaceError))

@@ -190,6 +190,28 @@ async def test_a_question_the_worker_does_not_know_is_answered_with_an_error(wir
         await first._ask_worker(worker.channel, LogText("a", "", ""))
 
 
+async def test_a_question_the_workers_database_cannot_answer_is_refused_as_the_database_away(wired, monkeypatch):
+    """The worker's database away under an unload (it revokes the models' leases first): the front end is told the
+    database is unreachable, 503 `database_unreachable` as in one process, and not the database's words, which name
+    its address; those stay in the worker's log."""
+    from django.db import OperationalError
+
+    from proxy.http.unavailable import DATABASE_RETRY_AFTER_S, as_unavailable
+
+    gpu, worker, first, _ = wired("a")
+
+    async def away(models):
+        raise OperationalError('connection to server at "127.0.0.1", port 5432 failed: Connection refused')
+
+    monkeypatch.setattr(gpu.runtime.model_leases, "revoke_for", away)
+    with pytest.raises(Unanswered) as unanswered:
+        await first._ask_worker(worker.channel, Unload(("a",)))
+    refusal = as_unavailable(unanswered.value)
+    assert (refusal.status, refusal.code) == (503, "database_unreachable"), refusal.message
+    assert refusal.headers == {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+    assert refusal.message.startswith("the database is unreachable") and "127.0.0.1" not in refusal.message
+
+
 async def test_the_leases_of_a_front_end_that_went_silent_are_given_back(wired):
     gpu, _, first, second = wired("a", front_end_timeout_s=0.4, heartbeat_s=0.05)
     holding = submit(first, "a")
