@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from proxy.api.views import api_key_required, refused_for
 from proxy.compat.active_profile import active_profile
-from proxy.compat.model_choice import listed_choices
+from proxy.compat.model_choice import listed_choices, models_led_to
 from proxy.compat.model_listing import add_capabilities, alias_entries
 from proxy.http.access import model_refusal
 from proxy.http.responses import allow_methods, json_error
@@ -22,7 +22,9 @@ from scheduling.door.questions import Processes
 @allow_methods("GET")
 async def list_models(request: HttpRequest, service) -> JsonResponse:
     scope = request.caller.scope
-    data = [entry for entry in await _entries(service, every_name=False) if scope.allows_model(_reached(entry))]
+    config = service.config
+    data = [entry for entry in await _entries(service, every_name=False)
+            if all(map(scope.allows_model, _reached(config, entry)))]
     response = JsonResponse({"object": "list", "data": data})
     if "Origin" in request.headers:  # a web page on another origin may read the list, as with llama-swap
         response["Access-Control-Allow-Origin"] = request.headers["Origin"]
@@ -33,12 +35,12 @@ async def list_models(request: HttpRequest, service) -> JsonResponse:
 @allow_methods("GET")
 async def model_entry(request: HttpRequest, service, model_id: str) -> HttpResponse:
     """One model as the list gives it; also a name a request may use that the list leaves out (an alias without
-    `includeAliasesInList`, an `unlisted` model or selector). A key is refused a name outside its models as a
-    request for it is: by the name as asked (configured or not, so it cannot tell which models exist outside its
-    scope), then by the model an alias reaches."""
+    `includeAliasesInList`, an `unlisted` model or selector). A key is refused a name as the list leaves it out: by
+    the models it may lead to, named as asked; a name nothing has by the name itself, so the key cannot tell which
+    models exist outside its scope."""
     entry = next((entry for entry in await _entries(service, every_name=True) if entry["id"] == model_id), None)
-    reached = model_id if entry is None else _reached(entry)
-    if denied := model_refusal(request.caller, model_id) or model_refusal(request.caller, reached, model_id):
+    reached = (model_id,) if entry is None else _reached(service.config, entry)
+    if denied := next(filter(None, (model_refusal(request.caller, model, model_id) for model in reached)), None):
         return refused_for(request.caller, json_error(denied.status, denied.message, denied.code))
     if entry is None:
         return json_error(404, f"The model '{model_id}' does not exist.", "model_not_found")
@@ -78,7 +80,12 @@ async def _entries(service, *, every_name: bool) -> list[dict]:
     return data
 
 
-def _reached(entry: dict) -> str:
-    """The model ID an entry reaches: an alias's model, else the entry's own ID."""
+def _reached(config, entry: dict) -> tuple[str, ...]:
+    """The model IDs an entry may lead to (`models_led_to`): an alias's model, each target of a selector or a
+    profile's pin, else the entry's own ID."""
     meta = entry.get("meta", {}).get("llamaswap", {})
-    return meta.get("modelID", entry["id"]) if meta.get("type") == "alias" else entry["id"]
+    if meta.get("type") == "alias":
+        return (meta["modelID"],)
+    if meta.get("type") in ("selector", "profile"):
+        return tuple(model for target in meta["targets"] for model in models_led_to(config, target))
+    return (entry["id"],)

@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from typing import NoReturn
 
 from proxy.compat.active_profile import active_profile
@@ -139,6 +140,20 @@ def _spillover(config, selector, states: dict[str, str]) -> str:
             tied = [target for target in in_use if _reserved[(selector.id, target)] == fewest]
             return tied[next(_turns) % len(tied)]
     return idle[0]
+
+
+def models_led_to(config, name: str) -> tuple[str, ...]:
+    """The model IDs (a peer's as `<peer>/<model>`) a request for `name` may reach: each of a selector's targets, an
+    alias's model, else `name` itself. A key is shown a name only where it may use them all."""
+    selector = config.selectors.get(name)
+    return tuple(map(partial(_model_id, config), selector.targets if selector else (name,)))
+
+
+def _model_id(config, name: str) -> str:
+    if (model := config.resolve(name)) is not None:
+        return model.id
+    found = config.peer_model(name)
+    return name if found is None else f"{found[0].id}/{found[1]}"
 
 
 def listed_choices(config, profile: str, states: dict[str, str], created: int, listed: set[str], *,

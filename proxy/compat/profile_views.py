@@ -9,6 +9,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from proxy.compat.active_profile import active_profile, set_active_profile
+from proxy.compat.model_choice import models_led_to
 from proxy.http.responses import allow_methods, json_error
 from proxy.api.views import api_key_required, changes_state
 
@@ -17,11 +18,12 @@ from proxy.api.views import api_key_required, changes_state
 @allow_methods("GET")
 async def profiles(request: HttpRequest, service) -> JsonResponse:
     """The configured profiles by name, each pin with its target ("" for a disabled ID), and the active one; a key
-    that is not an operator's is shown the pins of its models only."""
+    that is not an operator's is shown the pins that lead to its models only (`models_led_to`)."""
     config, scope = service.config, request.caller.scope
     listed = [
         {"name": name, "description": profile.description,
-         "pins": {pinned: target for pinned, target in profile.pins.items() if scope.sees_model(target or pinned)}}
+         "pins": {pinned: target for pinned, target in profile.pins.items()
+                  if all(map(scope.sees_model, models_led_to(config, target or pinned)))}}
         for name, profile in sorted(config.profiles.items())
     ]
     return JsonResponse({"active": await active_profile(config) or None, "profiles": listed})

@@ -147,3 +147,40 @@ def test_a_name_that_leads_to_a_model_outside_the_keys_scope_is_refused_as_asked
         assert answer.status_code == 403 and answer.json()["error"]["code"] == "model_not_allowed", (asked, answer.text)
         message = answer.json()["error"]["message"]
         assert asked.removeprefix("/v1/models/") in message and "secretcoder" not in message, (asked, message)
+
+
+def test_the_model_list_shows_a_key_the_names_that_lead_to_its_models_only(tmp_path):
+    """A selector or a profile's pin is listed, retrieved and shown in /api/profiles for a key only where each model it
+    may lead to is the key's (its state and targets would tell of the others), and an alias wherever its model is the
+    key's, as a request for it is served: whatever its own name."""
+    events = tmp_path / "events.jsonl"
+    text = config_text({"chat": f'cmd: "{fake_cmd("chat", events)}", aliases: [talk]',
+                        "secretcoder": f'cmd: "{fake_cmd("secretcoder", events)}", aliases: [chat-alias]'},
+                       "selectors: {chat-sel: {strategy: pin, targets: [chat-alias]}, talk-sel: {strategy: warm, "
+                       "targets: [talk]}, chat-mixed: {strategy: warm, targets: [chat, secretcoder]}}\n"
+                       "profiles: {day: {pins: {chat-pin: secretcoder, talk-pin: talk}}}\n"
+                       "hooks: {on_startup: {profile: day}}")
+    with Served(tmp_path, text) as s:
+        globbed, exact = new_key(s, "globbed", "--models", "chat*"), new_key(s, "exact", "--models", "chat")
+        wait_until(lambda: chat(s, "chat", exact).status_code == 200, 5, 0.05, "the keys to count")
+        assert chat(s, "secretcoder", None, **{"x-api-key": new_key(s, "ops", "--operator")}).status_code == 200
+        listed = {name: httpx.get(s.base + "/v1/models", headers=auth(secret), timeout=10).json()["data"]
+                  for name, secret in (("globbed", globbed), ("exact", exact))}
+        retrieved = {(name, model): httpx.get(s.base + f"/v1/models/{model}", headers=auth(secret), timeout=10)
+                     for name, secret in (("globbed", globbed), ("exact", exact))
+                     for model in ("talk", "talk-sel", "talk-pin", "chat-sel", "chat-pin", "chat-mixed")}
+        served_to_exact = {model: chat(s, model, exact).status_code for model in ("talk", "talk-sel", "talk-pin")}
+        pins = {name: httpx.get(s.base + "/api/profiles", headers=auth(secret), timeout=10).json()["profiles"][0]["pins"]
+                for name, secret in (("globbed", globbed), ("exact", exact))}
+    for name, entries in listed.items():
+        assert {entry["id"] for entry in entries} == {"chat", "talk-sel", "talk-pin"}, (name, entries)
+        assert "secretcoder" not in json.dumps(entries) and "chat-alias" not in json.dumps(entries), (name, entries)
+    assert served_to_exact == {"talk": 200, "talk-sel": 200, "talk-pin": 200}
+    assert pins == {"globbed": {"talk-pin": "talk"}, "exact": {"talk-pin": "talk"}}
+    for (name, model), answer in retrieved.items():
+        if model.startswith("talk"):
+            assert answer.status_code == 200 and answer.json()["id"] == model, (name, model, answer.text)
+        else:
+            assert answer.status_code == 403 and answer.json()["error"] == {
+                "message": f"the API key '{name}' may not use model '{model}'", "type": "permission_error",
+                "param": None, "code": "model_not_allowed"}, (name, model, answer.text)
