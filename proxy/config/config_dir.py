@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,12 @@ SUFFIXES = (".yml", ".yaml")
 class MergedConfigError(ConfigError):
     """A ConfigError whose problems each name the file they come from (`files`, one per problem)."""
 
-    def __init__(self, path: str, problems: list[Problem], files: list[str]):
+    def __init__(self, path: str, problems: list[Problem], files: list[str], warnings: Sequence[str] = ()):
         self.files = list(files)
-        super().__init__(path, problems)
+        super().__init__(path, problems, warnings)
 
     def __reduce__(self):
-        return (MergedConfigError, (self.path, self.problems, self.files))
+        return (MergedConfigError, (self.path, self.problems, self.files, self.warnings))
 
     def __str__(self) -> str:
         return "\n".join(problem.render(file) for problem, file in zip(self.problems, self.files, strict=True))
@@ -97,7 +97,8 @@ def load_merged(path: str | os.PathLike | None, config_dir: str | os.PathLike,
     try:
         config = check_document(merger.data, log, kept_ports)
     except ConfigError as exc:
-        raise MergedConfigError(label, exc.problems, [merger.origin_of(p.key, label) for p in exc.problems]) from None
+        raise MergedConfigError(label, exc.problems, [merger.origin_of(p.key, label) for p in exc.problems],
+                                [merger.relabel_warning(warning, label) for warning in exc.warnings]) from None
     return dataclasses.replace(config, warnings=tuple(merger.relabel_warning(warning, label) for warning in config.warnings))
 
 

@@ -7,6 +7,7 @@ loader raises a single `ConfigError` listing all of them at the end.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduling.core.settings import kind_of  # noqa: F401 (the config checks' wording, shared with the admin)
@@ -25,17 +26,19 @@ class Problem:
 
 
 class ConfigError(Exception):
-    """The config file cannot be used; `problems` lists everything that is wrong with it."""
+    """The config file cannot be used; `problems` lists everything that is wrong with it, `warnings` what the checks
+    found besides (rendered, as `LoadedConfig.warnings`), so `--check` shows them too."""
 
-    def __init__(self, path: str | os.PathLike, problems: list[Problem]):
+    def __init__(self, path: str | os.PathLike, problems: list[Problem], warnings: Sequence[str] = ()):
         if not problems:
             raise ValueError("ConfigError needs at least one problem")
         self.path = str(path)
         self.problems = list(problems)
+        self.warnings = tuple(warnings)
         super().__init__(str(self))
 
     def __reduce__(self):
-        return (ConfigError, (self.path, self.problems))
+        return (ConfigError, (self.path, self.problems, self.warnings))
 
     @property
     def key(self) -> str:
@@ -86,4 +89,4 @@ class ProblemLog:
 
     def raise_if_any(self) -> None:
         if self.problems:
-            raise ConfigError(self.path, self.problems)
+            raise ConfigError(self.path, self.problems, self.warnings)

@@ -17,6 +17,8 @@ def read_config(command, path: str | None, summary: bool = True, config_dir: str
     try:
         config = load_config(path, config_dir)
     except ConfigError as exc:
+        for warning in exc.warnings:
+            command.stderr.write(f"warning: {warning}")
         command.stderr.write(str(exc))
         sys.exit(2)
     except OSError as exc:

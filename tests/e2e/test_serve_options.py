@@ -126,6 +126,23 @@ def test_two_values_for_one_setting_are_refused_and_a_null_gives_way(tmp_path):
     assert f"logLevel: {conf_d / 'a.yaml'} sets debug and {conf_d / 'c.yaml'} sets warn — set it in one file only" in result.stderr
 
 
+def test_check_of_a_config_with_problems_prints_its_warnings_too(tmp_path):
+    """`--check` prints every problem and every warning: a file that does not load still says what it ignores
+    (llama-swap's own example config has both), in a file or a --config-dir."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"ui: {{}}\nreadyTimeout: 30\nmodels:\n{model('alpha')}    ttl: -5\n")
+    conf_d = tmp_path / "conf.d"
+    conf_d.mkdir()
+    (conf_d / "a.yaml").write_text(config.read_text())
+    for given in (("--config", str(config)), ("--config-dir", str(conf_d))):
+        result = run_serve(tmp_path, *given, "--check")
+        assert result.returncode == 2, result.stderr
+        where = config if given[0] == "--config" else conf_d / "a.yaml"
+        for expected in (f"{where}: models.alpha.ttl: -5 is negative", f"warning: {where}: ui: ignored",
+                         f"warning: {where}: readyTimeout: unknown key, ignored — did you mean healthCheckTimeout?"):
+            assert expected in result.stderr, (given, result.stderr)
+
+
 def test_serve_needs_a_config_or_a_config_dir(tmp_path):
     result = run_serve(tmp_path)
     assert result.returncode == 2 and "pass --config FILE, --config-dir DIR, or both" in result.stderr
