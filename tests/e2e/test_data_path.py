@@ -116,9 +116,10 @@ def test_swap_affinity_keeps_a_loaded_model_request_ahead_of_an_older_one(served
     results: dict[str, int] = {}
     with gpu_held(served, "alpha"):
         threads = [_post_in_thread(served, "beta", 0, results, "older-beta")]
-        wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 1, what="beta queued")
+        # By model: the holder's own row may still read queued for a moment after its stream began.
+        wait_until(lambda: rows(served.data_dir, "model='beta' AND state='queued'"), what="beta queued")
         threads.append(_post_in_thread(served, "alpha", 0, results, "newer-alpha"))
-        wait_until(lambda: len(rows(served.data_dir, "state='queued'")) == 2, what="alpha queued")
+        wait_until(lambda: rows(served.data_dir, "model='alpha' AND state='queued'"), what="alpha queued")
     for t in threads:
         t.join(30)
     assert results == {"older-beta": 200, "newer-alpha": 200}
