@@ -81,8 +81,10 @@ def test_a_key_retrieves_only_the_models_of_its_scope(served):
     tenant = client(served, "tenant")
     assert tenant.models.retrieve("org/chat").id == "org/chat"
     assert [entry.id for entry in tenant.models.list()] == ["org/chat"]
-    # Outside its globs, configured or not, and an alias's name outside them: refused alike, as a request would be.
-    for name in ("qwen3:8b", "hidden", "no-such-model", "chat"):
+    # An alias of one of its models is its model whatever the alias's own name, as a request for it is served.
+    assert tenant.models.retrieve("chat").meta["llamaswap"]["modelID"] == "org/chat"
+    # Outside its globs, configured or not: refused alike, as a request would be.
+    for name in ("qwen3:8b", "hidden", "no-such-model"):
         with pytest.raises(openai.PermissionDeniedError) as refused:
             tenant.models.retrieve(name)
         assert refused.value.body == {"message": f"the API key 'tenant' may not use model '{name}'",
