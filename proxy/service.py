@@ -24,7 +24,7 @@ from proxy.model_processes import gpu_memory
 from proxy.model_processes.fleet import ProcessFleet
 from proxy.upstream.peer_relay import PeerRelays
 from proxy.upstream.upstream_names import leading_names
-from proxy.upstream.upstreams import ClientUse, UpstreamClients
+from proxy.upstream.clients import ClientUse, UpstreamClients
 from scheduling.door import frontdoor
 from scheduling.door.layer_task_errors import report_loop_error
 from scheduling import metrics

@@ -96,7 +96,7 @@ def test_the_config_reader_imports_nothing_else_of_proxy(module):
 
 
 @pytest.mark.parametrize("source", ["from proxy.http.errors import ProxyError", "from ..service import get_service",
-                                    "import proxy.http.http"])
+                                    "import proxy.http.streaming"])
 def test_the_config_scan_sees_a_reach_out(source):
     assert reaches_out_of_config(source, "proxy.config")
 
@@ -210,9 +210,9 @@ def test_each_top_level_holds_few_modules_and_the_rest_sit_in_folders_per_concep
 
 
 def product_modules() -> list[Path]:
-    """Every module that serves: not the migrations (generated) nor the stand-in model server (`proxy/testing`)."""
+    """Every module that serves: not the migrations (generated) nor the stand-in model server (`fakemodel/`)."""
     return [path for top in ("proxy", "scheduling", "llamaswap_site") for path in (SCHEDULING.parent / top).rglob("*.py")
-            if "migrations" not in path.parts and "testing" not in path.parts]
+            if "migrations" not in path.parts]
 
 
 def test_no_product_module_is_longer_than_a_reader_can_hold():
@@ -224,4 +224,4 @@ def test_no_product_module_is_longer_than_a_reader_can_hold():
 def test_the_length_rule_scans_the_modules_it_means():
     scanned = {str(path.relative_to(SCHEDULING.parent)) for path in product_modules()}
     assert "scheduling/runtime/engine.py" in scanned and "proxy/http/consumers.py" in scanned
-    assert "proxy/testing/fakemodel.py" not in scanned and not any("migrations" in name for name in scanned)
+    assert "fakemodel/server.py" not in scanned and not any("migrations" in name for name in scanned)

@@ -19,7 +19,7 @@ from proxy.http.errors import ProxyError, error_event
 from proxy.http.holding import holding, ticket_request
 from proxy.http.hosts import host_refusal
 from proxy.http.ignored_paths import refuse_unless_ready, send_unscheduled
-from proxy.http.http import StreamingHttpConsumer
+from proxy.http.streaming import StreamingHttpConsumer
 from proxy.http.loading_state import shows_loading_state, wait_showing_state
 from proxy.compat.model_choice import choose_model, pinned_upstream_path
 from proxy.http.inbound import MODEL_ROUTES, forwarded_body, off_loop_when_large, read_model_request

@@ -27,7 +27,7 @@ from proxy.http.body_limit import BodyLimit
 from proxy.http.disk_full import disk_full, is_disk_full
 from proxy.http.errors import ProxyError
 from proxy.http.spooled_body import SpooledBody
-from proxy.websockets.websocket_frames import MESSAGE_TOO_BIG
+from proxy.websockets.frames import MESSAGE_TOO_BIG
 
 log = logging.getLogger("llamaswap.http")
 

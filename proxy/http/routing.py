@@ -5,7 +5,7 @@ from django.urls import re_path
 from proxy.compat.comfyui import ComfyUIConsumer
 from proxy.http.consumers import OpenAIConsumer, UpstreamConsumer
 from proxy.http.inbound import MODEL_ROUTES
-from proxy.websockets.websocket_passthrough import WebSocketPassthrough
+from proxy.websockets.passthrough import WebSocketPassthrough
 
 _MODEL_ROUTE = "|".join(sorted(r.lstrip("/").replace(".", r"\.") for r in MODEL_ROUTES))
 

@@ -36,8 +36,8 @@ from proxy.http.errors import ProxyError
 from proxy.http.hosts import host_refusal
 from proxy.http.holding import holding, ticket_request
 from proxy.service import get_service
-from proxy.websockets.websocket_frames import MESSAGE_TOO_BIG, NO_STATUS, NORMAL_CLOSURE
-from proxy.websockets.websocket_upstream import Closed, Message, ProtocolViolation, UpstreamRefused, connect
+from proxy.websockets.frames import MESSAGE_TOO_BIG, NO_STATUS, NORMAL_CLOSURE
+from proxy.websockets.client import Closed, Message, ProtocolViolation, UpstreamRefused, connect
 from scheduling.tickets import Outcome, Refused, RequestState, stamped
 
 log = logging.getLogger("llamaswap.proxy")

@@ -13,7 +13,7 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from proxy.websockets import websocket_frames as wsf
+from proxy.websockets import frames as wsf
 
 HEAD_LIMIT = 64 * 1024  # the upstream's handshake answer: status line and headers
 REFUSAL_BODY_LIMIT = 64 * 1024  # what is kept of an upstream's non-101 answer, to show the client

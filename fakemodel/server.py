@@ -3,7 +3,7 @@
 Tests, benchmarks and the demo config run it as the upstream so the proxy can be exercised
 without a GPU. It imports only the standard library so it starts in a few tens of milliseconds.
 
-    python -m proxy.testing.fakemodel --port 8081 --model demo --tps 20
+    python -m fakemodel --port 8081 --model demo --tps 20
 
 Every response is written in as few socket writes as possible and Nagle is disabled: a stdlib
 server that writes headers and body separately makes each httpx request stall ~40 ms on delayed
@@ -30,7 +30,7 @@ and one whose client leaves while it waits is dropped. GET requests never take a
 it every request is served at once.
 
 ``--gpu-memory MIB`` makes the server "use" MIB of GPU memory on each GPU of its ``CUDA_VISIBLE_DEVICES``
-(GPU 0 without one), for the fake ``nvidia-smi`` (``proxy.testing.fake_nvidia_smi``) to report: it writes
+(GPU 0 without one), for the fake ``nvidia-smi`` (``fakemodel.nvidia_smi``) to report: it writes
 ``<pid>.json`` into the directory ``LLAMASWAP_FAKE_GPU_DIR`` names.
 
 A GET with ``Upgrade: websocket`` on any path opens an echo WebSocket (see ``_websocket_echo``), for
@@ -58,7 +58,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs
 
-from proxy.websockets import websocket_frames as wsf
+from proxy.websockets import frames as wsf
 
 WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "

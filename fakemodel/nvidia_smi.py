@@ -2,11 +2,11 @@
 
 It reports `LLAMASWAP_FAKE_GPUS` GPUs (default 2) of 24 GiB, indexes 0, 1, … with UUIDs `GPU-fake-0`, …,
 and as their compute processes the running fake model servers started with `--gpu-memory MIB`: each
-wrote its pid, `CUDA_VISIBLE_DEVICES` and MiB into `LLAMASWAP_FAKE_GPU_DIR` (see `proxy.testing.fakemodel`);
+wrote its pid, `CUDA_VISIBLE_DEVICES` and MiB into `LLAMASWAP_FAKE_GPU_DIR` (see `fakemodel.server`);
 one whose process has exited is left out. Only the standard library, so it answers in a few tens of ms.
 
-    python -m proxy.testing.fake_nvidia_smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits
-    python -m proxy.testing.fake_nvidia_smi --query-gpu=index,uuid,memory.used,memory.total --format=csv,noheader,nounits
+    python -m fakemodel.nvidia_smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits
+    python -m fakemodel.nvidia_smi --query-gpu=index,uuid,memory.used,memory.total --format=csv,noheader,nounits
 
 A field it does not know is "[N/A]", as nvidia-smi prints one a GPU does not report. Tests put a script named
 `nvidia-smi` that runs this on PATH, or name it with `LLAMASWAP_NVIDIA_SMI`.
@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from proxy.testing.fakemodel import GPU_DIR_VARIABLE
+from fakemodel.server import GPU_DIR_VARIABLE
 
 GPU_COUNT_VARIABLE = "LLAMASWAP_FAKE_GPUS"
 GPU_MIB = 24_576

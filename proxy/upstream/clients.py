@@ -19,7 +19,7 @@ import socket
 import httpcore
 import httpx
 
-from proxy.upstream.upstream_sockets import AsyncioBackend
+from proxy.upstream.sockets import AsyncioBackend
 
 # Writes are small (a request body to a local server); a stuck write still ends.
 WRITE_TIMEOUT_S = 60.0
