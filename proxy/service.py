@@ -18,8 +18,8 @@ from channels.layers import get_channel_layer
 
 from proxy.upstream import captures
 
-from proxy.api import system_metrics
-from proxy.http.errors import ProxyError
+from proxy.model_processes import system_metrics
+from proxy.serving.errors import ProxyError
 from proxy.model_processes import gpu_memory
 from proxy.model_processes.fleet import ProcessFleet
 from proxy.upstream.peer_relay import PeerRelays

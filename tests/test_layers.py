@@ -95,7 +95,7 @@ def test_the_config_reader_imports_nothing_else_of_proxy(module):
     assert reaches_out_of_config(module.read_text(), package) == []
 
 
-@pytest.mark.parametrize("source", ["from proxy.http.errors import ProxyError", "from ..service import get_service",
+@pytest.mark.parametrize("source", ["from proxy.serving.errors import ProxyError", "from ..service import get_service",
                                     "import proxy.http.streaming"])
 def test_the_config_scan_sees_a_reach_out(source):
     assert reaches_out_of_config(source, "proxy.config")

@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from proxy.config.compat import COMFYUI_MODEL_ID
 from proxy.http.consumers import ModelConsumer, climbs_out
-from proxy.http.errors import ProxyError
+from proxy.serving.errors import ProxyError
 from proxy.service import get_service
 from scheduling.door.questions import Processes
 from scheduling.core import ModelState

@@ -8,7 +8,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from proxy.upstream.captures import STORE
-from proxy.http.responses import allow_methods, json_error
+from proxy.api.responses import allow_methods, json_error
 from proxy.version import build_info
 from proxy.api.views import api_key_required, operator_only
 from proxy.api.visibility import told_page

@@ -18,8 +18,8 @@ from functools import partial
 from typing import NoReturn
 
 from proxy.compat.active_profile import active_profile
-from proxy.http.errors import ProxyError
-from proxy.http.inbound import ModelRequest
+from proxy.serving.errors import ProxyError
+from proxy.serving.inbound import ModelRequest
 from proxy.upstream.upstream_names import leading_names
 from scheduling.door.questions import Processes
 from scheduling.core import ModelState

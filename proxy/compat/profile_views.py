@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from proxy.compat.active_profile import active_profile, set_active_profile
 from proxy.compat.model_choice import models_led_to
-from proxy.http.responses import allow_methods, json_error
+from proxy.api.responses import allow_methods, json_error
 from proxy.api.views import api_key_required, changes_state
 
 

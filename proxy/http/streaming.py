@@ -17,8 +17,8 @@ from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
-from proxy.http.errors import ProxyError, error_body
-from proxy.http.unavailable import as_unavailable
+from proxy.serving.errors import ProxyError, error_body
+from proxy.api.unavailable import as_unavailable
 
 log = logging.getLogger("llamaswap.proxy")
 

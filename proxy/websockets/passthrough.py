@@ -12,7 +12,7 @@ code 4000 + the HTTP status the same request would get: 4401 wrong API key, 4404
 
 A socket opened with a row key is closed with 4401 once that key no longer counts (revoked, disabled,
 expired, deleted), and with 4403 once its row no longer lets it use the socket's model (its models narrowed, or
-made read-only), within the bound a new request of it is refused in (`proxy.http.key_watch`); its row records
+made read-only), within the bound a new request of it is refused in (`proxy.serving.key_watch`); its row records
 it cancelled with 401 or 403 and why.
 """
 
@@ -25,16 +25,16 @@ import logging
 from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import StopConsumer
 
-from proxy.http.access import OPEN, Denied, Need, model_refusal, route_refusal
-from proxy.http.auth import CREDENTIAL_HEADERS, without_own_cookies
-from proxy.http.key_cache import KEYS, caller_of
-from proxy.http.key_watch import WATCH_S, queue_closed_when_revoked, until_refused
-from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
+from proxy.serving.access import OPEN, Denied, Need, model_refusal, route_refusal
+from proxy.serving.auth import CREDENTIAL_HEADERS, without_own_cookies
+from proxy.serving.key_cache import KEYS, caller_of
+from proxy.serving.key_watch import WATCH_S, queue_closed_when_revoked, until_refused
+from proxy.serving.cross_site import CROSS_SITE_CODE, cross_site_refusal
 from proxy.compat.comfyui import COMFYUI_PREFIX, comfyui_model, comfyui_rest, is_ready, not_loaded
 from proxy.http.consumers import climbs_out, refused
-from proxy.http.errors import ProxyError
+from proxy.serving.errors import ProxyError
 from proxy.http.hosts import host_refusal
-from proxy.http.holding import holding, ticket_request
+from proxy.serving.holding import holding, ticket_request
 from proxy.service import get_service
 from proxy.websockets.frames import MESSAGE_TOO_BIG, NO_STATUS, NORMAL_CLOSURE
 from proxy.websockets.client import Closed, Message, ProtocolViolation, UpstreamRefused, connect

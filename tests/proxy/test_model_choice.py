@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from proxy.config import parse_config
-from proxy.http.errors import ProxyError
+from proxy.serving.errors import ProxyError
 from proxy.compat.model_choice import choose_model
 
 CONFIG = """

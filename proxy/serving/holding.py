@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from proxy.http.errors import ProxyError
-from proxy.http.inbound import max_wait_seconds, route_label
+from proxy.serving.errors import ProxyError
+from proxy.serving.inbound import max_wait_seconds, route_label
 from scheduling.core import PRIORITY_HEADER, parse_priority, readable_priority
 from scheduling.keys.scope import UNRESTRICTED, KeyScope
 from scheduling.tickets import Outcome, Refused, RequestState, TicketRequest

@@ -1,5 +1,5 @@
 """Who a request comes from, by the key it shows, and what that key may do: pure decisions over the
-config file's `apiKeys` and the key rows as last read (`proxy.http.key_cache` reads them).
+config file's `apiKeys` and the key rows as last read (`proxy.serving.key_cache` reads them).
 
 A config file apiKey is unrestricted, as before keys had rows. Either kind of key switches the guard on
 for every route; with neither, everyone is let in. When the rows cannot be read (the database is away and
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from proxy.http.auth import presented_keys
+from proxy.serving.auth import presented_keys
 from scheduling.keys.scope import UNRESTRICTED, KeyScope
 from scheduling.keys.secrets import matches, prefix_of
 from scheduling.keys.store import KeyRows
@@ -25,7 +25,7 @@ MISSING_KEY = "missing or wrong API key: send 'Authorization: Bearer <key>' or '
 @dataclass(frozen=True)
 class Caller:
     """An admitted request's key: `keyed` when keys guard this server, `basic_only` when its key came
-    only as Basic credentials (which a browser sends on its own: `proxy.http.cross_site`)."""
+    only as Basic credentials (which a browser sends on its own: `proxy.serving.cross_site`)."""
 
     scope: KeyScope
     keyed: bool = True

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.http.route_paths import versionless
+from proxy.serving.route_paths import versionless
 
 USAGE_ON_REQUEST_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 USAGE_ON_REQUEST_ROUTES = USAGE_ON_REQUEST_ROUTES | versionless(USAGE_ON_REQUEST_ROUTES)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from proxy.http.access import Caller
+from proxy.serving.access import Caller
 
 CROSS_SITE_CODE = "cross_site_request"
 _OTHER_ORIGIN_SITES = frozenset({"cross-site", "same-site"})

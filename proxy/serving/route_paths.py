@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import parse_qs
 
-from proxy.http.errors import ProxyError
+from proxy.serving.errors import ProxyError
 
 VERSIONLESS_PREFIX = "/v"
 AUDIOAPI_PREFIX = "/audioapi"

@@ -1,6 +1,6 @@
 """Whether a row key still counts, and with which limits, while something it opened is still held (an open
 WebSocket, a request waiting at the quota gate or in the scheduler's queue): a key revoked, disabled, expired or deleted ends those within the
-same bound as a new request of it is refused, REFRESH_S plus one read of the rows (`proxy.http.key_cache`). Its
+same bound as a new request of it is refused, REFRESH_S plus one read of the rows (`proxy.serving.key_cache`). Its
 requests already running at a model go on to their end.
 
 While the rows cannot be read at all (past `STALE_LIMIT_S`), nothing is ended on a guess: the holder goes on.
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from proxy.http.access import Caller, Denied, Need, model_refusal, route_refusal
-from proxy.http.key_cache import KEYS, REFRESH_S
+from proxy.serving.access import Caller, Denied, Need, model_refusal, route_refusal
+from proxy.serving.key_cache import KEYS, REFRESH_S
 from scheduling.door import frontdoor
 
 # How often a holder looks: twice per refresh, so a revoke is seen at most REFRESH_S plus one read after it.

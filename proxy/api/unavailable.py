@@ -2,7 +2,7 @@
 database — and a route needs it: one place answers that with 503, `Retry-After` and why, OpenAI-shaped, never a 500
 with a traceback. Django's views reach it as a middleware (`UnavailableMiddleware`), the model consumers through
 `as_unavailable`; the reason the database gave stays in the log, with its addresses. A database whose disk is full
-is not away but keeps nothing: 507 `disk_full` (`proxy.http.disk_full`)."""
+is not away but keeps nothing: 507 `disk_full` (`proxy.serving.disk_full`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import logging
 from django.db import InterfaceError, OperationalError
 from django.utils.deprecation import MiddlewareMixin
 
-from proxy.http.disk_full import disk_full, is_disk_full
-from proxy.http.errors import ProxyError
-from proxy.http.responses import json_error
+from proxy.serving.disk_full import disk_full, is_disk_full
+from proxy.serving.errors import ProxyError
+from proxy.api.responses import json_error
 from scheduling.door.frontdoor import DatabaseAway, Unanswered
 
 # A route reconnects to the database on its next request; the request history is written within about 2 s of its

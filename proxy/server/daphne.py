@@ -23,10 +23,10 @@ from daphne.server import Server
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.web import http
 
-from proxy.http.body_limit import BodyLimit
-from proxy.http.disk_full import disk_full, is_disk_full
-from proxy.http.errors import ProxyError
-from proxy.http.spooled_body import SpooledBody
+from proxy.server.body_limit import BodyLimit
+from proxy.serving.disk_full import disk_full, is_disk_full
+from proxy.serving.errors import ProxyError
+from proxy.server.spooled_body import SpooledBody
 from proxy.websockets.frames import MESSAGE_TOO_BIG
 
 log = logging.getLogger("llamaswap.http")

@@ -4,7 +4,7 @@ every front end within REFRESH_S plus one read (under 2 s), with no restart and 
 
 The database may blink. A read that fails keeps the last good rows for `STALE_LIMIT_S` (a revoked key can
 then still pass for that long, and the log says the rows are old); past that, or before any read worked, a
-row key is refused with 503 (`proxy.http.access`), never let through. A config file apiKey works throughout.
+row key is refused with 503 (`proxy.serving.access`), never let through. A config file apiKey works throughout.
 Meanwhile requests do not wait on the database: a failed read is tried again REFRESH_S later, and a read that
 hangs is waited for READ_WAIT_S once, not again until it ends, and is never cut short: a read queued behind slow
 work still runs, and its end lets requests wait for the next one. A read that fails on a connection an earlier blink
@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 from django.utils import timezone
 
-from proxy.http.access import Caller, Denied, identify
+from proxy.serving.access import Caller, Denied, identify
 from scheduling.door.outage_log import OutageLog
 from scheduling.keys.refusals import RefusalCounts, write_refusals
 from scheduling.keys.store import KeyRows, read_rows

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 from urllib.parse import parse_qs
 
-from proxy.http.errors import ProxyError
-from proxy.http.multipart import MultipartError, replace_field, text_fields
-from proxy.http.route_paths import EXTRA_JSON_ROUTES, GET_ROUTES, versionless
-from proxy.http.usage_asked import asking_usage
+from proxy.serving.errors import ProxyError
+from proxy.serving.multipart import MultipartError, replace_field, text_fields
+from proxy.serving.route_paths import EXTRA_JSON_ROUTES, GET_ROUTES, versionless
+from proxy.serving.usage_asked import asking_usage
 
 # Reading a body this large inline would hold the event loop for about a millisecond.
 OFF_LOOP_BODY_BYTES = 256 * 1024

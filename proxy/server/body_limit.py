@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.http.errors import ProxyError
+from proxy.serving.errors import ProxyError
 
 
 @dataclass(frozen=True)

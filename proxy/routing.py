@@ -4,7 +4,7 @@ from django.urls import re_path
 
 from proxy.compat.comfyui import ComfyUIConsumer
 from proxy.http.consumers import OpenAIConsumer, UpstreamConsumer
-from proxy.http.inbound import MODEL_ROUTES
+from proxy.serving.inbound import MODEL_ROUTES
 from proxy.websockets.passthrough import WebSocketPassthrough
 
 _MODEL_ROUTE = "|".join(sorted(r.lstrip("/").replace(".", r"\.") for r in MODEL_ROUTES))

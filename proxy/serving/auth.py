@@ -1,6 +1,6 @@
 """Where a caller shows an API key: `Authorization: Bearer`, `x-api-key` or Basic (the password part), the
 headers that carry one, and this server's own cookies, which no model server is sent. Which key it is, and what
-it may do: `proxy.http.access`."""
+it may do: `proxy.serving.access`."""
 
 from __future__ import annotations
 

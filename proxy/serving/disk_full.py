@@ -13,7 +13,7 @@ import errno
 import logging
 import tempfile
 
-from proxy.http.errors import ProxyError
+from proxy.serving.errors import ProxyError
 
 log = logging.getLogger("llamaswap.http")
 

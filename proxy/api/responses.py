@@ -7,7 +7,7 @@ import functools
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse
 
-from proxy.http.errors import error_body
+from proxy.serving.errors import error_body
 
 
 def json_error(status: int, message: str, code: str | None = None, **headers: str) -> HttpResponse:

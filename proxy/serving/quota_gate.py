@@ -5,7 +5,7 @@ here, behind the key's own requests only — other keys' requests go straight on
 limit never holds anyone else up — and goes on when one of the key's requests ends (on any front end: the
 counter is shared). A front end's waiters of one key go on in arrival order. A waiter whose key is revoked
 (disabled, expired, deleted) meanwhile is refused with the 401 a new request of it gets, and one whose key's
-concurrency is raised or lifted meanwhile counts the new limit (`proxy.http.key_watch`).
+concurrency is raised or lifted meanwhile counts the new limit (`proxy.serving.key_watch`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 
-from proxy.http.errors import ProxyError
-from proxy.http.key_watch import concurrency_now, refusal_now
-from proxy.http.quota_counters import RETRY_S, QuotaCounter, quota_counter
-from proxy.http.token_tally import Tally
+from proxy.serving.errors import ProxyError
+from proxy.serving.key_watch import concurrency_now, refusal_now
+from proxy.serving.quota_counters import RETRY_S, QuotaCounter, quota_counter
+from proxy.serving.token_tally import Tally
 from scheduling.keys.scope import KeyScope
 
 
