@@ -166,7 +166,7 @@ if LLAMASWAP_HTTPS:
     SECURE_HSTS_PRELOAD = True
 
 # llamaswap's own loggers all live under "llamaswap"; the config file's `logLevel` sets their level
-# when `llamaswap serve` starts and on every reload (proxy/compat/log_level.py).
+# when `llamaswap serve` starts and on every reload (proxy/model_processes/log_level.py).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

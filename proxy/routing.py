@@ -2,7 +2,7 @@
 
 from django.urls import re_path
 
-from proxy.compat.comfyui import ComfyUIConsumer
+from proxy.http.comfyui import ComfyUIConsumer
 from proxy.http.consumers import OpenAIConsumer, UpstreamConsumer
 from proxy.serving.inbound import MODEL_ROUTES
 from proxy.websockets.passthrough import WebSocketPassthrough

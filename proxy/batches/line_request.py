@@ -12,7 +12,7 @@ from django.utils import timezone
 from proxy.batches.batch_rows import error_line
 from proxy.batches.line_quota import paced
 from proxy.batches.storage import new_id
-from proxy.compat.model_choice import choose_model
+from proxy.serving.model_choice import choose_model
 from proxy.serving.errors import ProxyError, error_body
 from proxy.serving.holding import holding
 from proxy.serving.inbound import ModelRequest, forwarded_body, route_label

@@ -21,7 +21,7 @@ from proxy.http.hosts import host_refusal
 from proxy.http.ignored_paths import refuse_unless_ready, send_unscheduled
 from proxy.http.streaming import StreamingHttpConsumer
 from proxy.http.loading_state import shows_loading_state, wait_showing_state
-from proxy.compat.model_choice import choose_model, pinned_upstream_path
+from proxy.serving.model_choice import choose_model, pinned_upstream_path
 from proxy.serving.inbound import MODEL_ROUTES, forwarded_body, off_loop_when_large, read_model_request
 from proxy.serving.usage_asked import needs_usage_asked, raw_body_asking_usage
 from proxy.upstream.peer_relay import peer_for, query_naming, serve_peer, serve_peer_body

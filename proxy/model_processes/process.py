@@ -26,7 +26,7 @@ from proxy.model_processes import proctable
 from proxy.config import ModelConfig
 from proxy.config.model import GPUS_REF
 from proxy.config.secrets import hidden_values, scrubbed, shown_argv, shown_url
-from proxy.compat.log_output import copy_model_output
+from proxy.model_processes.log_output import copy_model_output
 from proxy.model_processes.child_environment import child_environment, resolve_console_script
 from proxy.model_processes.logring import LogRing
 from proxy.model_processes.process_groups import (

@@ -30,7 +30,7 @@ from proxy.serving.auth import CREDENTIAL_HEADERS, without_own_cookies
 from proxy.serving.key_cache import KEYS, caller_of
 from proxy.serving.key_watch import WATCH_S, queue_closed_when_revoked, until_refused
 from proxy.serving.cross_site import CROSS_SITE_CODE, cross_site_refusal
-from proxy.compat.comfyui import COMFYUI_PREFIX, comfyui_model, comfyui_rest, is_ready, not_loaded
+from proxy.http.comfyui import COMFYUI_PREFIX, comfyui_model, comfyui_rest, is_ready, not_loaded
 from proxy.http.consumers import climbs_out, refused
 from proxy.serving.errors import ProxyError
 from proxy.http.hosts import host_refusal

@@ -9,7 +9,7 @@ import pytest
 
 from proxy.config import parse_config
 from proxy.serving.errors import ProxyError
-from proxy.compat.model_choice import choose_model
+from proxy.serving.model_choice import choose_model
 
 CONFIG = """
 models:

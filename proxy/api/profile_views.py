@@ -8,8 +8,8 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from proxy.compat.active_profile import active_profile, set_active_profile
-from proxy.compat.model_choice import models_led_to
+from proxy.serving.active_profile import active_profile, set_active_profile
+from proxy.serving.model_choice import models_led_to
 from proxy.api.responses import allow_methods, json_error
 from proxy.api.views import api_key_required, changes_state
 

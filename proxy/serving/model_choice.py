@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NoReturn
 
-from proxy.compat.active_profile import active_profile
+from proxy.serving.active_profile import active_profile
 from proxy.serving.errors import ProxyError
 from proxy.serving.inbound import ModelRequest
-from proxy.upstream.upstream_names import leading_names
+from proxy.serving.upstream_names import leading_names
 from scheduling.door.questions import Processes
 from scheduling.core import ModelState
 
