@@ -2,7 +2,8 @@
 
 Layers point one way: `proxy` (HTTP, model processes, config) may use `scheduling`, never the reverse,
 so the scheduler can run in a process that serves no HTTP at all; the engine is built by the composition
-root alone; the config reader stands alone; and no module imports itself round a circle."""
+root alone; the config reader stands alone; inside `proxy` the rooms stand in one order, each importing only
+those below it; and no module imports itself round a circle."""
 
 import ast
 from pathlib import Path
@@ -225,3 +226,57 @@ def test_the_length_rule_scans_the_modules_it_means():
     scanned = {str(path.relative_to(SCHEDULING.parent)) for path in product_modules()}
     assert "scheduling/runtime/engine.py" in scanned and "proxy/http/consumers.py" in scanned
     assert "fakemodel/server.py" not in scanned and not any("migrations" in name for name in scanned)
+
+
+# -- the rooms of proxy/ point one way ----------------------------------------------------------------------
+# Each room of `proxy/` (a folder, or a module at its top) imports only rooms that stand below it here, never one
+# above: the ways in at the top (the commands, the routing of the model paths, batches, the HTTP server), then the
+# consumers of each protocol (a WebSocket's reuses the HTTP consumers' checks), the service's own views, the
+# composition root, reaching the model servers, one model request whatever carries it (`serving`), the model
+# processes, and the config reader at the ground. A new room must be given its place.
+PROXY_ROOMS = (
+    "management", "apps", "routing", "batches", "server", "websockets", "http", "api", "reload", "service",
+    "upstream", "serving", "model_processes", "config", "version",
+)
+
+
+def room_of(module: str) -> str | None:
+    """`proxy.serving.holding` → `serving`, `proxy.service` → `service`; None outside proxy, and for its face."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "proxy" and len(parts) > 1 else None
+
+
+def imports_up_the_rooms(graph: dict[str, set[str]]) -> list[str]:
+    """Every import inside proxy/ from one room to a room that stands above it in PROXY_ROOMS."""
+    found = []
+    for module, targets in graph.items():
+        here = room_of(module)
+        for target in targets:
+            there = room_of(target)
+            if here and there and there != here and PROXY_ROOMS.index(there) < PROXY_ROOMS.index(here):
+                found.append(f"{module} -> {target}")
+    return sorted(found)
+
+
+def test_every_room_of_proxy_has_its_place():
+    rooms = {room_of(name) for name in module_files(SCHEDULING.parent)} - {None}
+    assert rooms == set(PROXY_ROOMS)
+
+
+def test_imports_inside_proxy_point_down_the_rooms():
+    assert imports_up_the_rooms(import_graph(module_files(SCHEDULING.parent))) == []
+
+
+def test_the_room_scan_sees_an_import_up_through_a_package_a_function_and_a_relative_name():
+    modules = {
+        "proxy": ("", "proxy"),
+        "proxy.service": ("from proxy.serving import holding\n", "proxy"),
+        "proxy.serving": ("", "proxy.serving"),
+        "proxy.serving.holding": ("from proxy import service\n", "proxy.serving"),
+        "proxy.serving.inbound": ("def f():\n    from ..http.consumers import refused\n", "proxy.serving"),
+        "proxy.http": ("", "proxy.http"),
+        "proxy.http.consumers": ("from proxy.serving.holding import holding\nfrom . import streaming\n", "proxy.http"),
+        "proxy.http.streaming": ("import proxy.serving.inbound\nimport scheduling.tickets\n", "proxy.http"),
+    }
+    assert imports_up_the_rooms(import_graph(modules)) == [
+        "proxy.serving.holding -> proxy.service", "proxy.serving.inbound -> proxy.http.consumers"]
