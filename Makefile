@@ -30,7 +30,7 @@ run: $(STAMP)
 # every module of the project again (a sixth of its start-up): compiled once here, they are read from __pycache__,
 # and a module changed since is compiled afresh as always.
 bytecode: $(STAMP)
-	$(VENV)/bin/python -m compileall -q llamaswap_site scheduling proxy tests bench
+	$(VENV)/bin/python -m compileall -q llamaswap_site scheduling proxy fakemodel tests bench
 
 # The slowest tests are listed at the end, so the suite's time is watched as it grows. Two pytest
 # processes (TEST_PROCESSES=1 for one): most tests wait on the real processes they start.

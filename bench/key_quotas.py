@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import redis  # noqa: E402
 
 from bench.common import Stats, machine, stats  # noqa: E402
-from proxy.http.quota_counters import InProcessQuotaCounter, QuotaCounter, RedisQuotaCounter  # noqa: E402
+from proxy.serving.quota_counters import InProcessQuotaCounter, QuotaCounter, RedisQuotaCounter  # noqa: E402
 from scheduling.keys.quota import QuotaLimits  # noqa: E402
 from scheduling.keys.scope import KeyScope  # noqa: E402
 from scheduling.tickets import Outcome, RequestState  # noqa: E402
@@ -58,7 +58,7 @@ def quota_gate():
     import django
 
     django.setup()
-    from proxy.http.quota_gate import within_quota
+    from proxy.serving.quota_gate import within_quota
 
     return within_quota
 

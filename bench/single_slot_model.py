@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.testing import fakemodel
+from fakemodel import server as fakemodel
 
 
 class ArrivalOrderSlot:

@@ -11,8 +11,8 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from proxy.http.cors import PreflightAnswerer  # noqa: E402
-from proxy.http.disk_full import DiskFullAnswerer  # noqa: E402
-from proxy.http.routing import http_patterns, websocket_patterns  # noqa: E402
+from proxy.serving.disk_full import DiskFullAnswerer  # noqa: E402
+from proxy.routing import http_patterns, websocket_patterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

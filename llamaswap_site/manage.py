@@ -16,9 +16,9 @@ def main(argv: list[str] | None = None) -> None:
     if argv[1:2] == ["fakemodel"]:
         # The stand-in model server needs no Django: loading the settings would create a data dir and a
         # secret key wherever it is started.
-        from proxy.testing import fakemodel
+        from fakemodel import server
 
-        raise SystemExit(fakemodel.main(argv[2:]))
+        raise SystemExit(server.main(argv[2:]))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llamaswap_site.settings")
     from llamaswap_site.environment import EnvironmentProblem
 

@@ -75,7 +75,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
     # A view that raised because the scheduler or the database is away: 503 with Retry-After, not a 500.
-    "proxy.http.unavailable.UnavailableMiddleware",
+    "proxy.api.unavailable.UnavailableMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into its lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -113,11 +113,11 @@ LLAMASWAP_SCHEDULER_FRONT_DOOR = (
     "scheduling.door.remote.ChannelLayerFrontDoor" if CHANNEL_LAYERS else "scheduling.door.in_process.InProcessFrontDoor"
 )
 # API key quotas are counted where every front end sees the same windows: Redis in distributed mode
-# (proxy/http/quota_counters.py).
+# (proxy/serving/quota_counters.py).
 LLAMASWAP_QUOTA_REDIS_URL = os.environ.get("REDIS_URL", "")
 LLAMASWAP_QUOTA_COUNTER = (
-    "proxy.http.quota_counters.RedisQuotaCounter" if LLAMASWAP_QUOTA_REDIS_URL
-    else "proxy.http.quota_counters.InProcessQuotaCounter"
+    "proxy.serving.quota_counters.RedisQuotaCounter" if LLAMASWAP_QUOTA_REDIS_URL
+    else "proxy.serving.quota_counters.InProcessQuotaCounter"
 )
 
 # The admin's login is throttled (django-axes): after AXES_FAILURE_LIMIT wrong passwords in a row for one user
@@ -166,7 +166,7 @@ if LLAMASWAP_HTTPS:
     SECURE_HSTS_PRELOAD = True
 
 # llamaswap's own loggers all live under "llamaswap"; the config file's `logLevel` sets their level
-# when `llamaswap serve` starts and on every reload (proxy/compat/log_level.py).
+# when `llamaswap serve` starts and on every reload (proxy/model_processes/log_level.py).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -3,9 +3,7 @@ from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import path, re_path
 from django.views.generic import RedirectView
 
-from proxy.compat import llama_swap_views, profile_views
-
-from proxy.api import lease_views, model_views, placement_views, queue_views, views
+from proxy.api import lease_views, llama_swap_views, model_views, placement_views, profile_views, queue_views, views
 from proxy.api.metrics_view import metrics_view
 from proxy.batches import views as batch_views
 from scheduling.admin import overview_page

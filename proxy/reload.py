@@ -17,8 +17,8 @@ from django.db import DatabaseError
 from proxy.config import ConfigError, load_config
 from proxy.config.config_dir import sources_signature
 from proxy.model_processes.fleet import process_changed
-from proxy.compat.log_level import apply_log_level
-from proxy.compat.log_output import apply_log_output
+from proxy.model_processes.log_level import apply_log_level
+from proxy.model_processes.log_output import apply_log_output
 
 log = logging.getLogger("llamaswap.reload")
 
@@ -36,7 +36,7 @@ async def reload_config(service, path: str | None, config_dir: str | None = None
 
 
 async def _reload(service, path: str | None, config_dir: str | None) -> bool:
-    from proxy.compat.active_profile import reset_active_profile
+    from proxy.serving.active_profile import reset_active_profile
     from scheduling.operating.settings_store import stored_serial_settings
     from scheduling.rows.connections import on_fresh_connection
 

@@ -18,13 +18,13 @@ from channels.layers import get_channel_layer
 
 from proxy.upstream import captures
 
-from proxy.api import system_metrics
-from proxy.http.errors import ProxyError
+from proxy.model_processes import system_metrics
+from proxy.serving.errors import ProxyError
 from proxy.model_processes import gpu_memory
 from proxy.model_processes.fleet import ProcessFleet
 from proxy.upstream.peer_relay import PeerRelays
-from proxy.upstream.upstream_names import leading_names
-from proxy.upstream.upstreams import ClientUse, UpstreamClients
+from proxy.serving.upstream_names import leading_names
+from proxy.upstream.clients import ClientUse, UpstreamClients
 from scheduling.door import frontdoor
 from scheduling.door.layer_task_errors import report_loop_error
 from scheduling import metrics
@@ -77,7 +77,7 @@ def prepare(config=None, *, worker: bool = False) -> Prepared:
     distributed mode recovers only its own models, and keeps the queued rows of front ends, to serve
     them (`carried_requests`).
     """
-    from proxy.compat.active_profile import start_profile, start_with_profile
+    from proxy.serving.active_profile import start_profile, start_with_profile
     from proxy.model_processes.orphans import stop_orphaned_model_processes
     from scheduling.rows.recovery import recover_previous_run
     from scheduling.rows.row_durations import durations_from_rows

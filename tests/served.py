@@ -67,7 +67,7 @@ def _bindable(port: int) -> bool:
 
 def fake_cmd(model: str, events: Path | None = None, *args: str) -> str:
     """A `cmd:` line that starts the shipped fake model server, like llama-server would be started."""
-    parts = [sys.executable, "-m", "proxy.testing.fakemodel", "--port", "${PORT}", "--model", model, *args]
+    parts = [sys.executable, "-m", "fakemodel", "--port", "${PORT}", "--model", model, *args]
     if events is not None:
         parts += ["--events", str(events)]
     return " ".join(parts)

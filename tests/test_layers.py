@@ -2,7 +2,8 @@
 
 Layers point one way: `proxy` (HTTP, model processes, config) may use `scheduling`, never the reverse,
 so the scheduler can run in a process that serves no HTTP at all; the engine is built by the composition
-root alone; the config reader stands alone; and no module imports itself round a circle."""
+root alone; the config reader stands alone; inside `proxy` the rooms stand in one order, each importing only
+those below it; and no module imports itself round a circle."""
 
 import ast
 from pathlib import Path
@@ -95,8 +96,8 @@ def test_the_config_reader_imports_nothing_else_of_proxy(module):
     assert reaches_out_of_config(module.read_text(), package) == []
 
 
-@pytest.mark.parametrize("source", ["from proxy.http.errors import ProxyError", "from ..service import get_service",
-                                    "import proxy.http.http"])
+@pytest.mark.parametrize("source", ["from proxy.serving.errors import ProxyError", "from ..service import get_service",
+                                    "import proxy.http.streaming"])
 def test_the_config_scan_sees_a_reach_out(source):
     assert reaches_out_of_config(source, "proxy.config")
 
@@ -210,9 +211,9 @@ def test_each_top_level_holds_few_modules_and_the_rest_sit_in_folders_per_concep
 
 
 def product_modules() -> list[Path]:
-    """Every module that serves: not the migrations (generated) nor the stand-in model server (`proxy/testing`)."""
+    """Every module that serves: not the migrations (generated) nor the stand-in model server (`fakemodel/`)."""
     return [path for top in ("proxy", "scheduling", "llamaswap_site") for path in (SCHEDULING.parent / top).rglob("*.py")
-            if "migrations" not in path.parts and "testing" not in path.parts]
+            if "migrations" not in path.parts]
 
 
 def test_no_product_module_is_longer_than_a_reader_can_hold():
@@ -224,4 +225,58 @@ def test_no_product_module_is_longer_than_a_reader_can_hold():
 def test_the_length_rule_scans_the_modules_it_means():
     scanned = {str(path.relative_to(SCHEDULING.parent)) for path in product_modules()}
     assert "scheduling/runtime/engine.py" in scanned and "proxy/http/consumers.py" in scanned
-    assert "proxy/testing/fakemodel.py" not in scanned and not any("migrations" in name for name in scanned)
+    assert "fakemodel/server.py" not in scanned and not any("migrations" in name for name in scanned)
+
+
+# -- the rooms of proxy/ point one way ----------------------------------------------------------------------
+# Each room of `proxy/` (a folder, or a module at its top) imports only rooms that stand below it here, never one
+# above: the ways in at the top (the commands, the routing of the model paths, batches, the HTTP server), then the
+# consumers of each protocol (a WebSocket's reuses the HTTP consumers' checks), the service's own views, the
+# composition root, reaching the model servers, one model request whatever carries it (`serving`), the model
+# processes, and the config reader at the ground. A new room must be given its place.
+PROXY_ROOMS = (
+    "management", "apps", "routing", "batches", "server", "websockets", "http", "api", "reload", "service",
+    "upstream", "serving", "model_processes", "config", "version",
+)
+
+
+def room_of(module: str) -> str | None:
+    """`proxy.serving.holding` → `serving`, `proxy.service` → `service`; None outside proxy, and for its face."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "proxy" and len(parts) > 1 else None
+
+
+def imports_up_the_rooms(graph: dict[str, set[str]]) -> list[str]:
+    """Every import inside proxy/ from one room to a room that stands above it in PROXY_ROOMS."""
+    found = []
+    for module, targets in graph.items():
+        here = room_of(module)
+        for target in targets:
+            there = room_of(target)
+            if here and there and there != here and PROXY_ROOMS.index(there) < PROXY_ROOMS.index(here):
+                found.append(f"{module} -> {target}")
+    return sorted(found)
+
+
+def test_every_room_of_proxy_has_its_place():
+    rooms = {room_of(name) for name in module_files(SCHEDULING.parent)} - {None}
+    assert rooms == set(PROXY_ROOMS)
+
+
+def test_imports_inside_proxy_point_down_the_rooms():
+    assert imports_up_the_rooms(import_graph(module_files(SCHEDULING.parent))) == []
+
+
+def test_the_room_scan_sees_an_import_up_through_a_package_a_function_and_a_relative_name():
+    modules = {
+        "proxy": ("", "proxy"),
+        "proxy.service": ("from proxy.serving import holding\n", "proxy"),
+        "proxy.serving": ("", "proxy.serving"),
+        "proxy.serving.holding": ("from proxy import service\n", "proxy.serving"),
+        "proxy.serving.inbound": ("def f():\n    from ..http.consumers import refused\n", "proxy.serving"),
+        "proxy.http": ("", "proxy.http"),
+        "proxy.http.consumers": ("from proxy.serving.holding import holding\nfrom . import streaming\n", "proxy.http"),
+        "proxy.http.streaming": ("import proxy.serving.inbound\nimport scheduling.tickets\n", "proxy.http"),
+    }
+    assert imports_up_the_rooms(import_graph(modules)) == [
+        "proxy.serving.holding -> proxy.service", "proxy.serving.inbound -> proxy.http.consumers"]

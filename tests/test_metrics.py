@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import parse_config
-from proxy.http.inbound import route_label
+from proxy.serving.inbound import route_label
 from scheduling.door import frontdoor
 from scheduling import metrics
 from scheduling.core import Band, Decision, SchedulerSnapshot, ScoreTerms, SerialSettings

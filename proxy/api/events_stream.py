@@ -24,10 +24,10 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db.models import Max
 
-from proxy.compat.active_profile import active_profile
-from proxy.http.unavailable import as_unavailable
+from proxy.serving.active_profile import active_profile
+from proxy.api.unavailable import as_unavailable
 from proxy.api.visibility import own_batches, own_entries, own_rows, told_in
-from proxy.compat.model_listing import capability_fields
+from proxy.api.model_listing import capability_fields
 from proxy.upstream.peer_relay import peer_model_states
 from scheduling.rows.activity import activity_row
 from scheduling.door.questions import LogsSince, Processes, Queue

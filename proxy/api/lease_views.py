@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from proxy.api.views import api_key_required, changes_state
 from proxy.api.visibility import told_in
-from proxy.http.responses import allow_methods, json_error
+from proxy.api.responses import allow_methods, json_error
 from scheduling.door.frontdoor import Unanswered
 from scheduling.door.questions import KeepLeases, NeverFits
 from scheduling.keys.scope import KeyScope

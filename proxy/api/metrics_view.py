@@ -12,10 +12,10 @@ from django_prometheus.exports import ExportToDjangoView
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.api.visibility import shown_series
-from proxy.http.access import Caller, Denied
-from proxy.http.key_cache import caller_of_now
-from proxy.http.errors import error_body
-from proxy.http.responses import allow_methods
+from proxy.serving.access import Caller, Denied
+from proxy.serving.key_cache import caller_of_now
+from proxy.serving.errors import error_body
+from proxy.api.responses import allow_methods
 from proxy.service import load_configured
 from scheduling.door import frontdoor
 from scheduling import metrics

@@ -8,11 +8,11 @@ import time
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from proxy.api.views import api_key_required, refused_for
-from proxy.compat.active_profile import active_profile
-from proxy.compat.model_choice import listed_choices, models_led_to
-from proxy.compat.model_listing import add_capabilities, alias_entries
-from proxy.http.access import model_refusal
-from proxy.http.responses import allow_methods, json_error
+from proxy.serving.active_profile import active_profile
+from proxy.serving.model_choice import listed_choices, models_led_to
+from proxy.api.model_listing import add_capabilities, alias_entries
+from proxy.serving.access import model_refusal
+from proxy.api.responses import allow_methods, json_error
 from proxy.upstream.peer_relay import listed_peer_models
 from scheduling.core import ModelState
 from scheduling.door.questions import Processes

@@ -6,7 +6,7 @@ from django.http import HttpRequest, JsonResponse
 
 from proxy.api.views import api_key_required, refused_for
 from proxy.api.visibility import shown_boxes, shown_models
-from proxy.http.responses import allow_methods, json_error
+from proxy.api.responses import allow_methods, json_error
 from scheduling.door.questions import CanLoad, Placement
 
 

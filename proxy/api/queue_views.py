@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from proxy.http.responses import allow_methods, json_error
+from proxy.api.responses import allow_methods, json_error
 from proxy.api.views import api_key_required, changes_state
 from proxy.api.visibility import own_entries, own_rows, told_in
 from scheduling.rows.activity import activity_row

@@ -12,11 +12,11 @@ from django.views.decorators.csrf import csrf_exempt
 
 from proxy.api import events_stream
 from proxy.api.visibility import told_page
-from proxy.http.access import Caller, Denied, Need, route_refusal
-from proxy.http.key_cache import KEYS, caller_of
+from proxy.serving.access import Caller, Denied, Need, route_refusal
+from proxy.serving.key_cache import KEYS, caller_of
 from proxy.config.secrets import shown_argv, shown_url
-from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
-from proxy.http.responses import allow_methods, json_error
+from proxy.serving.cross_site import CROSS_SITE_CODE, cross_site_refusal
+from proxy.api.responses import allow_methods, json_error
 from proxy.service import get_service
 from scheduling.admin_not_found import admin_not_found
 from scheduling.rows.activity import ActivityQuery, ActivityQueryError, activity_page
@@ -59,7 +59,7 @@ def operator_only(view):
 def changes_state(*methods: str, need: Need = Need.OPERATOR):
     """A view that changes something when called with `methods`: those need a key that may do `need` (an
     operator's unless said) and, from a page on another origin, the key shown as Bearer or x-api-key, not the
-    browser's saved Basic credentials (proxy.http.cross_site). It goes below `api_key_required`."""
+    browser's saved Basic credentials (proxy.serving.cross_site). It goes below `api_key_required`."""
 
     def decorate(view):
         @functools.wraps(view)
@@ -208,7 +208,7 @@ async def api_events(request: HttpRequest, service) -> HttpResponse:
     """`GET /api/events`: llama-swap's Server-Sent Events (see proxy.api.events_stream), of what the key may
     see (proxy.api.visibility); the models' log text only for an operator key, as `/logs`."""
     stream = events_stream.EventStream(service, viewer=request.caller.scope)
-    first = await stream.first()  # the scheduler or the database away: 503 (proxy.http.unavailable), not a stream
+    first = await stream.first()  # the scheduler or the database away: 503 (proxy.api.unavailable), not a stream
     response = StreamingHttpResponse(events_stream.events(stream, first), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a proxy in front must pass each event on as it comes

@@ -1,5 +1,5 @@
 """A batch's lines count against the quotas of the key that created it (rpm, tpm, requests at once), in the same
-windows as the key's own requests (`proxy.http.quota_counters`), but are paced rather than refused: a line over
+windows as the key's own requests (`proxy.serving.quota_counters`), but are paced rather than refused: a line over
 rpm or tpm waits until the window frees, one over concurrency waits for a place. The quotas are the key's row's
 as it is while the line waits, so a quota changed meanwhile applies to the lines not yet sent."""
 
@@ -12,10 +12,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from proxy.http.key_cache import KEYS
-from proxy.http.key_watch import WATCH_S
-from proxy.http.quota_counters import RETRY_S, QuotaCounter, quota_counter
-from proxy.http.token_tally import Tally
+from proxy.serving.key_cache import KEYS
+from proxy.serving.key_watch import WATCH_S
+from proxy.serving.quota_counters import RETRY_S, QuotaCounter, quota_counter
+from proxy.serving.token_tally import Tally
 from scheduling.keys.quota import UNLIMITED, QuotaLimits
 
 

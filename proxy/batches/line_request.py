@@ -12,13 +12,13 @@ from django.utils import timezone
 from proxy.batches.batch_rows import error_line
 from proxy.batches.line_quota import paced
 from proxy.batches.storage import new_id
-from proxy.compat.model_choice import choose_model
-from proxy.http.errors import ProxyError, error_body
-from proxy.http.holding import holding
-from proxy.http.inbound import ModelRequest, forwarded_body, route_label
-from proxy.http.key_cache import KEYS
-from proxy.http.token_tally import Tally
-from proxy.http.route_paths import upstream_path
+from proxy.serving.model_choice import choose_model
+from proxy.serving.errors import ProxyError, error_body
+from proxy.serving.holding import holding
+from proxy.serving.inbound import ModelRequest, forwarded_body, route_label
+from proxy.serving.key_cache import KEYS
+from proxy.serving.token_tally import Tally
+from proxy.serving.route_paths import upstream_path
 from proxy.upstream.peer_relay import peer_for
 from proxy.upstream.relay import relay
 from scheduling.keys.scope import KeyScope

@@ -24,7 +24,7 @@ from proxy.batches import batch_rows, storage
 from proxy.batches.line_quota import Stopped
 from proxy.batches.line_request import Interrupted, ModelGone, send_line
 from proxy.batches.lines import parse_line
-from proxy.http.disk_full import is_disk_full
+from proxy.serving.disk_full import is_disk_full
 from scheduling import batch_metrics
 from scheduling.metrics import BATCH_LINES_ENDED
 from scheduling.door.outage_log import OutageLog

@@ -12,7 +12,7 @@ from django.core.files.uploadhandler import FileUploadHandler
 
 from proxy.batches import storage
 from proxy.batches.lines import LineChecker
-from proxy.http.body_limit import BodyLimit
+from proxy.server.body_limit import BodyLimit
 
 FIELD = "file"
 

@@ -17,11 +17,11 @@ from proxy.batches import batch_rows, runner, storage
 from proxy.batches.lines import ENDPOINTS, BadLine, is_storable_text
 from proxy.batches.objects import batch_object, file_object, page
 from proxy.batches.upload import FIELD, BatchFileUploadHandler, FileTooLarge, file_size_limit
-from proxy.http.access import Need
-from proxy.http.disk_full import disk_full, is_disk_full
-from proxy.http.holding import asked_priority, unreadable_priority
-from proxy.http.body_limit import BodyLimit
-from proxy.http.responses import allow_methods, json_error
+from proxy.serving.access import Need
+from proxy.serving.disk_full import disk_full, is_disk_full
+from proxy.serving.holding import asked_priority, unreadable_priority
+from proxy.server.body_limit import BodyLimit
+from proxy.api.responses import allow_methods, json_error
 from scheduling.core import PRIORITY_HEADER
 
 log = logging.getLogger("llamaswap.batches")

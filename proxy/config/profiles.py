@@ -2,7 +2,7 @@
 
 While a profile is active, a request for a pinned ID goes to the pin's target (a model, an alias,
 a peer model or a selector) before anything else resolves the name; an empty pin makes the ID
-answer 404. Which profile is active is runtime state (proxy/compat/active_profile.py), not config.
+answer 404. Which profile is active is runtime state (proxy/serving/active_profile.py), not config.
 """
 
 from __future__ import annotations

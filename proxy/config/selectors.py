@@ -2,7 +2,7 @@
 
 `pin` always takes the first target, `warm` the first one already loaded (then one starting, then
 the first), `spillover` fills each target up to `settings.spillover` requests before the next.
-The choice itself is made at request time (proxy/compat/model_choice.py); here the file is checked.
+The choice itself is made at request time (proxy/serving/model_choice.py); here the file is checked.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Receiving requests: the consumers of the model routes, and what guards and reads each request."""
+"""The Channels HTTP consumers of the model routes, and what guards them before they serve (hosts, CORS)."""

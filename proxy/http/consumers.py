@@ -7,26 +7,26 @@ import logging
 import re
 from urllib.parse import quote, unquote
 
-from proxy.http.access import OPEN, Caller, Denied, Need, model_refusal, route_refusal
-from proxy.http.auth import CREDENTIAL_HEADERS
-from proxy.http.key_cache import KEYS, caller_of
-from proxy.http.key_watch import queue_closed_when_revoked
-from proxy.http.quota_gate import within_quota
-from proxy.http.token_tally import Tally
+from proxy.serving.access import OPEN, Caller, Denied, Need, model_refusal, route_refusal
+from proxy.serving.auth import CREDENTIAL_HEADERS
+from proxy.serving.key_cache import KEYS, caller_of
+from proxy.serving.key_watch import queue_closed_when_revoked
+from proxy.serving.quota_gate import within_quota
+from proxy.serving.token_tally import Tally
 from proxy.upstream.captures import CaptureRecorder, begin_capture
-from proxy.http.cross_site import CROSS_SITE_CODE, cross_site_refusal
-from proxy.http.errors import ProxyError, error_event
-from proxy.http.holding import holding, ticket_request
+from proxy.serving.cross_site import CROSS_SITE_CODE, cross_site_refusal
+from proxy.serving.errors import ProxyError, error_event
+from proxy.serving.holding import holding, ticket_request
 from proxy.http.hosts import host_refusal
 from proxy.http.ignored_paths import refuse_unless_ready, send_unscheduled
-from proxy.http.http import StreamingHttpConsumer
+from proxy.http.streaming import StreamingHttpConsumer
 from proxy.http.loading_state import shows_loading_state, wait_showing_state
-from proxy.compat.model_choice import choose_model, pinned_upstream_path
-from proxy.http.inbound import MODEL_ROUTES, forwarded_body, off_loop_when_large, read_model_request
-from proxy.http.usage_asked import needs_usage_asked, raw_body_asking_usage
+from proxy.serving.model_choice import choose_model, pinned_upstream_path
+from proxy.serving.inbound import MODEL_ROUTES, forwarded_body, off_loop_when_large, read_model_request
+from proxy.serving.usage_asked import needs_usage_asked, raw_body_asking_usage
 from proxy.upstream.peer_relay import peer_for, query_naming, serve_peer, serve_peer_body
 from proxy.upstream.relay import as_sent, identity_headers, relay, upstream_headers
-from proxy.http.route_paths import model_in_query, route_methods, upstream_path
+from proxy.serving.route_paths import model_in_query, route_methods, upstream_path
 from proxy.service import get_service
 from proxy.config.upstream_paths import is_ignored
 from scheduling.tickets import Refused, stamped

@@ -98,7 +98,7 @@ def host_check_middleware(get_response):
 
     Django's own refusal would name its ALLOWED_HOSTS setting, which users of llamaswap never set.
     """
-    from proxy.http.responses import json_error
+    from proxy.api.responses import json_error
     from proxy.api.views import health
 
     def early_answer(request):

@@ -13,8 +13,8 @@ found ready (it queues behind the model's other requests, and it is counted).
 
 from __future__ import annotations
 
-from proxy.http.auth import CREDENTIAL_HEADERS
-from proxy.http.errors import ProxyError
+from proxy.serving.auth import CREDENTIAL_HEADERS
+from proxy.serving.errors import ProxyError
 from proxy.upstream.relay import as_sent, relay, upstream_headers
 from scheduling.door.questions import Processes
 from scheduling.core import ModelState

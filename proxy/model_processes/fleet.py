@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from proxy.model_processes.logring import LogRing
 from proxy.model_processes.orphans import process_owner
-from proxy.model_processes.processes import STOPPED_WHILE_STARTING, ModelProcess, ModelStartError, SpawnedProcess
+from proxy.model_processes.process import STOPPED_WHILE_STARTING, ModelProcess, ModelStartError, SpawnedProcess
 from scheduling.core import ModelState
 
 log = logging.getLogger("llamaswap.fleet")

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.http.auth import SECRET_HEADERS
+from proxy.serving.auth import SECRET_HEADERS
 from scheduling.operating.whole_numbers import whole_number
 
 MB = 1024 * 1024

@@ -5,7 +5,7 @@ requests do not queue behind local models. They are still recorded like local on
 peer's ID) for the activity log, the request id header, and the request metrics.
 
 The caller's credentials are for this server, not the peer's: no header that may carry a secret
-(proxy.http.auth.SECRET_HEADERS: Authorization, x-api-key, hosted APIs' key headers, Proxy-Authorization, cookies)
+(proxy.serving.auth.SECRET_HEADERS: Authorization, x-api-key, hosted APIs' key headers, Proxy-Authorization, cookies)
 is forwarded; the peer's `apiKey`, when set, is sent instead, as `Authorization: Bearer <key>` and
 `x-api-key: <key>`.
 """
@@ -17,15 +17,15 @@ import contextlib
 import logging
 from urllib.parse import quote_plus, unquote_plus
 
-from proxy.http.auth import SECRET_HEADERS
+from proxy.serving.auth import SECRET_HEADERS
 from proxy.upstream.captures import begin_capture
 from proxy.config.peers import PeerConfig
 from proxy.config.secrets import shown_url
-from proxy.http.errors import ProxyError
-from proxy.http.holding import holding, ticket_request
-from proxy.http.inbound import ModelRequest, forwarded_body, off_loop_when_large
-from proxy.http.quota_gate import within_quota
-from proxy.http.token_tally import Tally
+from proxy.serving.errors import ProxyError
+from proxy.serving.holding import holding, ticket_request
+from proxy.serving.inbound import ModelRequest, forwarded_body, off_loop_when_large
+from proxy.serving.quota_gate import within_quota
+from proxy.serving.token_tally import Tally
 from proxy.upstream.relay import as_sent, identity_headers, relay, upstream_headers
 from scheduling.core import PRIORITY_HEADER
 from scheduling.tickets import Outcome, Refused

@@ -12,9 +12,9 @@ from typing import Any, Protocol
 import httpcore
 import httpx
 
-from proxy.http.auth import without_own_cookies
-from proxy.http.errors import ProxyError, error_event
-from proxy.upstream.upstreams import UPSTREAM_ERRORS, UpstreamClient
+from proxy.serving.auth import without_own_cookies
+from proxy.serving.errors import ProxyError, error_event
+from proxy.upstream.clients import UPSTREAM_ERRORS, UpstreamClient
 from proxy.upstream.usage import usage_from_json, usage_from_sse
 from scheduling.tickets import Outcome, RequestState
 

@@ -255,7 +255,7 @@ class ChannelLayerFrontDoor:
         its row when its worker said it (`Queued`); each worker holding one is sent a `RefuseKey` of its own,
         delivered once Redis answers, after the submits, which lets them go from its queue and writes their rows
         (`cancelled`, 401, `why`). A grant that crossed the refusal is given back saying the same (`_refused`). One
-        whose submit is still being sent is left to the sweep's next call (`proxy.http.key_watch`), or to its 503."""
+        whose submit is still being sent is left to the sweep's next call (`proxy.serving.key_watch`), or to its 503."""
         mine = [handle for handle, (request, _, _) in self._submitted.items() if request.api_key == key
                 and handle in self._waiting and not self._waiting[handle].done() and handle not in self._submitting]
         for handle in mine:

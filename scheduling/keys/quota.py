@@ -3,7 +3,7 @@ arithmetic that says whether a request is admitted now and, when not, how long u
 
 Pure: times are seconds passed in (`now`); `RateWindows` is the state one process keeps. Counters shared by
 every front end (Redis) keep the same windows elsewhere and answer with the same `freed_at` arithmetic:
-`proxy.http.quota_counters`.
+`proxy.serving.quota_counters`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from proxy.http.key_cache import KeyCache
+from proxy.serving.key_cache import KeyCache
 from scheduling.keys.store import make_key
 from scheduling.models import ApiKey
 
@@ -24,7 +24,7 @@ T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 def open_api(monkeypatch):
     """The API with no configured apiKeys and no key rows, read afresh."""
     monkeypatch.setattr("proxy.api.views.get_service", lambda: SimpleNamespace(config=SimpleNamespace(api_keys=[])))
-    monkeypatch.setattr("proxy.http.key_cache.KEYS", KeyCache())
+    monkeypatch.setattr("proxy.serving.key_cache.KEYS", KeyCache())
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ def model_pid(served, model: str) -> int:
             args = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"proxy.testing.fakemodel" in args and port in args:
+        if b"fakemodel" in args and port in args:
             return int(cmdline.parent.name)
     raise AssertionError(f"no fake model server listens on port {port.decode()}")
 

@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from proxy.testing.fakemodel import GPU_DIR_VARIABLE
+from fakemodel.server import GPU_DIR_VARIABLE
 from tests.e2e.test_distributed import distributed  # noqa: F401 - the fixture
 from tests.e2e.test_placement import ask, loaded
 from tests.e2e.test_system_metrics_e2e import path_without_nvidia_smi
@@ -44,7 +44,7 @@ def with_fake_nvidia_smi(tmp_path, env: dict | None = None) -> dict:
     tools.mkdir()
     gpus.mkdir()
     tool = tools / "nvidia-smi"
-    tool.write_text(f'#!/bin/sh\nexec {sys.executable} -m proxy.testing.fake_nvidia_smi "$@"\n')
+    tool.write_text(f'#!/bin/sh\nexec {sys.executable} -m fakemodel.nvidia_smi "$@"\n')
     tool.chmod(0o755)
     return {**(env or {}), "PATH": f"{tools}{os.pathsep}{path_without_nvidia_smi()}", GPU_DIR_VARIABLE: str(gpus)}
 

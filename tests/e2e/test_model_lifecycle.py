@@ -63,7 +63,7 @@ def test_model_that_never_becomes_healthy_times_out_with_503(tmp_path):
 def gated_start(spawns, gate, *args: str) -> str:
     """A `cmd:` that notes each spawn in `spawns`, then waits for the file `gate` before the fake
     model starts: the test decides when the start ends. A JSON string is a YAML scalar."""
-    model = " ".join([sys.executable, "-m", "proxy.testing.fakemodel", "--port", "${PORT}", *args])
+    model = " ".join([sys.executable, "-m", "fakemodel", "--port", "${PORT}", *args])
     return json.dumps(f"sh -c 'echo spawn >> {spawns}; until [ -e {gate} ]; do sleep 0.02; done; exec {model}'")
 
 

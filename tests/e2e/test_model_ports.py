@@ -23,13 +23,13 @@ def test_a_model_whose_port_is_taken_gets_a_503_naming_the_port_and_the_other_se
     port = model_ports(1)
     foreign_events = tmp_path / "foreign.jsonl"
     foreign = subprocess.Popen(
-        [sys.executable, "-m", "proxy.testing.fakemodel", "--port", str(port), "--model", "foreign",
+        [sys.executable, "-m", "fakemodel", "--port", str(port), "--model", "foreign",
          "--events", str(foreign_events)],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     config = yaml.safe_dump({
         "startPort": port,
-        "models": {"m": {"cmd": f"{sys.executable} -m proxy.testing.fakemodel --port ${{PORT}} --model m",
+        "models": {"m": {"cmd": f"{sys.executable} -m fakemodel --port ${{PORT}} --model m",
                          "proxy": "http://127.0.0.1:${PORT}"}},
     })
     served = Served(tmp_path, config).start()

@@ -35,8 +35,8 @@ def test_llamaswap_serving_without_its_scripts_on_path_still_runs_llamaswap_fake
 
 
 def test_a_failed_start_names_the_model_once_with_only_that_attempts_output_and_is_logged(tmp_path):
-    broken = f"{sys.executable} -m proxy.testing.fakemodel --port ${{PORT}} --exit-at-start 3"
-    ok = f"{sys.executable} -m proxy.testing.fakemodel --port ${{PORT}} --model ok"
+    broken = f"{sys.executable} -m fakemodel --port ${{PORT}} --exit-at-start 3"
+    ok = f"{sys.executable} -m fakemodel --port ${{PORT}} --model ok"
     with Served(tmp_path, config({"broken": broken, "ok": ok})) as served:
         messages = []
         for _ in range(2):

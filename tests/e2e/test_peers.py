@@ -37,7 +37,7 @@ class Peer:
         self.port = model_ports(1)
         self.events = tmp / f"{name}-events.jsonl"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.testing.fakemodel", "--port", str(self.port), "--model", name, "--tps", "0",
+            [sys.executable, "-m", "fakemodel", "--port", str(self.port), "--model", name, "--tps", "0",
              "--events", str(self.events)],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )

@@ -176,7 +176,7 @@ def _model_pid(events) -> int:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         except OSError:
             return False
-        return b"proxy.testing.fakemodel" in cmd and str(events).encode() in cmd
+        return b"fakemodel" in cmd and str(events).encode() in cmd
 
     return int(next(p for p in os.listdir("/proc") if p.isdigit() and is_model(p)))
 

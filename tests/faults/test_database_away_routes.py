@@ -11,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from proxy.http.unavailable import DATABASE_RETRY_AFTER_S
+from proxy.api.unavailable import DATABASE_RETRY_AFTER_S
 from tests.faults.relay import Relay
 from tests.faults.test_database_outage import through
 from tests.reliability.support import chat, serial_config

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from proxy.http.key_cache import REFRESH_S
+from proxy.serving.key_cache import REFRESH_S
 from tests.e2e.test_api_keys import chat, keys, new_key
 from tests.faults.relay import Relay
 from tests.faults.test_database_outage import through

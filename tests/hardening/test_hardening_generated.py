@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from proxy.http.inbound import JSON_ROUTES
+from proxy.serving.inbound import JSON_ROUTES
 from tests.hardening.inprocess import BASE_PATH, BODY_LIMIT
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.django_db(transaction=True)]

@@ -17,7 +17,7 @@ from django.test import Client
 
 from django.utils import timezone
 
-from proxy.http import access
+from proxy.serving import access
 from scheduling.keys.store import KeyRows
 from tests.served import REPO, Served, fake_cmd
 

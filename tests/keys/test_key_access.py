@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.http.auth import presented_keys, without_own_cookies
-from proxy.http.access import OPEN, Caller, Denied, Need, identify, model_refusal, route_refusal
-from proxy.http.cross_site import cross_site_refusal
+from proxy.serving.auth import presented_keys, without_own_cookies
+from proxy.serving.access import OPEN, Caller, Denied, Need, identify, model_refusal, route_refusal
+from proxy.serving.cross_site import cross_site_refusal
 from scheduling.core.priority import INT64_MAX, INT64_MIN
 from scheduling.keys.scope import UNRESTRICTED, KeyScope, globs_from_text
 from scheduling.keys.secrets import PREFIX_LENGTH, SECRET_MARK, matches, new_secret, prefix_of, secret_hash

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from proxy.http import key_cache
-from proxy.http.key_cache import READ_WAIT_S, REFRESH_S, STALE_LIMIT_S, KeyCache
+from proxy.serving import key_cache
+from proxy.serving.key_cache import READ_WAIT_S, REFRESH_S, STALE_LIMIT_S, KeyCache
 from scheduling.keys.store import KeyRows
 
 

@@ -13,9 +13,9 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.http.quota_counters import InProcessQuotaCounter, RedisQuotaCounter
-from proxy.http.quota_gate import within_quota
-from proxy.http.errors import ProxyError
+from proxy.serving.quota_counters import InProcessQuotaCounter, RedisQuotaCounter
+from proxy.serving.quota_gate import within_quota
+from proxy.serving.errors import ProxyError
 from scheduling.keys.quota import WINDOW_S, OverQuota, QuotaLimits, RateWindows, rpm_freed_at, tpm_freed_at
 from scheduling.keys.scope import KeyScope
 from tests.conftest import REDIS_URL
@@ -231,7 +231,7 @@ async def test_a_place_held_past_its_lease_and_past_redis_expiry_is_renewed_and_
     and keeps Redis from expiring the places' record under it. The lease is shortened here (renewed every 0.1 s;
     the record set to expire 2 s after a take), and the lapse runs on the test's clock."""
     redis_reachable()
-    monkeypatch.setattr("proxy.http.quota_counters.LEASE_S", 0.3)
+    monkeypatch.setattr("proxy.serving.quota_counters.LEASE_S", 0.3)
     clock = Clock()
     prefix = f"llamaswap-test-quota-{uuid.uuid4().hex[:12]}"
     holding, other = (RedisQuotaCounter(REDIS_URL, prefix=prefix, clock=clock) for _ in range(2))
@@ -472,7 +472,7 @@ async def test_a_place_freed_goes_to_the_keys_waiter_before_a_request_arriving_t
 async def test_a_waiter_goes_on_when_a_place_frees_without_asking_again_on_a_timer(monkeypatch):
     """A place freed on this front end wakes the key's waiter at once; the timer that asks the counter again (for
     places freed on other front ends) is set to an hour here, so a waiter that only polled would not go on."""
-    monkeypatch.setattr("proxy.http.quota_gate.RETRY_S", 3600.0)
+    monkeypatch.setattr("proxy.serving.quota_gate.RETRY_S", 3600.0)
     _, order, release, tasks = await first_holding_second_waiting(Watched())
     release.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from proxy.batches import line_request
-from proxy.http.errors import ProxyError
-from proxy.http.key_cache import KeyCache
+from proxy.serving.errors import ProxyError
+from proxy.serving.key_cache import KeyCache
 from scheduling.keys.scope import KeyScope
 from scheduling.keys.store import make_key, revoke_key
 from scheduling.models import ApiKey

@@ -1,7 +1,7 @@
 """The fake model server, run as a real subprocess the way tests, benchmarks and the demo use it.
 
 Each server is started with `--port 0` and announces its port on stdout. The child gets the repo
-root as cwd and on PYTHONPATH, so `python -m proxy.testing.fakemodel` works without installing the package.
+root as cwd and on PYTHONPATH, so `python -m fakemodel` works without installing the package.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def wait_until(condition: Callable[[], Any], what: str) -> Any:
 
 @pytest.fixture
 def launch(tmp_path):
-    """Start `python -m proxy.testing.fakemodel --port 0 ARGS…` and return it once its port is open; it gets
+    """Start `python -m fakemodel --port 0 ARGS…` and return it once its port is open; it gets
     CUDA_VISIBLE_DEVICES only when `cuda_visible_devices` is given, whatever this machine sets."""
     started: list[subprocess.Popen[bytes]] = []
 
@@ -65,7 +65,7 @@ def launch(tmp_path):
         stderr_path = tmp_path / f"stderr-{number}.log"
         with open(stderr_path, "wb") as stderr:
             process = subprocess.Popen(
-                [sys.executable, "-m", "proxy.testing.fakemodel", "--port", "0", "--events", str(events_path), *args],
+                [sys.executable, "-m", "fakemodel", "--port", "0", "--events", str(events_path), *args],
                 cwd=REPO_ROOT,
                 env={
                     **{name: value for name, value in os.environ.items() if name != "CUDA_VISIBLE_DEVICES"},

@@ -22,8 +22,8 @@ from proxy.model_processes.gpu_memory import (
 )
 from proxy.config import parse_config
 from proxy.model_processes.fleet import ProcessFleet
-from proxy.testing.fake_nvidia_smi import answer
-from proxy.testing.fakemodel import GPU_DIR_VARIABLE
+from fakemodel.nvidia_smi import answer
+from fakemodel.server import GPU_DIR_VARIABLE
 from tests.proxy.test_process_placement import Recorder
 from tests.proxy.test_processes import REPO_ROOT
 from tests.served import model_ports, wait_until
@@ -94,7 +94,7 @@ def wrapped_model(tmp_path):
     wrapper's child, and what uses the GPU. Yields (the wrapper's pid, the GPU-state directory)."""
     gpu_dir = tmp_path / "gpus"
     gpu_dir.mkdir()
-    server = f"{sys.executable} -m proxy.testing.fakemodel --port 0 --gpu-memory 3072"
+    server = f"{sys.executable} -m fakemodel --port 0 --gpu-memory 3072"
     wrapper = subprocess.Popen(["sh", "-c", f"{server} >/dev/null 2>&1 & wait"], start_new_session=True,
                                env={**os.environ, GPU_DIR_VARIABLE: str(gpu_dir), "CUDA_VISIBLE_DEVICES": "1"})
     try:
@@ -115,7 +115,7 @@ def test_a_models_family_holds_what_its_wrapper_started(wrapped_model):
 def test_the_watch_measures_a_wrapped_model_through_the_fake_nvidia_smi(tmp_path, wrapped_model, monkeypatch):
     pid, gpu_dir = wrapped_model
     monkeypatch.setenv(GPU_DIR_VARIABLE, str(gpu_dir))
-    tool = executable(tmp_path / "nvidia-smi", f'exec {sys.executable} -m proxy.testing.fake_nvidia_smi "$@"\n')
+    tool = executable(tmp_path / "nvidia-smi", f'exec {sys.executable} -m fakemodel.nvidia_smi "$@"\n')
     watch = GpuMemoryWatch(tool, Fleet(gpus=("0", "1")), report=lambda *_: None)
     with subprocess.Popen(["sleep", "30"]) as other:  # a model of no GPU use: left out
         try:
@@ -206,7 +206,7 @@ def measured_fleet(tmp_path, tool: str, told: list, timeout: float = gpu_memory.
     """A real fleet of one model `m` on a GPU of 4 GiB, declaring 1 GiB and using 3 GiB (a fake server), measured
     at its starts as the service wires it, with the nvidia-smi `tool`."""
     port = model_ports(1)
-    command = shlex.join([sys.executable, "-m", "proxy.testing.fakemodel", "--port", str(port), "--gpu-memory", "3072"])
+    command = shlex.join([sys.executable, "-m", "fakemodel", "--port", str(port), "--gpu-memory", "3072"])
     config = parse_config(textwrap.dedent(f"""\
         hardware:
           gpus: [{{id: 0, memory: 4GiB}}]
@@ -229,7 +229,7 @@ async def test_a_started_model_is_measured_before_it_counts_as_ready(tmp_path, m
     gpu_dir = tmp_path / "gpus"
     gpu_dir.mkdir()
     monkeypatch.setenv(GPU_DIR_VARIABLE, str(gpu_dir))
-    tool = executable(tmp_path / "nvidia-smi", f'exec {sys.executable} -m proxy.testing.fake_nvidia_smi "$@"\n')
+    tool = executable(tmp_path / "nvidia-smi", f'exec {sys.executable} -m fakemodel.nvidia_smi "$@"\n')
     told: list = []
     fleet = measured_fleet(tmp_path, tool, told)
     try:

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from proxy.http.errors import ProxyError
-from proxy.http.holding import CLIENT_LEFT, holding, ticket_request
+from proxy.serving.errors import ProxyError
+from proxy.serving.holding import CLIENT_LEFT, holding, ticket_request
 from scheduling.tickets import Outcome, Refused
 
 SHUTDOWN = Refused(503, "shutting_down", "llamaswap shut down before this request finished")

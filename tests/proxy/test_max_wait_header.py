@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.http.errors import ProxyError
-from proxy.http.inbound import max_wait_seconds
+from proxy.serving.errors import ProxyError
+from proxy.serving.inbound import max_wait_seconds
 
 
 @pytest.mark.parametrize("value, seconds", [("30", 30.0), (" 2.5", 2.5), (".5", 0.5), ("7.", 7.0)])

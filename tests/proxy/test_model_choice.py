@@ -8,8 +8,8 @@ import textwrap
 import pytest
 
 from proxy.config import parse_config
-from proxy.http.errors import ProxyError
-from proxy.compat.model_choice import choose_model
+from proxy.serving.errors import ProxyError
+from proxy.serving.model_choice import choose_model
 
 CONFIG = """
 models:

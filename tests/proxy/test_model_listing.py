@@ -7,7 +7,7 @@ import pytest
 from proxy.config import parse_config
 from proxy.config.capabilities import ModelCapabilities
 from proxy.api.events_stream import model_status
-from proxy.compat.model_listing import capability_fields
+from proxy.api.model_listing import capability_fields
 
 
 @pytest.mark.parametrize("caps, flags", [

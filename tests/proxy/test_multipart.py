@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.http.multipart import MultipartError, replace_field, text_fields
+from proxy.serving.multipart import MultipartError, replace_field, text_fields
 
 CT = 'multipart/form-data; boundary="b-1"'
 

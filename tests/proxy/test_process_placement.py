@@ -86,7 +86,7 @@ class Recorder:
 
 async def test_the_fleet_starts_a_configured_model_on_the_gpus_it_is_given():
     port = model_ports(1)
-    command = shlex.join([sys.executable, "-m", "proxy.testing.fakemodel", "--port", str(port), "--model", "on-${GPUS}"])
+    command = shlex.join([sys.executable, "-m", "fakemodel", "--port", str(port), "--model", "on-${GPUS}"])
     config = parse_config(textwrap.dedent(f"""\
         hardware:
           gpus: [{{id: 0, memory: 24GiB}}, {{id: 1, memory: 24GiB}}]

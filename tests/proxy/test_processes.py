@@ -1,6 +1,6 @@
 """ModelProcess against real model server processes, plus the per-model output log they write to.
 
-The model command is `python -m proxy.testing.fakemodel`; the config passes the repo root on PYTHONPATH so
+The model command is `python -m fakemodel`; the config passes the repo root on PYTHONPATH so
 the child can import it whatever the working directory. The process table is read from /proc.
 """
 
@@ -25,7 +25,7 @@ import pytest
 from proxy.model_processes.logring import LogRing
 from proxy.model_processes import proctable
 from proxy.model_processes.child_environment import PROCESS_MARKER_VARIABLE
-from proxy.model_processes.processes import (
+from proxy.model_processes.process import (
     STOPPED_WHILE_STARTING,
     ModelProcess,
     ModelStartError,
@@ -50,7 +50,7 @@ class ModelConfigDouble:
 
 def fakemodel_config(*args: str, **overrides: Any) -> ModelConfigDouble:
     port = model_ports(1)
-    cmd = (sys.executable, "-m", "proxy.testing.fakemodel", "--port", str(port), "--model", "m", *args)
+    cmd = (sys.executable, "-m", "fakemodel", "--port", str(port), "--model", "m", *args)
     return ModelConfigDouble(id="m", cmd=cmd, proxy=f"http://127.0.0.1:{port}", **overrides)
 
 
@@ -221,7 +221,7 @@ async def test_crash_after_ready_calls_on_exit_and_marks_stopped(harness):
 async def test_sigterm_ignored_means_sigkill_after_unload_timeout_for_the_whole_group(harness):
     port = model_ports(1)
     # sh ignores SIGTERM (inherited by its background `sleep`), then becomes the model server itself.
-    script = 'trap "" TERM; sleep 300 & exec "$0" -m proxy.testing.fakemodel --port "$1" --ignore-sigterm'
+    script = 'trap "" TERM; sleep 300 & exec "$0" -m fakemodel --port "$1" --ignore-sigterm'
     config = ModelConfigDouble(
         id="stubborn",
         cmd=("sh", "-c", script, sys.executable, str(port)),
@@ -362,7 +362,7 @@ async def test_a_health_check_answered_by_another_process_while_the_model_fails_
     script.write_text(textwrap.dedent(f"""
         import subprocess, sys, time
         with open({str(foreign_log)!r}, "w") as log:
-            foreign = subprocess.Popen([sys.executable, "-m", "proxy.testing.fakemodel", "--port", "{port}"],
+            foreign = subprocess.Popen([sys.executable, "-m", "fakemodel", "--port", "{port}"],
                                        start_new_session=True, stdout=log, stderr=log)
         open({str(foreign_pid)!r}, "w").write(str(foreign.pid))
         while "GET /health" not in open({str(foreign_log)!r}).read():  # the service asked, and got 200
@@ -390,7 +390,7 @@ async def test_a_model_served_from_outside_its_group_becomes_ready_once_it_stays
     script = tmp_path / "forwarded.py"
     script.write_text(textwrap.dedent(f"""
         import subprocess, sys
-        server = subprocess.Popen([sys.executable, "-m", "proxy.testing.fakemodel", "--port", "{port}"],
+        server = subprocess.Popen([sys.executable, "-m", "fakemodel", "--port", "{port}"],
                                   start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         open({str(server_pid)!r}, "w").write(str(server.pid))
         server.wait()

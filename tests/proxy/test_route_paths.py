@@ -4,8 +4,8 @@ CORS preflight's echo of requested headers."""
 import pytest
 
 from proxy.http.cors import DEFAULT_ALLOWED_HEADERS, allowed_headers
-from proxy.http.inbound import MODEL_ROUTES, route_label
-from proxy.http.route_paths import route_methods, upstream_path
+from proxy.serving.inbound import MODEL_ROUTES, route_label
+from proxy.serving.route_paths import route_methods, upstream_path
 
 
 @pytest.mark.parametrize("path, upstream", [

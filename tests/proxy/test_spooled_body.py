@@ -7,7 +7,7 @@ import asyncio
 import io
 import tempfile
 
-from proxy.http.spooled_body import PIECE_BYTES, SpooledBody
+from proxy.server.spooled_body import PIECE_BYTES, SpooledBody
 
 
 async def test_the_body_is_read_from_the_file_one_piece_at_a_time():

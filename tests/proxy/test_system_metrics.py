@@ -11,9 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.api import system_metrics
+from proxy.model_processes import system_metrics
 from proxy.config.performance import PerformanceConfig
-from proxy.api.system_metrics import (
+from proxy.model_processes.system_metrics import (
     Memory, Sample, SystemCollector, SystemSampler, cpu_percent, parse_cpu_times, parse_loadavg, parse_meminfo,
     parse_net_dev, parse_nvidia_smi, query_nvidia_smi,
 )

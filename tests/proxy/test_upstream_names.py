@@ -4,7 +4,7 @@ segments did, but only runs a configured name could match."""
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.upstream.upstream_names import leading_names
+from proxy.serving.upstream_names import leading_names
 
 
 def joined_runs(rest: str) -> list[tuple[str, str | None]]:

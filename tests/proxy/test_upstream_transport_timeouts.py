@@ -11,7 +11,7 @@ import httpcore
 import pytest
 
 from proxy.config.model import UpstreamTimeouts
-from proxy.upstream.upstreams import UpstreamClient
+from proxy.upstream.clients import UpstreamClient
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 

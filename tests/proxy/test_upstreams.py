@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from proxy.config.model import UpstreamTimeouts
-from proxy.upstream.upstreams import UpstreamClients
+from proxy.upstream.clients import UpstreamClients
 
 TIMEOUTS = UpstreamTimeouts(connect=5.0, response_header=None)
 

@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from proxy.websockets import websocket_frames as wsf
-from proxy.websockets.websocket_upstream import Closed, Message, ProtocolViolation, UpstreamRefused, connect
+from proxy.websockets import frames as wsf
+from proxy.websockets.client import Closed, Message, ProtocolViolation, UpstreamRefused, connect
 
 
 async def read_client_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:

@@ -41,7 +41,7 @@ def shebang_script(tmp: Path) -> str:
     script.write_text(
         "#!/usr/bin/env python3\n"
         f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
-        "from proxy.testing.fakemodel import main\nsys.exit(main())\n"
+        "from fakemodel.server import main\nsys.exit(main())\n"
     )
     script.chmod(0o755)
     return shlex.quote(str(script))
@@ -50,7 +50,7 @@ def shebang_script(tmp: Path) -> str:
 def model_cmd(kind: str, tmp: Path, server_args: list[str]) -> tuple[str, int]:
     """The `cmd:` of a fake model started as `kind`, and how many processes its group holds."""
     args = ["--port", "${PORT}", "--model", "m", *server_args]
-    python = [sys.executable, "-m", "proxy.testing.fakemodel"]
+    python = [sys.executable, "-m", "fakemodel"]
     if kind == "shebang script":
         return " ".join([shebang_script(tmp), *args]), 1
     if kind == "sh -c exec":

@@ -25,7 +25,7 @@ UNLOAD_TIMEOUT_S = 1
 
 def shell_wrapper(*fakemodel_args: str) -> str:
     """`cmd:` of a launcher script: sh forks the model server as a grandchild of llamaswap and waits."""
-    server = [sys.executable, "-m", "proxy.testing.fakemodel", "--model", "stubborn", *fakemodel_args]
+    server = [sys.executable, "-m", "fakemodel", "--model", "stubborn", *fakemodel_args]
     return shlex.join(["/bin/sh", "-c", '"$@" --port ${PORT} & wait', "sh", *server])
 
 

@@ -196,7 +196,7 @@ async def test_a_question_the_workers_database_cannot_answer_is_refused_as_the_d
     its address; those stay in the worker's log."""
     from django.db import OperationalError
 
-    from proxy.http.unavailable import DATABASE_RETRY_AFTER_S, as_unavailable
+    from proxy.api.unavailable import DATABASE_RETRY_AFTER_S, as_unavailable
 
     gpu, worker, first, _ = wired("a")
 

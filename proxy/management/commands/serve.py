@@ -61,11 +61,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        from proxy.compat.log_level import apply_log_level
-        from proxy.compat.log_output import apply_log_output
+        from proxy.model_processes.log_level import apply_log_level
+        from proxy.model_processes.log_output import apply_log_output
         from proxy.management.config_file import read_config, serve_config_from
 
-        from proxy.http.tls import TLSFilesError, tls_files
+        from proxy.server.tls import TLSFilesError, tls_files
 
         if not options["config"] and not options["config_dir"]:
             raise CommandError("no config: pass --config FILE, --config-dir DIR, or both", returncode=2)
@@ -170,11 +170,11 @@ class Command(BaseCommand):
 
         from proxy.batches import runner as batch_runner
         from proxy.batches.upload import upload_body_limit
-        from proxy.http.body_limit import request_body_limit
-        from proxy.http.http_server import LlamaswapServer
+        from proxy.server.body_limit import request_body_limit
+        from proxy.server.daphne import LlamaswapServer
         from proxy.reload import reload_config, watch_config
         from proxy.service import get_service
-        from proxy.http.tls import listen_endpoint
+        from proxy.server.tls import listen_endpoint
 
         server = LlamaswapServer(
             application,

@@ -39,8 +39,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        from proxy.compat.log_level import apply_log_level
-        from proxy.compat.log_output import apply_log_output
+        from proxy.model_processes.log_level import apply_log_level
+        from proxy.model_processes.log_output import apply_log_output
         from proxy.management.config_file import read_config, serve_config_from
 
         if not settings.CHANNEL_LAYERS:

@@ -1,1 +1,0 @@
-"""llama-swap compatibility: its API pages, profiles and selectors, ComfyUI, its log options."""
