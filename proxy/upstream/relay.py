@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -59,14 +60,21 @@ def upstream_request(client: UpstreamClient, method: str, url: str, headers: lis
                      body: bytes) -> httpcore.Request:
     """The request framed as httpx frames it: Host from the URL (which httpx parses and escapes), and
     Content-Length for a body, or 0 for a POST, PUT or PATCH without one."""
-    target = httpx.URL(url)
-    framing = [(b"host", target.netloc)]
+    scheme, host, port, path, netloc = _parsed(url)
+    framing = [(b"host", netloc)]
     if body or method in _BODY_METHODS:
         framing.append((b"content-length", b"%d" % len(body)))
     return httpcore.Request(
-        method, httpcore.URL(scheme=target.raw_scheme, host=target.raw_host, port=target.port, target=target.raw_path),
+        method, httpcore.URL(scheme=scheme, host=host, port=port, target=path),
         headers=framing + headers, content=body, extensions=client.extensions,
     )
+
+
+@functools.lru_cache(maxsize=512)
+def _parsed(url: str) -> tuple[bytes, bytes, int | None, bytes, bytes]:
+    """The parts of a model URL as httpx parses and escapes them; the same few URLs come again and again."""
+    target = httpx.URL(url)
+    return target.raw_scheme, target.raw_host, target.port, target.raw_path, target.netloc
 
 
 def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
