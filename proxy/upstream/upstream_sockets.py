@@ -110,8 +110,9 @@ class SocketStream(asyncio.Protocol, httpcore.AsyncNetworkStream):
             self._held.append(buffer)  # sent with the rest of the request, at the first read
             self._held_bytes += len(buffer)
             return
-        self._held.append(buffer)
-        self._flush()
+        if self._held:
+            self._flush()  # a large body is not copied to join it to the head
+        self._transport.write(buffer)
         if self._writable is not None:
             await _within(self._writable, timeout, httpcore.WriteTimeout)
             if self._error is not None:
