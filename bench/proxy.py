@@ -7,12 +7,20 @@ what remains is the proxy. Latency and first chunk compare the same request thro
 straight to the model, on one keep-alive client, alternating so drift hits both sides alike. The
 dispatch gap is read from the model's own event log: the end of job n to the start of job n+1,
 while `--jobs` requests wait in the serial queue; the same gap with one client sending straight
-to the model, request after request, is the floor it is compared with."""
+to the model, request after request, is the floor it is compared with.
+
+    .venv/bin/python bench/proxy.py --baseline COMMIT [--requests 300] [--jobs 200] [--streams 100]
+
+A/B: serves COMMIT's tree (`git archive` into a temporary folder, run with this venv: only the project's code
+differs) beside this one, each with its own fake model. The chat and first-chunk rounds alternate over all four
+(each side's model, then the side), the dispatch gap and its floor alternate side by side in rounds of a quarter of
+`--jobs`; it prints both and the ratio current ÷ baseline."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -26,7 +34,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    CHAT, MODEL, added, chat_call, direct_base, first_chunk_call, load_average, machine, stats, timed_rounds,
+    CHAT, MODEL, REPO, added, chat_call, direct_base, first_chunk_call, load_average, machine, stats, timed_rounds,
     until_queued,
 )
 from tests.served import Served, fake_cmd, model_ports, read_events  # noqa: E402
@@ -54,11 +62,11 @@ def config_text(events: Path) -> str:
 
 
 @contextmanager
-def served_model(tmp: Path, more_config: str = "") -> Iterator[tuple[Served, Path]]:
-    """llamaswap with the one fake model loaded (`more_config`: top-level keys added to its config); yields the
-    service and the model's event log."""
+def served_model(tmp: Path, more_config: str = "", repo: Path = REPO) -> Iterator[tuple[Served, Path]]:
+    """llamaswap with the one fake model loaded (`more_config`: top-level keys added to its config; `repo`: the
+    checkout that serves); yields the service and the model's event log."""
     events = tmp / "events.jsonl"
-    with Served(tmp, textwrap.dedent(config_text(events)) + more_config) as served:
+    with Served(tmp, textwrap.dedent(config_text(events)) + more_config, repo=repo) as served:
         with httpx.Client(timeout=30) as client:
             chat_call(client, served.base)()  # loads the model
         yield served, events
@@ -79,7 +87,7 @@ def measure_overhead(client: httpx.Client, targets: dict[str, str], requests: in
     return Overhead(chat, first)
 
 
-async def queue_serial_jobs(served: Served, jobs: int) -> None:
+async def queue_serial_jobs(served: Served, jobs: int, prefix: str = "job-") -> None:
     """Hold the model with a stream, queue `jobs` requests behind it, then let the queue drain.
 
     The jobs connect in waves of `CONNECT_WAVE`, each once the previous one is queued, so the
@@ -94,7 +102,7 @@ async def queue_serial_jobs(served: Served, jobs: int) -> None:
             pending = []
             for first in range(0, jobs, CONNECT_WAVE):
                 pending += [
-                    asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "fake": {"id": f"job-{i}"}}))
+                    asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "fake": {"id": f"{prefix}{i}"}}))
                     for i in range(first, min(first + CONNECT_WAVE, jobs))
                 ]
                 await until_queued(served.data_dir, len(pending))
@@ -105,19 +113,20 @@ async def queue_serial_jobs(served: Served, jobs: int) -> None:
         raise RuntimeError(f"{len(failed)} queued jobs failed: HTTP {sorted(set(failed))}")
 
 
-def dispatch_gaps_ms(served: Served, events_path: Path, jobs: int) -> list[float]:
-    """Queue `jobs` serial jobs and return, in dispatch order, end of job n to start of job n+1 at the model."""
-    asyncio.run(queue_serial_jobs(served, jobs))
-    return gaps_at_model(events_path, "job-", jobs)
+def dispatch_gaps_ms(served: Served, events_path: Path, jobs: int, prefix: str = "job-") -> list[float]:
+    """Queue `jobs` serial jobs and return, in dispatch order, end of job n to start of job n+1 at the model
+    (`prefix`: their ids' start, unique to this call)."""
+    asyncio.run(queue_serial_jobs(served, jobs, prefix))
+    return gaps_at_model(events_path, prefix, jobs)
 
 
-def floor_gaps_ms(model_base: str, events_path: Path, jobs: int) -> list[float]:
+def floor_gaps_ms(model_base: str, events_path: Path, jobs: int, prefix: str = "direct-") -> list[float]:
     """The same gap with one client straight to the model, each request sent once the previous answer
     is read: what the model and a client cost between two jobs, the floor for any proxy."""
     with httpx.Client(timeout=30) as client:
         for index in range(jobs):
-            chat_call(client, model_base, {**CHAT, "fake": {"id": f"direct-{index}"}})()
-    return gaps_at_model(events_path, "direct-", jobs)
+            chat_call(client, model_base, {**CHAT, "fake": {"id": f"{prefix}{index}"}})()
+    return gaps_at_model(events_path, prefix, jobs)
 
 
 def gaps_at_model(events_path: Path, prefix: str, jobs: int) -> list[float]:
@@ -134,6 +143,94 @@ def gaps_at_model(events_path: Path, prefix: str, jobs: int) -> list[float]:
     if min(gaps) < 0:
         raise RuntimeError("two jobs ran at the same time: they were not serialised")
     return gaps
+
+
+# -- A/B: a baseline commit served beside this tree ---------------------------------------------
+
+AB_ROUNDS = 4  # the dispatch gap and its floor alternate between the sides in this many rounds
+AB_TARGETS = {"added p50 ms": 1.0, "gap p50 ÷ floor p50": 2.0}  # the current tree's, in the A/B run
+
+
+def baseline_tree(commit: str, into: Path) -> tuple[str, Path]:
+    """`commit`'s files (`git archive`) under `into`, and its short hash: served with this venv and
+    interpreter, so only the project's own code differs between the sides."""
+    rev = subprocess.run(["git", "rev-parse", "--short", commit], cwd=REPO, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    tree = into / f"baseline-{rev}"
+    tree.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "archive", rev], cwd=REPO, stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(tree)], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise RuntimeError(f"git archive {rev} failed")
+    return rev, tree
+
+
+@dataclass(frozen=True)
+class AB:
+    """Both sides' samples in one run: chat and first chunk by target ("direct (baseline)", "baseline",
+    "direct", "llamaswap"), gaps and floors by side ("baseline", "llamaswap")."""
+
+    rev: str
+    overhead: Overhead
+    gaps: dict[str, list[float]]
+    floors: dict[str, list[float]]
+
+    def added(self, samples: dict[str, list[float]], side: str) -> list[float]:
+        return added(samples[side], samples["direct (baseline)" if side == "baseline" else "direct"])
+
+
+def measure_ab(tmp: Path, commit: str, requests: int, streams: int, jobs: int) -> AB:
+    """The baseline commit and this tree, each with its own fake model, measured in one alternating run."""
+    rev, tree = baseline_tree(commit, tmp)
+    (tmp / "a").mkdir()
+    (tmp / "b").mkdir()
+    with (served_model(tmp / "a", repo=tree) as (base, base_events), served_model(tmp / "b") as (current, events),
+          httpx.Client(timeout=30) as client):
+        targets = {"direct (baseline)": direct_base(base.base), "baseline": base.base,
+                   "direct": direct_base(current.base), "llamaswap": current.base}
+        chat = timed_rounds({name: chat_call(client, url) for name, url in targets.items()}, requests, shift=2)
+        first = timed_rounds({name: first_chunk_call(client, url) for name, url in targets.items()}, streams, shift=2)
+        sides = {"baseline": (base, base_events, targets["direct (baseline)"]),
+                 "llamaswap": (current, events, targets["direct"])}
+        gaps: dict[str, list[float]] = {side: [] for side in sides}
+        floors: dict[str, list[float]] = {side: [] for side in sides}
+        for index in range(AB_ROUNDS):
+            for side in (list(sides) if index % 2 == 0 else list(sides)[::-1]):
+                served, log, model = sides[side]
+                gaps[side] += dispatch_gaps_ms(served, log, jobs // AB_ROUNDS, f"r{index}-job-")
+                floors[side] += floor_gaps_ms(model, log, jobs // AB_ROUNDS, f"r{index}-direct-")
+    return AB(rev, Overhead(chat, first), gaps, floors)
+
+
+def ab_table(ab: AB) -> list[str]:
+    """Each statistic for the baseline, this tree and the ratio this ÷ baseline."""
+    rows = []
+    for what, samples in (("chat, non-streaming", ab.overhead.chat), ("first SSE chunk", ab.overhead.first_chunk)):
+        n = len(samples["direct"])
+        for name, pick in (("added p50 ms", lambda s: s.p50), ("added p99 ms", lambda s: s.p99)):
+            old, new = (pick(stats(ab.added(samples, side))) for side in ("baseline", "llamaswap"))
+            rows.append((f"{what}, {n} rounds: {name}", old, new))
+    for side_name, pick in (("p50", lambda s: s.p50), ("p99", lambda s: s.p99)):
+        old, new = (pick(stats(ab.gaps[side])) for side in ("baseline", "llamaswap"))
+        rows.append((f"gap between serial jobs, {len(ab.gaps['llamaswap'])} gaps: {side_name} ms", old, new))
+    for side_name in ("p50",):
+        old, new = (stats(ab.floors[side]).p50 for side in ("baseline", "llamaswap"))
+        rows.append(("floor, one client straight to the model: p50 ms", old, new))
+    old, new = (stats(ab.gaps[side]).p50 / stats(ab.floors[side]).p50 for side in ("baseline", "llamaswap"))
+    rows.append(("gap p50 ÷ floor p50", old, new))
+    lines = [f"| A/B, one run, alternating | baseline `{ab.rev}` | this tree | this ÷ baseline |", "|---|--:|--:|--:|"]
+    for what, old, new in rows:
+        ratio = f"{new / old:.2f}" if old > 0 else "—"
+        lines.append(f"| {what} | {old:.2f} | {new:.2f} | {ratio} |")
+    return lines
+
+
+def ab_verdicts(ab: AB) -> list[tuple[str, float, float, bool]]:
+    """(statistic, this tree's value, bound, met) for each A/B target."""
+    chat = stats(ab.added(ab.overhead.chat, "llamaswap")).p50
+    gap = stats(ab.gaps["llamaswap"]).p50 / stats(ab.floors["llamaswap"]).p50
+    return [(name, value, AB_TARGETS[name], value <= AB_TARGETS[name])
+            for name, value in (("added p50 ms", chat), ("gap p50 ÷ floor p50", gap))]
 
 
 def verdict(target: str, samples: list[float]) -> str:
@@ -175,9 +272,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300, help="non-streaming requests per side")
     parser.add_argument("--jobs", type=int, default=200, help="serial jobs queued for the dispatch gap")
     parser.add_argument("--streams", type=int, default=100, help="streams per side for time to first chunk")
+    parser.add_argument("--baseline", metavar="COMMIT", help="A/B: serve COMMIT's tree beside this one, alternating")
     args = parser.parse_args(argv)
 
     load_before = load_average()
+    if args.baseline:
+        with tempfile.TemporaryDirectory(prefix="llamaswap-bench-") as tmp:
+            ab = measure_ab(Path(tmp), args.baseline, args.requests, args.streams, args.jobs)
+        print(f"machine: {machine()}")
+        print(f"load average (1/5/15 min) before: {load_before}, after: {load_average()}")
+        print(f"command: .venv/bin/python bench/proxy.py --baseline {args.baseline} --requests {args.requests} "
+              f"--jobs {args.jobs} --streams {args.streams}")
+        print()
+        print("\n".join(ab_table(ab)))
+        print()
+        for name, value, bound, ok in ab_verdicts(ab):
+            print(f"{name}: {value:.2f} (≤ {bound:g}): {'met' if ok else 'MISSED'}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="llamaswap-bench-") as tmp:
         with served_model(Path(tmp)) as (served, events), httpx.Client(timeout=30) as client:
             targets = {"direct": direct_base(served.base), "llamaswap": served.base}

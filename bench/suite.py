@@ -24,7 +24,8 @@ markers with it; the report says how long the run took (the first run also insta
 
 A part that fails is reported as failed (its traceback on stderr) and the rest still runs; the
 exit status is then 1. `--quick` runs every part at a smaller size. `--only`
-runs the parts named (e.g. `--only distributed-mode`) and prints their report; with `--write` it
+runs the parts named (e.g. `--only distributed-mode`) and prints their report; `--baseline COMMIT` adds the part
+data-path-a-b (that commit's tree served beside this one, alternating: `bench/proxy.py --baseline`); with `--write` it
 replaces only what those parts wrote before (their summary rows and sections, found by the marks
 each carries) and says under the heading when they were run again.
 """
@@ -201,6 +202,24 @@ def data_path_part(report: Report, sizes: Sizes) -> None:
         streaming.stream_table(runs, sizes.stream_tokens),
         proxy.gap_table(gaps, floor),
     )
+
+
+def data_path_ab_part(report: Report, sizes: Sizes, baseline: str) -> None:
+    """The data path's added latency and dispatch gap, a baseline commit beside this tree in one alternating run."""
+    with tempfile.TemporaryDirectory(prefix="llamaswap-bench-") as tmp:
+        ab = proxy.measure_ab(Path(tmp), baseline, sizes.requests, sizes.streams, sizes.jobs)
+    chat_base, chat_now = (stats(ab.added(ab.overhead.chat, side)).p50 for side in ("baseline", "llamaswap"))
+    ratio_base, ratio_now = (stats(ab.gaps[side]).p50 / stats(ab.floors[side]).p50 for side in ("baseline", "llamaswap"))
+    what = f"against baseline `{ab.rev}` in one alternating run"
+    report.judge(f"added latency, tiny chat, {sizes.requests} rounds, {what}", "added p50",
+                 f"≤ {proxy.AB_TARGETS['added p50 ms']:g} ms",
+                 f"+{chat_now:.2f} ms (baseline +{chat_base:.2f} ms)", chat_now <= proxy.AB_TARGETS["added p50 ms"])
+    report.judge(f"dispatch gap between serial jobs, {sizes.jobs} jobs, {what}", "gap p50 ÷ floor p50 (same side)",
+                 f"≤ {proxy.AB_TARGETS['gap p50 ÷ floor p50']:g}",
+                 f"{ratio_now:.2f} (baseline {ratio_base:.2f})",
+                 ratio_now <= proxy.AB_TARGETS["gap p50 ÷ floor p50"])
+    report.section(f"Data path A/B: this tree against `{ab.rev}`, each with its own fake model (ms unless stated)",
+                   proxy.ab_table(ab))
 
 
 def judge_ms(report: Report, what: str, prefix: str, measured: Stats, bounds: tuple[float, float | None]) -> None:
@@ -651,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="PART",
                         help="run only these parts (their names with hyphens: data-path, distributed-mode, …); "
                         "with --write, only what they wrote before is replaced")
+    parser.add_argument("--baseline", metavar="COMMIT",
+                        help="adds the part data-path-a-b: the data path of COMMIT's tree beside this one's")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     command = " ".join([".venv/bin/python bench/suite.py", *(argv if argv is not None else sys.argv[1:])])
@@ -676,6 +697,10 @@ def main(argv: list[str] | None = None) -> int:
         "key quotas": lambda: quotas_part(report, args.quick),
         "batches": lambda: batches_part(report, args.quick),
     }
+    if args.baseline:
+        parts["data path a-b"] = lambda: data_path_ab_part(report, sizes, args.baseline)
+    elif args.only and "data-path-a-b" in args.only:
+        parser.error("--only data-path-a-b: needs --baseline COMMIT")
     chosen = {hyphenated(name): name for name in parts}
     if args.only and (unknown := [name for name in args.only if name not in chosen]):
         parser.error(f"--only: no part {', '.join(unknown)}; the parts: {', '.join(chosen)}")

@@ -97,8 +97,11 @@ def read_events(path: Path) -> list[dict]:
 class Served:
     """One `llamaswap serve` process on a free loopback port, with its own data dir."""
 
-    def __init__(self, tmp: Path, config_text: str, *, extra_args: tuple[str, ...] = (), env: dict | None = None):
+    def __init__(self, tmp: Path, config_text: str, *, extra_args: tuple[str, ...] = (), env: dict | None = None,
+                 repo: Path = REPO):
+        """`repo`: the checkout whose code serves (the benchmarks' A/B runs a baseline commit's beside this one)."""
         self.tmp = tmp
+        self.repo = repo
         self.config_path = tmp / "config.yaml"
         config_text = textwrap.dedent(config_text)
         if "startPort" not in config_text:
@@ -114,7 +117,7 @@ class Served:
             **os.environ,
             "LLAMASWAP_DATA_DIR": str(self.data_dir),
             "LLAMASWAP_ALLOW_SHORT_HEALTH_TIMEOUT": "1",
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": str(repo),
             **(env or {}),
         }
         self.proc: subprocess.Popen | None = None
@@ -122,9 +125,9 @@ class Served:
     def start(self, timeout: float = 30.0) -> Served:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO / "manage.py"), "serve", "--config", str(self.config_path),
+            [sys.executable, str(self.repo / "manage.py"), "serve", "--config", str(self.config_path),
              "--listen", f"127.0.0.1:{self.port}", *self.extra_args],
-            cwd=REPO, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=self.repo, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 
         def healthy():

@@ -38,6 +38,20 @@ class StreamingHttpConsumer(AsyncHttpConsumer):
         self.response_started = False
         self.response_ended = False
 
+    async def __call__(self, scope, receive, send):
+        """Channels' own loop for a consumer with no channel layer, without its task per message: Channels wraps each
+        `receive()` in a task and waits on it with `asyncio.wait()`, two turns of the event loop for every message
+        (the request, then its disconnect), where one source of messages needs neither; a message already queued
+        is dispatched at once."""
+        self.scope = scope
+        self.channel_layer = None
+        self.base_send = send
+        try:
+            while True:
+                await self.dispatch(await receive())
+        except StopConsumer:
+            pass
+
     async def dispatch(self, message):
         """Channels closes stale DB connections (a thread hop) before every message; these consumers
         never touch the database — the recorder thread does — so each message goes straight to its handler."""

@@ -178,6 +178,12 @@ class DeadlineHTTPFactory(HTTPFactory):
         self.timeOut = client_timeout
         self.body_limit = body_limit
 
+    def log(self, request):
+        """Twisted's access-log line, which daphne sends nowhere below verbosity 2 (where `llamaswap serve` runs it):
+        then it is not formatted at all, where Twisted would format one line a request to be dropped."""
+        if self.server.verbosity > 1:
+            super().log(request)
+
     def buildProtocol(self, addr):
         channel = super().buildProtocol(addr)
         channel.head_timeout = self.timeOut

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import anyio
 import httpcore
 import httpx
+from httpcore import _synchronization
 
 from proxy.upstream.sockets import AsyncioBackend
 
@@ -58,6 +60,38 @@ class UpstreamClient:
     async def aclose(self) -> None:
         self.is_closed = True
         await self.pool.aclose()
+
+
+def _without_idle_turns() -> None:
+    """httpcore's locks and events on asyncio are anyio's, whose uncontended `acquire()` and whose `wait()` on an
+    event already set still yield to the event loop: three turns of the loop on every request (its connection's
+    request lock, its state lock as it starts and as its response closes) and one on taking a pooled connection,
+    each behind whatever else is ready. Here a free lock is taken (anyio's `fast_acquire`) and a set event passed
+    without that turn; a lock that is held, or an event not yet set, still waits as before."""
+    lock_setup, event_wait = _synchronization.AsyncLock.setup, _synchronization.AsyncEvent.wait
+    if getattr(lock_setup, "without_idle_turns", False):
+        return
+
+    def setup(self) -> None:
+        lock_setup(self)
+        if self._backend == "asyncio" and _FAST_ACQUIRE:
+            self._anyio_lock = anyio.Lock(fast_acquire=True)
+
+    async def wait(self, timeout: float | None = None) -> None:
+        if self._backend == "asyncio" and self._anyio_event.is_set():
+            return
+        await event_wait(self, timeout)
+
+    setup.without_idle_turns = True
+    _synchronization.AsyncLock.setup, _synchronization.AsyncEvent.wait = setup, wait
+
+
+try:  # anyio 4.5 and later
+    anyio.Lock(fast_acquire=True)
+    _FAST_ACQUIRE = True
+except TypeError:
+    _FAST_ACQUIRE = False
+_without_idle_turns()
 
 
 def keepalive_options(interval: float | None) -> list[tuple[int, int, int]]:

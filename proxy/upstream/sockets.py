@@ -4,7 +4,9 @@ On asyncio, httpcore's default network backend is anyio, which costs more than t
 this path: every read and write gets its own cancel scope and event-loop turn, and reading is
 switched on and off in the selector around each read. Here a connection reads whatever arrives
 into a buffer (up to a limit, so a slow client still holds a fast model back), a read returns what
-is buffered without a loop turn, and a write goes straight to the transport. HTTP itself — h11,
+is buffered without a loop turn, and a write goes to the transport once the request is complete: h11
+writes a request's head and its body apart, and small writes are held until httpcore reads the answer
+(or closes), so a request reaches the model as one send, not two that wake it twice. HTTP itself — h11,
 the pool, keep-alive — stays httpcore's.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 import httpcore
 
 _READ_LIMIT = 256 * 1024  # buffered bytes at which reading from the socket pauses
+_HELD_LIMIT = 64 * 1024  # written bytes held for one send at most; more go out at once
 
 
 class SocketStream(asyncio.Protocol, httpcore.AsyncNetworkStream):
@@ -35,6 +38,8 @@ class SocketStream(asyncio.Protocol, httpcore.AsyncNetworkStream):
         self._error: Exception | None = None
         self._readable: asyncio.Future | None = None
         self._writable: asyncio.Future | None = None
+        self._held: list[bytes] = []  # small writes not yet handed to the transport
+        self._held_bytes = 0
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -74,6 +79,8 @@ class SocketStream(asyncio.Protocol, httpcore.AsyncNetworkStream):
 
     # -- httpcore.AsyncNetworkStream --------------------------------------------------------------
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._held:
+            self._flush()
         if not self._chunks and not self._eof:
             self._readable = self._loop.create_future()
             try:
@@ -99,13 +106,28 @@ class SocketStream(asyncio.Protocol, httpcore.AsyncNetworkStream):
             return
         if self._transport.is_closing():
             raise httpcore.WriteError(str(self._error) if self._error else "the connection is closed")
+        if self._writable is None and self._held_bytes + len(buffer) <= _HELD_LIMIT:
+            self._held.append(buffer)  # sent with the rest of the request, at the first read
+            self._held_bytes += len(buffer)
+            return
+        if self._held:
+            self._flush()  # a large body is not copied to join it to the head
         self._transport.write(buffer)
         if self._writable is not None:
             await _within(self._writable, timeout, httpcore.WriteTimeout)
             if self._error is not None:
                 raise httpcore.WriteError(str(self._error))
 
+    def _flush(self) -> None:
+        held = self._held[0] if len(self._held) == 1 else b"".join(self._held)
+        self._held.clear()
+        self._held_bytes = 0
+        if not self._transport.is_closing():
+            self._transport.write(held)
+
     async def aclose(self) -> None:
+        if self._held:
+            self._flush()
         self._transport.close()
 
     async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
