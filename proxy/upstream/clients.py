@@ -67,9 +67,11 @@ def _without_idle_turns() -> None:
     event already set still yield to the event loop: three turns of the loop on every request (its connection's
     request lock, its state lock as it starts and as its response closes) and one on taking a pooled connection,
     each behind whatever else is ready. Here a free lock is taken (anyio's `fast_acquire`) and a set event passed
-    without that turn; a lock that is held, or an event not yet set, still waits as before."""
-    lock_setup, event_wait = _synchronization.AsyncLock.setup, _synchronization.AsyncEvent.wait
-    if getattr(lock_setup, "without_idle_turns", False):
+    without that turn; a lock that is held, or an event not yet set, still waits as before. An httpcore whose
+    classes are shaped otherwise is left as it is: slower by those turns, never broken."""
+    lock_setup = getattr(getattr(_synchronization, "AsyncLock", None), "setup", None)
+    event_wait = getattr(getattr(_synchronization, "AsyncEvent", None), "wait", None)
+    if lock_setup is None or event_wait is None or getattr(lock_setup, "without_idle_turns", False):
         return
 
     def setup(self) -> None:
