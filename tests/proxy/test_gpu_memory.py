@@ -25,7 +25,7 @@ from proxy.model_processes.fleet import ProcessFleet
 from fakemodel.nvidia_smi import answer
 from fakemodel.server import GPU_DIR_VARIABLE
 from tests.proxy.test_process_placement import Recorder
-from tests.proxy.test_processes import REPO_ROOT
+from tests.proxy.test_model_process import REPO_ROOT
 from tests.served import model_ports, wait_until
 
 # What `nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits` prints.

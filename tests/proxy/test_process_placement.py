@@ -12,7 +12,7 @@ import textwrap
 
 from proxy.config import parse_config
 from proxy.model_processes.fleet import ProcessFleet
-from tests.proxy.test_processes import REPO_ROOT, fakemodel_config, harness, http_client  # noqa: F401 (fixture)
+from tests.proxy.test_model_process import REPO_ROOT, fakemodel_config, harness, http_client  # noqa: F401 (fixture)
 from tests.served import model_ports
 
 
