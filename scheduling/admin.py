@@ -40,7 +40,7 @@ from scheduling.models import (
 from scheduling.tickets import RequestState
 from scheduling.door.questions import BusyModels, CancelWaiting, Processes, Queue, Reprioritize, Snapshot, Unload, Waiting
 from scheduling.operating.settings_store import as_text, ignored_slot_lines, ignored_values, override_source, save_settings
-from scheduling.operating.whole_numbers import whole_number
+from scheduling.whole_numbers import whole_number
 
 
 admin.site.site_header = "llamaswap"

@@ -21,7 +21,7 @@ from typing import Any
 from scheduling import events
 from scheduling.core import band_of
 from scheduling.door.frontdoor import DatabaseAway, Unanswered
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 from scheduling.door.refusal_rows import RefusalRows
 from scheduling.door.questions import BeginRelayed, EndRelayed, Question, RefuseKey, StillGranted
 from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest

@@ -24,9 +24,10 @@ from datetime import datetime, timedelta, timezone
 from urllib.parse import urlsplit, urlunsplit
 
 from scheduling.door.in_process import InProcessFrontDoor
-from scheduling.runtime import FRONT_END_SILENT, HandedOver
+from scheduling.rows.row_columns import FRONT_END_SILENT
+from scheduling.runtime import HandedOver
 from scheduling.tickets import Carried, Interrupted, Lease, Outcome, Refused, RequestState
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 from scheduling.door.wire import (
     ANNOUNCE_S,
     REDIS_FAILURES,

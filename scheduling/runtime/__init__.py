@@ -13,6 +13,6 @@ Only the composition root (`proxy/service.py`) and the worker side build or name
 
 from .engine import MAX_WAIT_RETRY_AFTER_S, SchedulerRuntime
 from .processes import Fleet
-from .takeover import FRONT_END_SILENT, HandedOver
+from .takeover import HandedOver
 
-__all__ = ["FRONT_END_SILENT", "MAX_WAIT_RETRY_AFTER_S", "Fleet", "HandedOver", "SchedulerRuntime"]
+__all__ = ["MAX_WAIT_RETRY_AFTER_S", "Fleet", "HandedOver", "SchedulerRuntime"]

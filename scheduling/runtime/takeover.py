@@ -11,10 +11,6 @@ from typing import Any
 from scheduling.rows.row_columns import outcome_columns
 from scheduling.tickets import Carried, Interrupted, Lease, Outcome, Refused, RequestState
 
-# How a request's row ends when the worker takes its front end for dead (followed by for how long it was silent).
-FRONT_END_SILENT = "its front end was not heard from"
-
-
 class HandedOver(Exception):
     """The request stays queued for the worker that takes over from this one: answer nothing."""
 

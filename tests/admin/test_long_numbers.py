@@ -11,7 +11,7 @@ from django.test import RequestFactory
 
 from scheduling.admin import _selected_tickets
 from scheduling.forms import PriorityField, SlotsField
-from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_number
+from scheduling.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 pytestmark = pytest.mark.django_db
 
