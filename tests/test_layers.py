@@ -52,7 +52,7 @@ def test_the_scan_lets_other_imports_be(source):
 PROXY = SCHEDULING.parent / "proxy"
 COMPOSITION_ROOT = PROXY / "service.py"
 FRONT_END_SIDE = [SCHEDULING / name for name in (
-    "door/frontdoor.py", "door/remote.py", "door/wire.py", "door/questions.py", "tickets.py", "rows/row_columns.py",
+    "door/frontdoor.py", "door/remote.py", "door/wire.py", "door/questions.py", "tickets.py", "rows/columns.py",
 )]
 SPEAKERS = sorted(p for p in PROXY.rglob("*.py") if p != COMPOSITION_ROOT) + FRONT_END_SIDE
 

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta, timezone
 from urllib.parse import urlsplit, urlunsplit
 
 from scheduling.door.in_process import InProcessFrontDoor
-from scheduling.rows.row_columns import FRONT_END_SILENT
+from scheduling.rows.columns import FRONT_END_SILENT
 from scheduling.runtime import HandedOver
 from scheduling.tickets import Carried, Interrupted, Lease, Outcome, Refused, RequestState
 from scheduling.outage_log import OutageLog

@@ -18,7 +18,7 @@ from scheduling.core import (
 from scheduling.core.durations import DurationHistory
 from scheduling.core.forecast import Outlook, RecentArrivals
 from scheduling.events import Dispatched, Finished, Queued, Unserved, RuntimeEvent
-from scheduling.rows.row_columns import decision_fields, outcome_columns, request_columns
+from scheduling.rows.columns import decision_fields, outcome_columns, request_columns
 from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
 
 from .forecasting import Forecasting, job_kind

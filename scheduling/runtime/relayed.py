@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from scheduling.core import band_of
 from scheduling.events import Finished
-from scheduling.rows.row_columns import outcome_columns, request_columns
+from scheduling.rows.columns import outcome_columns, request_columns
 from scheduling.tickets import Outcome, RequestState, TicketRequest
 
 

@@ -8,7 +8,7 @@ from collections.abc import Coroutine
 from datetime import datetime, timezone
 from typing import Any
 
-from scheduling.rows.row_columns import outcome_columns
+from scheduling.rows.columns import outcome_columns
 from scheduling.tickets import Carried, Interrupted, Lease, Outcome, Refused, RequestState
 
 class HandedOver(Exception):
