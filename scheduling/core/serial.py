@@ -21,24 +21,22 @@ from types import MappingProxyType
 from . import refusals
 from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, StopModel
-from .fairness import FairShare
 from .fleet import ModelFleet, ModelState
 from .launches import Job, Launch, Round, reserved_for
 from .memory_book import MemoryBook
 from .mentions import named
 from .placement import Hardware
 from .priority import Band, band_of
-from .queue import WaitQueue
 from .serial_memory import SerialMemory
-from .serial_fairness import SerialFairness
 from .serial_reload import SerialReload
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
 from .swap import SwapPolicy
 from .ticket import ModelSpec, Ticket
+from .waiting import WaitingRequests
 
 
-class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
+class SerialScheduler(SerialReload, SerialMemory):
     name = "serial"
 
     def __init__(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings,
@@ -48,12 +46,10 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
         self.memory = MemoryBook(hardware, models) if hardware is not None else None
         self._policy = policy
         self._settings = settings
-        self._queue = WaitQueue(settings.aging_divisor)
-        self._fair: FairShare | None = FairShare() if settings.fairness == "keys" else None
+        self._waiting = WaitingRequests(settings.aging_divisor, settings.fairness)
         self._jobs: dict[int, Job] = {}  # granted and unfinished, in grant order
         self._launches: dict[str, Launch] = {}  # by model, in dispatch order
         self._slots: dict[str, dict[int, int]] = {}  # model -> {slot: ticket id} of jobs and launches
-        self._waited: dict[int, str] = {}  # why a waiting request was last held back while work ran
         # Models a start under way stops first (victim -> the model starting): they hold the GPU,
         # stopping, until that start has ended, whichever way it ends.
         self._evicting: dict[str, str] = {}
@@ -135,11 +131,8 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
     def reprioritize(self, ticket_id: int, priority: int, now: float) -> list[Effect]:
         """Re-rank a waiting request; it keeps its arrival time, so its aging carries on. The
         new rank may let it, or others, go now."""
-        before = self._queue.get(ticket_id)
-        after = self._queue.reprioritize(ticket_id, priority)
-        if after is None:
+        if self._waiting.reprioritize(ticket_id, priority) is None:
             return []
-        self._fair_requeued(before, after)
         return self._dispatch(now)
 
     # -- models -------------------------------------------------------------------------------
@@ -174,7 +167,7 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
             self._free_slot(model, launch.slot)
             effects.append(refusals.start_failed(launch.ticket.id, model, reason))
         if not replaced_config:  # a start with the reloaded config may well succeed: let them try
-            for ticket in self._queue.tickets_for(model):
+            for ticket in self._waiting.queue.tickets_for(model):
                 self._dequeue(ticket.id, now)
                 effects.append(refusals.start_failed(ticket.id, model, reason))
         return effects + self._start_launches(now) + self._dispatch(now)
@@ -228,9 +221,8 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
     def retune(self, settings: SerialSettings, now: float) -> list[Effect]:
         """Adopt edited settings; they apply from the next pick. A model given fewer slots than
         it has jobs keeps them until they end, and takes no new ones until below its slots."""
-        self._adopt_fairness(settings.fairness)
+        self._waiting.retune(settings)
         self._settings = settings
-        self._queue.retune(settings.aging_divisor)
         return self._dispatch(now)
 
     def shutdown(self, now: float) -> list[Effect]:
@@ -245,26 +237,25 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
                 effects.append(refusals.shutting_down(launch.ticket.id))
                 self._orphan(launch)
         self._launches.clear()
-        for ticket in self._queue.remove_all():
+        for ticket in self._waiting.remove_all():
             self._fleet.end_waiting(ticket.model, now)
             effects.append(refusals.shutting_down(ticket.id))
-        self._waited.clear()
         effects += [
             self._stop(model, "shutdown") for model in self._fleet.in_state(ModelState.READY, ModelState.STARTING)
         ]
         return effects
 
     def snapshot(self, now: float) -> SchedulerSnapshot:
-        oldest = self._queue.band_oldest_arrival()
+        oldest = self._waiting.queue.band_oldest_arrival()
         return SchedulerSnapshot(
-            depth_by_band=MappingProxyType(self._queue.band_depths()),
+            depth_by_band=MappingProxyType(self._waiting.queue.band_depths()),
             oldest_wait_by_band=MappingProxyType(
                 {band: 0.0 if oldest[band] is None else max(0.0, now - oldest[band]) for band in Band}
             ),
             running_tickets=tuple(self._jobs),
             loaded=self._fleet.loaded(),
             starting=self._fleet.in_state(ModelState.STARTING),
-            waiting=len(self._queue),
+            waiting=len(self._waiting.queue),
             settings=self._settings,
             running=MappingProxyType(
                 {
@@ -277,14 +268,14 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
         )
 
     def is_queued(self, ticket_id: int) -> bool:
-        return ticket_id in self._queue
+        return ticket_id in self._waiting.queue
 
     def held_back_because(self, ticket_id: int) -> str:
-        return self._waited.get(ticket_id, "")
+        return self._waiting.held_back_because(ticket_id)
 
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Waiting requests best first, with the score each would get right now."""
-        return self._queue.ranked(now, self._fleet.ready_for_work(), self._settings)
+        return self._waiting.queue.ranked(now, self._fleet.ready_for_work(), self._settings)
 
     # -- dispatch -----------------------------------------------------------------------------
 
@@ -305,7 +296,7 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
         request in its place; a launch may stop models, so it ends the walk. Returns whether
         to walk again."""
         loaded = self._fleet.ready_for_work()
-        tops = self._queue.model_tops(loaded, self._settings)
+        tops = self._waiting.queue.model_tops(loaded, self._settings)
         if not tops:
             return False
         round_ = Round()
@@ -323,12 +314,12 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
                 if partly_idle is None:
                     partly_idle = self._partly_idle(loaded)
                 if partly_idle:
-                    self._waited[ticket.id] = reason
+                    self._waiting.hold_back(ticket.id, reason)
                 continue
             effects += self._dispatch_ticket(ticket, now, loaded, best_overall=not held_back)
             if ticket.model not in loaded:
                 return True
-            following = self._queue.model_top(ticket.model, loaded, self._settings)
+            following = self._waiting.queue.model_top(ticket.model, loaded, self._settings)
             if following is not None:
                 index = next((i for i, (rank, _) in enumerate(tops) if rank < following[0]), len(tops))
                 tops.insert(index, following)
@@ -375,12 +366,12 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
         compares it with the whole queue when it is the best request overall, else with the
         requests for its model: those are what it beat to the slot. Fair share may send another in its place."""
         if best_overall:
-            pick = self._queue.pick(now, loaded, self._settings)
+            pick = self._waiting.queue.pick(now, loaded, self._settings)
         else:
-            pick = self._queue.pick_within(ticket.model, now, loaded, self._settings)
+            pick = self._waiting.queue.pick_within(ticket.model, now, loaded, self._settings)
         assert pick is not None and pick.ticket.id == ticket.id
-        ticket, head = self._take_turn(ticket), ticket
-        waited_because = self._waited.get(ticket.id, "")
+        ticket, head = self._waiting.take_turn(ticket), ticket
+        waited_because = self._waiting.held_back_because(ticket.id)
         self._dequeue(ticket.id, now)
         ready = ticket.model in loaded
         slot = self._take_slot(ticket.model, ticket.id)
@@ -403,7 +394,7 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
             waited_because=waited_because,
         )
         if ticket is not head:
-            decision = self._turn_decision(decision, ticket, head, pick, now, loaded)
+            decision = self._waiting.turn_decision(decision, ticket, head, pick, now, loaded, self._settings)
         if ready:
             self._free_slot(ticket.model, slot)
             return [self._grant(ticket, decision, slot)]
@@ -498,7 +489,7 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
     # -- internals ----------------------------------------------------------------------------
 
     def _holds(self, ticket_id: int) -> bool:
-        return ticket_id in self._queue or ticket_id in self._jobs or self._launch_of(ticket_id) is not None
+        return ticket_id in self._waiting.queue or ticket_id in self._jobs or self._launch_of(ticket_id) is not None
 
     def _take_slot(self, model: str, ticket_id: int) -> int:
         slots = self._slots.setdefault(model, {})
@@ -519,16 +510,13 @@ class SerialScheduler(SerialReload, SerialMemory, SerialFairness):
         launch.ticket = None
 
     def _enqueue(self, ticket: Ticket) -> None:
-        self._queue.add(ticket)
+        self._waiting.add(ticket)
         self._fleet.begin_waiting(ticket.model)
-        self._fair_requeued(None, ticket)
 
     def _dequeue(self, ticket_id: int, now: float) -> Ticket | None:
-        ticket = self._queue.remove(ticket_id)
+        ticket = self._waiting.remove(ticket_id)
         if ticket is not None:
             self._fleet.end_waiting(ticket.model, now)
-            self._waited.pop(ticket_id, None)
-            self._fair_requeued(ticket, None)
         return ticket
 
     def _grant(self, ticket: Ticket, decision: Decision, slot: int) -> Grant:

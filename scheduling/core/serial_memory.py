@@ -104,7 +104,7 @@ class SerialMemory:
                 if launch.ticket is not None:
                     effects.append(refusals.never_fits(launch.ticket.id, why))
                     self._orphan(launch)
-            for ticket in self._queue.tickets_for(model):
+            for ticket in self._waiting.queue.tickets_for(model):
                 self._dequeue(ticket.id, now)
                 effects.append(refusals.never_fits(ticket.id, why))
         return effects

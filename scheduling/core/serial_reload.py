@@ -54,7 +54,7 @@ class SerialReload:
         if launch is not None and launch.ticket is not None:
             effects.append(refusals.removed(launch.ticket.id, model))
             self._orphan(launch)
-        for ticket in self._queue.tickets_for(model):
+        for ticket in self._waiting.queue.tickets_for(model):
             self._dequeue(ticket.id, now)
             effects.append(refusals.removed(ticket.id, model))
         if self._fleet.state(model) is ModelState.STARTING or self._fleet.retire(model):

@@ -72,7 +72,7 @@ MUTANTS = (
         "scheduling/core/serial.py",
         (
             (
-                "            following = self._queue.model_top(ticket.model, loaded, self._settings)",
+                "            following = self._waiting.queue.model_top(ticket.model, loaded, self._settings)",
                 "            return False\n            following = None",
             ),
         ),
