@@ -29,6 +29,60 @@ class Job:
     slot: int
 
 
+class Slots:
+    """The models' job slots, owned here: which request holds each. A slot is held by a job (granted, until it
+    `end`s) or by a launch (taken for a request whose model starts, `free`d when the launch is granted, then
+    taken again by its job, or given up). Only these methods change who holds a slot."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[int, Job] = {}  # granted and unfinished, in grant order
+        self._held: dict[str, dict[int, int]] = {}  # model -> {slot: ticket id} of jobs and launches
+
+    def take(self, model: str, ticket_id: int) -> int:
+        """The lowest free slot of `model`, now held by `ticket_id`."""
+        slots = self._held.setdefault(model, {})
+        slot = next(n for n in range(1, len(slots) + 2) if n not in slots)
+        slots[slot] = ticket_id
+        return slot
+
+    def free(self, model: str, slot: int) -> None:
+        slots = self._held.get(model)
+        if slots is not None:
+            slots.pop(slot, None)
+            if not slots:
+                del self._held[model]
+
+    def grant(self, ticket: Ticket, slot: int) -> None:
+        """`ticket` runs as a job on `slot` of its model."""
+        self._jobs[ticket.id] = Job(ticket, slot)
+        self._held.setdefault(ticket.model, {})[slot] = ticket.id
+
+    def end(self, ticket_id: int) -> Job:
+        """A job is over: its slot is free."""
+        job = self._jobs.pop(ticket_id)
+        self.free(job.ticket.model, job.slot)
+        return job
+
+    def is_running(self, ticket_id: int) -> bool:
+        return ticket_id in self._jobs
+
+    def running(self) -> tuple[int, ...]:
+        """The jobs' ticket ids, in grant order."""
+        return tuple(self._jobs)
+
+    def used(self, model: str) -> int:
+        return len(self._held.get(model, ()))
+
+    def models(self) -> list[str]:
+        """The models with a slot held."""
+        return list(self._held)
+
+    def by_model(self) -> dict[str, tuple[int, ...]]:
+        """Each model with a slot held: the ticket ids holding its slots, in slot order."""
+        return {model: tuple(ticket_id for _, ticket_id in sorted(slots.items()))
+                for model, slots in sorted(self._held.items()) if slots}
+
+
 class Round:
     """What one pass over the waiting requests has set aside so far, best request first: the
     models swaps will evict (no new work for them) and the models those swaps will start."""

@@ -22,7 +22,7 @@ from . import refusals
 from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, StopModel
 from .fleet import ModelFleet, ModelState
-from .launches import Job, Launch, Round, reserved_for
+from .launches import Launch, Round, Slots, reserved_for
 from .memory_book import MemoryBook
 from .mentions import named
 from .placement import Hardware
@@ -47,9 +47,8 @@ class SerialScheduler(SerialReload, SerialMemory):
         self._policy = policy
         self._settings = settings
         self._waiting = WaitingRequests(settings.aging_divisor, settings.fairness)
-        self._jobs: dict[int, Job] = {}  # granted and unfinished, in grant order
         self._launches: dict[str, Launch] = {}  # by model, in dispatch order
-        self._slots: dict[str, dict[int, int]] = {}  # model -> {slot: ticket id} of jobs and launches
+        self._slots = Slots()  # which request holds each slot of each model: jobs, and launches
         # Models a start under way stops first (victim -> the model starting): they hold the GPU,
         # stopping, until that start has ended, whichever way it ends.
         self._evicting: dict[str, str] = {}
@@ -105,22 +104,20 @@ class SerialScheduler(SerialReload, SerialMemory):
                 if not launch.started:  # a start under way runs on: nothing is free until it ends
                     del self._launches[launch.model]
                     freed = True
-            elif ticket_id in self._jobs:
+            elif self._slots.is_running(ticket_id):
                 effects += self._end_job(ticket_id, now)
                 ended_job = freed = True
         return effects + (self._start_launches(now) if ended_job else []) + (self._dispatch(now) if freed else [])
 
     def finished(self, ticket_id: int, now: float) -> list[Effect]:
         """The granted request ended, whatever the outcome. Unknown ids are ignored."""
-        if ticket_id not in self._jobs:
+        if not self._slots.is_running(ticket_id):
             return []
         return self._end_job(ticket_id, now) + self._start_launches(now) + self._dispatch(now)
 
     def _end_job(self, ticket_id: int, now: float) -> list[Effect]:
         """A running request is over: its slot is free, given out by the caller's dispatch."""
-        job = self._jobs.pop(ticket_id)
-        model = job.ticket.model
-        self._free_slot(model, job.slot)
+        model = self._slots.end(ticket_id).ticket.model
         self._fleet.end_serving(model, now)
         return self._stop_if_retired(model)
 
@@ -149,7 +146,7 @@ class SerialScheduler(SerialReload, SerialMemory):
         if launch.ticket is None:  # its client left during the start, or a reload replaces the model
             effects += self._stop_if_retired(model)
         else:
-            self._free_slot(model, launch.slot)
+            self._slots.free(model, launch.slot)
             effects.append(self._grant(launch.ticket, launch.decision, launch.slot))
         return effects + (self._start_launches(now) if released else []) + self._dispatch(now)
 
@@ -164,7 +161,7 @@ class SerialScheduler(SerialReload, SerialMemory):
         launch = self._launches.pop(model)
         effects: list[Effect] = []
         if launch.ticket is not None:
-            self._free_slot(model, launch.slot)
+            self._slots.free(model, launch.slot)
             effects.append(refusals.start_failed(launch.ticket.id, model, reason))
         if not replaced_config:  # a start with the reloaded config may well succeed: let them try
             for ticket in self._waiting.queue.tickets_for(model):
@@ -252,18 +249,12 @@ class SerialScheduler(SerialReload, SerialMemory):
             oldest_wait_by_band=MappingProxyType(
                 {band: 0.0 if oldest[band] is None else max(0.0, now - oldest[band]) for band in Band}
             ),
-            running_tickets=tuple(self._jobs),
+            running_tickets=self._slots.running(),
             loaded=self._fleet.loaded(),
             starting=self._fleet.in_state(ModelState.STARTING),
             waiting=len(self._waiting.queue),
             settings=self._settings,
-            running=MappingProxyType(
-                {
-                    model: tuple(ticket_id for _, ticket_id in sorted(slots.items()))
-                    for model, slots in sorted(self._slots.items())
-                    if slots
-                }
-            ),
+            running=MappingProxyType(self._slots.by_model()),
             slots=MappingProxyType({model: self._settings.slots_for(model) for model in self._fleet.ids()}),
         )
 
@@ -328,7 +319,7 @@ class SerialScheduler(SerialReload, SerialMemory):
 
     def _partly_idle(self, loaded: tuple[str, ...]) -> bool:
         """Whether a loaded model has a free slot: then a request held back is told why."""
-        return any(len(self._slots.get(m, ())) < self._settings.slots_for(m) for m in loaded)
+        return any(self._slots.used(m) < self._settings.slots_for(m) for m in loaded)
 
     def _holdback(self, ticket: Ticket, loaded: tuple[str, ...], up: tuple[str, ...], round_: Round) -> str | None:
         """Why `ticket` cannot be dispatched now (None: it can). Reserves what it needs when
@@ -338,7 +329,7 @@ class SerialScheduler(SerialReload, SerialMemory):
         if reserved is not None:
             return reserved_for(*reserved)
         if model in loaded:
-            used, slots = len(self._slots.get(model, ())), self._settings.slots_for(model)
+            used, slots = self._slots.used(model), self._settings.slots_for(model)
             return None if used < slots else f"model {model} was busy ({used}/{slots} slots)"
         if model in self._launches or self._fleet.state(model) is ModelState.STARTING:
             return f"model {model} was starting"
@@ -374,7 +365,7 @@ class SerialScheduler(SerialReload, SerialMemory):
         waited_because = self._waiting.held_back_because(ticket.id)
         self._dequeue(ticket.id, now)
         ready = ticket.model in loaded
-        slot = self._take_slot(ticket.model, ticket.id)
+        slot = self._slots.take(ticket.model, ticket.id)
         decision = Decision(
             ticket_id=ticket.id,
             model=ticket.model,
@@ -396,7 +387,7 @@ class SerialScheduler(SerialReload, SerialMemory):
         if ticket is not head:
             decision = self._waiting.turn_decision(decision, ticket, head, pick, now, loaded, self._settings)
         if ready:
-            self._free_slot(ticket.model, slot)
+            self._slots.free(ticket.model, slot)
             return [self._grant(ticket, decision, slot)]
         self._launches[ticket.model] = Launch(ticket.model, decision, ticket, slot)
         return self._start_launches(now)
@@ -446,13 +437,13 @@ class SerialScheduler(SerialReload, SerialMemory):
     def _holding(self) -> tuple[str, ...]:
         """Configured models holding the GPU: up, or still running jobs on a process that exited
         (until the runtime reports those ended)."""
-        busy = (m for m in self._slots if m in self._fleet)
+        busy = (m for m in self._slots.models() if m in self._fleet)
         return tuple(sorted({*self._fleet.not_stopped(), *busy}))
 
     def _removed_still_serving(self) -> bool:
         """Jobs still run on a model a reload removed (its process may have exited already): the
         config no longer says what may share the GPU with it, so nothing starts until they end."""
-        return any(model not in self._fleet for model in self._slots)
+        return any(model not in self._fleet for model in self._slots.models())
 
     def _victims(self, model: str, holding: tuple[str, ...]) -> frozenset[str]:
         """What of `holding` (see `_holding`) must stop before `model` starts. `model` itself is
@@ -468,7 +459,7 @@ class SerialScheduler(SerialReload, SerialMemory):
 
     def _in_use(self, model: str) -> bool:
         """Serving, starting, or holding a slot for a launch: not to be evicted."""
-        return bool(self._slots.get(model)) or self._fleet.serving(model) > 0 or (
+        return self._slots.used(model) > 0 or self._fleet.serving(model) > 0 or (
             self._fleet.state(model) is ModelState.STARTING
         )
 
@@ -489,24 +480,11 @@ class SerialScheduler(SerialReload, SerialMemory):
     # -- internals ----------------------------------------------------------------------------
 
     def _holds(self, ticket_id: int) -> bool:
-        return ticket_id in self._waiting.queue or ticket_id in self._jobs or self._launch_of(ticket_id) is not None
-
-    def _take_slot(self, model: str, ticket_id: int) -> int:
-        slots = self._slots.setdefault(model, {})
-        slot = next(n for n in range(1, len(slots) + 2) if n not in slots)
-        slots[slot] = ticket_id
-        return slot
-
-    def _free_slot(self, model: str, slot: int) -> None:
-        slots = self._slots.get(model)
-        if slots is not None:
-            slots.pop(slot, None)
-            if not slots:
-                del self._slots[model]
+        return ticket_id in self._waiting.queue or self._slots.is_running(ticket_id) or self._launch_of(ticket_id) is not None
 
     def _orphan(self, launch: Launch) -> None:
         """The launch's request is gone (left, refused or sent back to the queue)."""
-        self._free_slot(launch.model, launch.slot)
+        self._slots.free(launch.model, launch.slot)
         launch.ticket = None
 
     def _enqueue(self, ticket: Ticket) -> None:
@@ -520,8 +498,7 @@ class SerialScheduler(SerialReload, SerialMemory):
         return ticket
 
     def _grant(self, ticket: Ticket, decision: Decision, slot: int) -> Grant:
-        self._jobs[ticket.id] = Job(ticket, slot)
-        self._slots.setdefault(ticket.model, {})[slot] = ticket.id
+        self._slots.grant(ticket, slot)
         self._fleet.begin_serving(ticket.model)
         return Grant(ticket.id, ticket.model, decision)
 
