@@ -3,7 +3,7 @@ for, each job on a slot, and what one dispatch pass has set aside for the swaps 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .decision import Decision
@@ -27,6 +27,61 @@ class Launch:
 class Job:
     ticket: Ticket
     slot: int
+
+
+class Starts:
+    """The model starts the scheduler dispatched, owned here: at most one launch a model, in dispatch order, and
+    the models a sent start stops first (its victims), each until that start has ended (`release`), whichever way
+    it ends. A launch is added when its request is dispatched, is `sent` once nothing it stops still serves, and
+    leaves when its model is ready or failed, is unloaded or removed, or, not sent yet, when its request leaves."""
+
+    def __init__(self) -> None:
+        self._launches: dict[str, Launch] = {}  # by model, in dispatch order
+        self._evicting: dict[str, str] = {}  # victim -> the model whose start stops it
+
+    def __iter__(self) -> Iterator[Launch]:
+        return iter(self._launches.values())
+
+    def __contains__(self, model: object) -> bool:
+        return model in self._launches
+
+    def add(self, launch: Launch) -> None:
+        self._launches[launch.model] = launch
+
+    def of(self, model: str) -> Launch | None:
+        return self._launches.get(model)
+
+    def for_ticket(self, ticket_id: int) -> Launch | None:
+        return next((launch for launch in self._launches.values()
+                     if launch.ticket is not None and launch.ticket.id == ticket_id), None)
+
+    def take(self, model: str) -> Launch:
+        """`model`'s launch, which leaves (its start ended): there must be one."""
+        return self._launches.pop(model)
+
+    def drop(self, model: str) -> Launch | None:
+        """`model`'s launch, if any, which leaves."""
+        return self._launches.pop(model, None)
+
+    def clear(self) -> None:
+        self._launches.clear()
+
+    def sent(self, launch: Launch, victims: frozenset[str]) -> None:
+        """`launch`'s StartModel goes out: `victims` stop first, and stay its until `release`."""
+        for victim in victims:
+            self._evicting[victim] = launch.model
+        launch.started = True
+
+    def stopped_for(self, model: str) -> str | None:
+        """The model whose start under way stops `model` first."""
+        return self._evicting.get(model)
+
+    def release(self, model: str) -> list[str]:
+        """`model`'s start has ended: what it stopped first is no longer its. Returns those models."""
+        victims = [victim for victim, target in self._evicting.items() if target == model]
+        for victim in victims:
+            del self._evicting[victim]
+        return victims
 
 
 class Slots:

@@ -22,7 +22,7 @@ from . import refusals
 from .decision import Decision, ScoreTerms
 from .effects import Dequeued, Effect, Grant, StopModel
 from .fleet import ModelFleet, ModelState
-from .launches import Launch, Round, Slots, reserved_for
+from .launches import Launch, Round, Slots, Starts, reserved_for
 from .memory_book import MemoryBook
 from .mentions import named
 from .placement import Hardware
@@ -47,11 +47,8 @@ class SerialScheduler(SerialReload, SerialMemory):
         self._policy = policy
         self._settings = settings
         self._waiting = WaitingRequests(settings.aging_divisor, settings.fairness)
-        self._launches: dict[str, Launch] = {}  # by model, in dispatch order
+        self._starts = Starts()  # the model starts dispatched, and the models each one stops first
         self._slots = Slots()  # which request holds each slot of each model: jobs, and launches
-        # Models a start under way stops first (victim -> the model starting): they hold the GPU,
-        # stopping, until that start has ended, whichever way it ends.
-        self._evicting: dict[str, str] = {}
         self._shut_down = False
 
     # -- requests -----------------------------------------------------------------------------
@@ -102,7 +99,7 @@ class SerialScheduler(SerialReload, SerialMemory):
                 self._orphan(launch)
                 effects.append(Dequeued(ticket_id))
                 if not launch.started:  # a start under way runs on: nothing is free until it ends
-                    del self._launches[launch.model]
+                    self._starts.drop(launch.model)
                     freed = True
             elif self._slots.is_running(ticket_id):
                 effects += self._end_job(ticket_id, now)
@@ -122,8 +119,7 @@ class SerialScheduler(SerialReload, SerialMemory):
         return self._stop_if_retired(model)
 
     def _launch_of(self, ticket_id: int) -> Launch | None:
-        return next((launch for launch in self._launches.values()
-                     if launch.ticket is not None and launch.ticket.id == ticket_id), None)
+        return self._starts.for_ticket(ticket_id)
 
     def reprioritize(self, ticket_id: int, priority: int, now: float) -> list[Effect]:
         """Re-rank a waiting request; it keeps its arrival time, so its aging carries on. The
@@ -141,7 +137,7 @@ class SerialScheduler(SerialReload, SerialMemory):
         self._fleet.mark_ready(model, now)
         if self.memory is not None:
             self.memory.ready(model, now)
-        launch = self._launches.pop(model)
+        launch = self._starts.take(model)
         effects: list[Effect] = []
         if launch.ticket is None:  # its client left during the start, or a reload replaces the model
             effects += self._stop_if_retired(model)
@@ -158,7 +154,7 @@ class SerialScheduler(SerialReload, SerialMemory):
             return self._start_launches(now) + self._dispatch(now) if released else []
         replaced_config = self._fleet.is_retiring(model)
         self._mark_stopped(model)
-        launch = self._launches.pop(model)
+        launch = self._starts.take(model)
         effects: list[Effect] = []
         if launch.ticket is not None:
             self._slots.free(model, launch.slot)
@@ -190,9 +186,9 @@ class SerialScheduler(SerialReload, SerialMemory):
         effects: list[Effect] = []
         for model in targets:
             effects.append(self._stop(model, "unload"))
-            launch = self._launches.get(model)
+            launch = self._starts.of(model)
             if launch is not None and launch.started:
-                del self._launches[model]
+                self._starts.drop(model)
                 if launch.ticket is not None:
                     effects.append(refusals.unloaded(launch.ticket.id, model))
                     self._orphan(launch)
@@ -229,11 +225,11 @@ class SerialScheduler(SerialReload, SerialMemory):
             return []
         self._shut_down = True
         effects: list[Effect] = []
-        for launch in self._launches.values():
+        for launch in self._starts:
             if launch.ticket is not None:
                 effects.append(refusals.shutting_down(launch.ticket.id))
                 self._orphan(launch)
-        self._launches.clear()
+        self._starts.clear()
         for ticket in self._waiting.remove_all():
             self._fleet.end_waiting(ticket.model, now)
             effects.append(refusals.shutting_down(ticket.id))
@@ -292,7 +288,7 @@ class SerialScheduler(SerialReload, SerialMemory):
             return False
         round_ = Round()
         up = self._holding()
-        for launch in self._launches.values():
+        for launch in self._starts:
             if not launch.started:  # its evictions are promised; keep them idle until it starts
                 round_.reserve(self._decision_id(launch), launch.model, self._victims(launch.model, up))
         partly_idle: bool | None = None  # worked out when first needed, again after each grant
@@ -331,7 +327,7 @@ class SerialScheduler(SerialReload, SerialMemory):
         if model in loaded:
             used, slots = self._slots.used(model), self._settings.slots_for(model)
             return None if used < slots else f"model {model} was busy ({used}/{slots} slots)"
-        if model in self._launches or self._fleet.state(model) is ModelState.STARTING:
+        if model in self._starts or self._fleet.state(model) is ModelState.STARTING:
             return f"model {model} was starting"
         evicting = self._evicted_by_start(model)
         if evicting is not None:  # it goes once that start has ended (or was given up): nothing below may get in first
@@ -389,14 +385,14 @@ class SerialScheduler(SerialReload, SerialMemory):
         if ready:
             self._slots.free(ticket.model, slot)
             return [self._grant(ticket, decision, slot)]
-        self._launches[ticket.model] = Launch(ticket.model, decision, ticket, slot)
+        self._starts.add(Launch(ticket.model, decision, ticket, slot))
         return self._start_launches(now)
 
     def _start_launches(self, now: float) -> list[Effect]:
         """Send each pending StartModel once no model it depends on is still stopping or busy,
         and no model removed by a reload is still up."""
         effects = self._refuse_never_fitting(now)
-        for launch in self._launches.values():
+        for launch in self._starts:
             if launch.started:
                 continue
             victims = self._victims(launch.model, self._holding())
@@ -414,22 +410,20 @@ class SerialScheduler(SerialReload, SerialMemory):
                     continue  # only stopping a pinned or leased model makes room: it waits for that to change
             for victim in victims:
                 self._fleet.mark_stopping(victim)
-                self._evicting[victim] = launch.model
             self._fleet.mark_starting(launch.model)
-            launch.started = True
+            self._starts.sent(launch, victims)
             effects.append(self._start_placed(launch, victims, gpus, now))
         return effects
 
     def _evicted_by_start(self, model: str) -> str | None:
         """The model whose start under way stops `model` first: `model` may not start again
         until that start has ended, or the two would race for its process."""
-        return self._evicting.get(model)
+        return self._starts.stopped_for(model)
 
     def _release_evicted(self, model: str) -> bool:
         """`model`'s start has ended: what it stopped first is gone. Returns whether it stopped any."""
-        victims = [victim for victim, target in self._evicting.items() if target == model]
+        victims = self._starts.release(model)
         for victim in victims:
-            del self._evicting[victim]
             if self._fleet.state(victim) is ModelState.STOPPING:
                 self._fleet.mark_stopped(victim)
         return bool(victims)

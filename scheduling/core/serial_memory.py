@@ -92,7 +92,7 @@ class SerialMemory:
             return []
         effects: list[Effect] = []
         for model in self._fleet.ids():
-            launch = self._launches.get(model)
+            launch = self._starts.of(model)
             unstarted = launch is not None and not launch.started
             if not (unstarted or self._fleet.waiting(model)) or model in self._fleet.ready_for_work():
                 continue
@@ -100,7 +100,7 @@ class SerialMemory:
             if why is None:
                 continue
             if unstarted:
-                del self._launches[model]
+                self._starts.drop(model)
                 if launch.ticket is not None:
                     effects.append(refusals.never_fits(launch.ticket.id, why))
                     self._orphan(launch)

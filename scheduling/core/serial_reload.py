@@ -37,7 +37,7 @@ class SerialReload:
         else:
             self.memory = self.memory or MemoryBook(hardware, models)
             # A crashed model holds no memory; nor does one a start under way stops (that start took its memory).
-            holding = [m for m in self._fleet.not_stopped() if m not in self._evicting]
+            holding = [m for m in self._fleet.not_stopped() if self._starts.stopped_for(m) is None]
             self.memory.reconfigure(models, hardware, holding)
             restart = {*restart, *self.memory.on_retiring()}
         replaced = sorted(set(removed) | (set(restart) & models.keys()))
@@ -50,7 +50,7 @@ class SerialReload:
         """A model the reload dropped: refuse whoever waits for it, and stop it once idle. A start
         under way is cut short, since nobody is left to use it."""
         effects: list[Effect] = []
-        launch = self._launches.pop(model, None)
+        launch = self._starts.drop(model)
         if launch is not None and launch.ticket is not None:
             effects.append(refusals.removed(launch.ticket.id, model))
             self._orphan(launch)
@@ -64,7 +64,7 @@ class SerialReload:
     def _restart(self, model: str) -> list[Effect]:
         """A model whose process the reload replaces. A start under way still runs on the old
         config, so the request it was for waits again, for a start with the new one."""
-        launch = self._launches.get(model)
+        launch = self._starts.of(model)
         if launch is not None and launch.started and launch.ticket is not None:
             ticket = launch.ticket
             self._orphan(launch)
