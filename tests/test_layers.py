@@ -215,10 +215,40 @@ def product_modules() -> list[Path]:
             if "migrations" not in path.parts and "testing" not in path.parts]
 
 
+# Longer on purpose, each up to the lines given and for the reason given: one class whose parts change the same
+# state within one call reads better whole than spread over files as mixins.
+LONGER_ON_PURPOSE = {
+    "scheduling/core/serial.py": (680, "the serial scheduler is one state machine: a reload, a memory measure or a "
+                                       "lease change re-runs its dispatch on the same slots, starts and queue, and "
+                                       "its state sits in owners (WaitingRequests, Slots, Starts) it names"),
+}
+
+
+def too_long(lengths: dict[str, int], allowed: dict[str, tuple[int, str]]) -> dict[str, int]:
+    """The modules longer than the limit, or than the lines their exception allows."""
+    return {name: lines for name, lines in lengths.items()
+            if lines > (allowed[name][0] if name in allowed else MAX_MODULE_LINES)}
+
+
+def module_lengths() -> dict[str, int]:
+    return {str(path.relative_to(SCHEDULING.parent)): len(path.read_text().splitlines()) for path in product_modules()}
+
+
 def test_no_product_module_is_longer_than_a_reader_can_hold():
-    long = {str(path.relative_to(SCHEDULING.parent)): lines for path in product_modules()
-            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
-    assert long == {}
+    assert too_long(module_lengths(), LONGER_ON_PURPOSE) == {}
+
+
+def test_each_length_exception_is_still_needed_and_says_why():
+    lengths = module_lengths()
+    assert {name: lengths.get(name) for name in LONGER_ON_PURPOSE
+            if lengths.get(name, 0) <= MAX_MODULE_LINES} == {}
+    assert all(len(why) > 40 for _, why in LONGER_ON_PURPOSE.values())
+
+
+def test_the_length_scan_holds_an_exception_to_its_own_lines():
+    allowed = {"long.py": (700, "one state machine read whole, for the test")}
+    assert too_long({"long.py": 650, "other.py": 600, "short.py": 10}, allowed) == {"other.py": 600}
+    assert too_long({"long.py": 701}, allowed) == {"long.py": 701}
 
 
 def test_the_length_rule_scans_the_modules_it_means():

@@ -16,19 +16,18 @@ starts, so a swap is never interrupted by another pick. With one model at a time
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from . import refusals
 from .decision import Decision, ScoreTerms
-from .effects import Dequeued, Effect, Grant, StopModel
+from .effects import Dequeued, Effect, Grant, StartModel, StopModel
 from .fleet import ModelFleet, ModelState
 from .launches import Launch, Round, Slots, Starts, reserved_for
 from .memory_book import MemoryBook
-from .mentions import named
-from .placement import Hardware
+from .mentions import listed, named
+from .placement import Hardware, Resident, Room, assign
 from .priority import Band, band_of
-from .serial_memory import SerialMemory
-from .serial_reload import SerialReload
 from .settings import SerialSettings
 from .snapshot import SchedulerSnapshot
 from .swap import SwapPolicy
@@ -36,7 +35,7 @@ from .ticket import ModelSpec, Ticket
 from .waiting import WaitingRequests
 
 
-class SerialScheduler(SerialReload, SerialMemory):
+class SerialScheduler:
     name = "serial"
 
     def __init__(self, models: Mapping[str, ModelSpec], policy: SwapPolicy, settings: SerialSettings,
@@ -263,6 +262,159 @@ class SerialScheduler(SerialReload, SerialMemory):
     def ranked(self, now: float) -> list[tuple[Ticket, ScoreTerms]]:
         """Waiting requests best first, with the score each would get right now."""
         return self._waiting.queue.ranked(now, self._fleet.ready_for_work(), self._settings)
+
+    # -- a reloaded config: models removed or replaced, new swap rules, new hardware ----------------
+
+
+    def reconfigure(
+        self, models: Mapping[str, ModelSpec], policy: SwapPolicy, restart: Iterable[str], now: float,
+        hardware: Hardware | None = None,
+    ) -> list[Effect]:
+        """Adopt a reloaded config: new model table and swap groups from now on.
+
+        Requests for removed models are refused; requests for restarted models (whose command
+        changed, or that run on a GPU the new hardware lacks) keep waiting and start them again
+        once the old process has stopped. Either
+        kind of model stops at once when idle, else when its requests or start end. Ids in
+        `restart` that `models` lacks are ignored. Effects come in model id order.
+        """
+        if self._shut_down:
+            return []
+        removed = self._fleet.reconfigure(models)
+        self._policy = policy
+        if hardware is None:
+            self.memory = None
+        else:
+            self.memory = self.memory or MemoryBook(hardware, models)
+            # A crashed model holds no memory; nor does one a start under way stops (that start took its memory).
+            holding = [m for m in self._fleet.not_stopped() if self._starts.stopped_for(m) is None]
+            self.memory.reconfigure(models, hardware, holding)
+            restart = {*restart, *self.memory.on_retiring()}
+        replaced = sorted(set(removed) | (set(restart) & models.keys()))
+        effects: list[Effect] = []
+        for model in replaced:
+            effects += self._remove(model, now) if model in removed else self._restart(model)
+        return effects + self._start_launches(now) + self._dispatch(now)
+
+    def _remove(self, model: str, now: float) -> list[Effect]:
+        """A model the reload dropped: refuse whoever waits for it, and stop it once idle. A start
+        under way is cut short, since nobody is left to use it."""
+        effects: list[Effect] = []
+        launch = self._starts.drop(model)
+        if launch is not None and launch.ticket is not None:
+            effects.append(refusals.removed(launch.ticket.id, model))
+            self._orphan(launch)
+        for ticket in self._waiting.queue.tickets_for(model):
+            self._dequeue(ticket.id, now)
+            effects.append(refusals.removed(ticket.id, model))
+        if self._fleet.state(model) is ModelState.STARTING or self._fleet.retire(model):
+            effects.append(self._stop(model, "reload"))
+        return effects
+
+    def _restart(self, model: str) -> list[Effect]:
+        """A model whose process the reload replaces. A start under way still runs on the old
+        config, so the request it was for waits again, for a start with the new one."""
+        launch = self._starts.of(model)
+        if launch is not None and launch.started and launch.ticket is not None:
+            ticket = launch.ticket
+            self._orphan(launch)
+            self._enqueue(ticket)
+        return [self._stop(model, "reload")] if self._fleet.retire(model) else []
+
+    # -- memory placement: the view, the leases in force, the room a model would get, measured use ---------
+
+
+    def placement(self) -> dict | None:
+        return None if self.memory is None else self.memory.view(self._in_use)
+
+    def apply_leases(self, leases: Mapping[str, tuple[str, float]], now: float) -> list[Effect]:
+        if self.memory is None:
+            return []
+        self.memory.set_leases(leases)
+        return self.tick(now)  # a lease that ended lets its model's TTL, and requests it blocked, go
+
+    def _start_placed(self, launch: Launch, victims: set[str], gpus: tuple[str, ...] | None, now: float) -> StartModel:
+        """`launch`'s start: its victims leave the memory book and it takes `gpus`; its decision names those stopped
+        for their memory (not by the groups or matrix), each with its eviction cost."""
+        for_memory = tuple(sorted(victims - self._policy.evictions(launch.model, self._others(launch.model))))
+        if self.memory is not None:
+            for victim in victims:
+                self.memory.gone(victim)
+            self.memory.starting(launch.model, gpus, now)
+        if for_memory:
+            launch.decision = replace(launch.decision, made_room=self.memory.made_room(for_memory, gpus, now))
+        return StartModel(launch.model, tuple(sorted(victims)), gpus, for_memory)
+
+    def _gpus_for(self, model: str) -> tuple[str, ...] | None:
+        """Where `model` goes once its victims (`_victims`) stop: the room they were chosen for, kept from then
+        while nothing changed (None: only a protected model's stop would make room)."""
+        others = self._others(model)
+        room = self.memory.room(model, others, self._in_use, self._policy.evictions(model, others))
+        return None if room is None or room.blocked_by else room.gpus
+
+    def room_for(self, model: str) -> Room | None:
+        if self.memory is None or model not in self._fleet:
+            return None
+        others = self._others(model)
+        return self.memory.room_with(model, others, self._in_use, self._policy.evictions(model, others))
+
+    def never_fits(self, model: str) -> str | None:
+        """Why `model` can never start however long it waits: only stopping pinned models would make room, or it
+        fits on no GPU described (None: it can, or nothing is placed by memory)."""
+        if self.memory is None or model not in self._fleet:
+            return None
+        placed = self.memory.placed()
+        pins = sorted(m for m in placed if m != model and self.memory.protection(m) == "pinned")
+        if assign(self.memory.hardware, self.memory.need(model), [Resident(m, placed[m], self.memory.need(m).mib)
+                                                                  for m in pins]) is not None:
+            return None
+        if not pins:
+            return self.memory.never_fits(model) or f"model {model} needs more memory than the hardware described has"
+        verb = "is" if len(pins) == 1 else "are"
+        return (f"model {model} has room only if {listed((m, f'{m} (pinned)') for m in pins)} {verb} stopped, "
+                "which is never done to make room")
+
+    def can_load(self, model: str) -> dict:
+        """`/api/placement/can-load`: loaded, where it runs; never fitting, why (`never_fits`); else what its start
+        would stop now."""
+        answer = {"fits_now": False, "loaded": False, "would_evict": [], "blocked_by": [], "gpus": [],
+                  "placed_by_memory": True, "never_fits": self.memory.never_fits(model)}
+        if self._fleet.state(model) is ModelState.READY and self.memory.gpus_of(model) is not None:
+            return {**answer, "fits_now": True, "loaded": True, "gpus": list(self.memory.gpus_of(model))}
+        room = self.room_for(model)
+        if room is None:
+            return answer
+        return {**answer, "fits_now": not room.evict and not room.blocked_by, "would_evict": sorted(room.evict),
+                "blocked_by": list(room.blocked_by), "gpus": list(room.gpus)}
+
+    def memory_measured(self, model: str, use: Mapping[str, int]) -> str | None:
+        """What `model`'s processes use on each GPU now (MiB by GPU id); a warning to log when it is more
+        than the model declared, which its next placement then counts (see `MemoryBook.measured`)."""
+        return None if self.memory is None else self.memory.measured(model, use)
+
+    def _refuse_never_fitting(self, now: float) -> list[Effect]:
+        """Refuse every request waiting for a model memory can never hold (its measured use grew past the hardware,
+        or a reload shrank the hardware): at once, rather than left starting forever in front of other models'."""
+        if self.memory is None:
+            return []
+        effects: list[Effect] = []
+        for model in self._fleet.ids():
+            launch = self._starts.of(model)
+            unstarted = launch is not None and not launch.started
+            if not (unstarted or self._fleet.waiting(model)) or model in self._fleet.ready_for_work():
+                continue
+            why = self.memory.never_fits(model)
+            if why is None:
+                continue
+            if unstarted:
+                self._starts.drop(model)
+                if launch.ticket is not None:
+                    effects.append(refusals.never_fits(launch.ticket.id, why))
+                    self._orphan(launch)
+            for ticket in self._waiting.queue.tickets_for(model):
+                self._dequeue(ticket.id, now)
+                effects.append(refusals.never_fits(ticket.id, why))
+        return effects
 
     # -- dispatch -----------------------------------------------------------------------------
 

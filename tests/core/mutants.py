@@ -177,7 +177,7 @@ MUTANTS = (
     ),
     Mutant(
         "reload-counts-a-stopping-victim",
-        "scheduling/core/serial_reload.py",
+        "scheduling/core/serial.py",
         (("holding = [m for m in self._fleet.not_stopped() if self._starts.stopped_for(m) is None]",
           "holding = self._fleet.not_stopped()"),),
         "a reload puts a model a start is stopping back in the memory book",
