@@ -5,9 +5,10 @@ engine carries out what it asks for (grant, start or stop a model, reject). Ever
 on the event loop, one at a time, so the core needs no locks. The engine knows nothing of HTTP: model
 processes are reached through a `fleet` object and rows through a recorder.
 
-`SchedulerRuntime` is one class made of one module per job: the request path (`engine`), the model
-processes (`processes`), the operators' side and reads (`operators`), taking over from another
-worker (`takeover`), rows of relayed requests (`relayed`) and the queue's forecast (`forecasting`).
+`SchedulerRuntime` is one class made of one module per job: the request path (`engine`), the operators'
+side and reads (`operators`), taking over from another worker (`takeover`), rows of relayed requests
+(`relayed`) and the queue's forecast (`forecasting`); the model starts and stops under way are owned by
+its `ModelProcesses` (`processes`), the leases by its `ModelLeases` (`model_leases`).
 Only the composition root (`proxy/service.py`) and the worker side build or name it.
 """
 

@@ -8,16 +8,17 @@ import itertools
 import logging
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 from scheduling.core import (
-    Decision, Dequeued, Grant, Refuse, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
+    Decision, Dequeued, Grant, ModelState, Refuse, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
 )
 from scheduling.core.durations import DurationHistory
 from scheduling.core.forecast import Outlook, RecentArrivals
-from scheduling.events import Dispatched, Finished, Queued, Unserved, RuntimeEvent
+from scheduling.events import Dispatched, Finished, ModelStateChanged, Queued, Unserved, RuntimeEvent
 from scheduling.rows.columns import decision_fields, outcome_columns, request_columns
 from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
 
@@ -41,7 +42,7 @@ class _Waiter:
     request: TicketRequest
 
 
-class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, Forecasting):
+class SchedulerRuntime(OperatorActions, Takeover, RelayedRows, Forecasting):
     def __init__(
         self,
         scheduler: Scheduler,
@@ -70,9 +71,9 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         self._applying = False
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._starts: dict[str, asyncio.Task] = {}
-        self._stops: dict[str, asyncio.Task] = {}
-        self._starting_since: dict[str, float] = {}
+        # The model starts and stops under way, each reported to the core when it ends.
+        self.processes = ModelProcesses(scheduler, fleet, self.durations, self._observer, self.now, self._run,
+                                        self._spawn)
         self._closing = False
         self._arrived = RecentArrivals()  # recent new requests, for their pace
         self._version = 0  # counts the scheduler's steps, so a forecast knows when it went stale
@@ -242,6 +243,40 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         )
         return True
 
+    # -- model processes ------------------------------------------------------------------------
+    def unload(self, models: list[str] | None = None) -> list[asyncio.Task]:
+        """Stop these models now (None: every model). Requests they are serving are cut at once (see
+        `Lease`); returns the stops under way for them, which end once their processes are gone."""
+        now = self.now()
+        self._run(lambda: self.scheduler.unload(models, now))
+        return self.processes.stops_of(models)
+
+    def model_exited(self, model: str) -> None:
+        """A model process died on its own (crash): the core must stop counting it as loaded."""
+        now = self.now()
+        self._observer(ModelStateChanged(model, ModelState.STOPPED))
+        self._run(lambda: self.scheduler.model_stopped(model, now))
+
+    def memory_measured(self, model: str, use: Mapping[str, int]) -> None:
+        """What `model`'s processes use on each GPU (MiB by GPU id), measured where they run: the core shows it
+        and counts it where it is more than declared, which is said here."""
+        warning = self.scheduler.memory_measured(model, use)
+        if warning is not None:
+            log.warning("%s", warning)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _cut_requests_on(self, model: str) -> None:
+        """An operator unloads `model`: what it is serving ends now, each client told why."""
+        reason = Refused(
+            503, "model_unloaded", f"model '{model}' was unloaded by an operator while this request was running"
+        )
+        self._cut([ticket_id for ticket_id, (request, _, _) in self._granted.items() if request.model == model], reason)
+
     # -- operator API ---------------------------------------------------------------------------
 
     # -- effects --------------------------------------------------------------------------------
@@ -271,11 +306,11 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         elif isinstance(effect, Refuse):
             self._refuse(effect)
         elif isinstance(effect, StartModel):
-            self._starts[effect.model] = self._spawn(self._start_model(effect))
+            self.processes.start(effect)
         elif isinstance(effect, StopModel):
             if effect.reason == "unload":
                 self._cut_requests_on(effect.model)
-            self._stops[effect.model] = self._spawn(self._stop_model(effect))
+            self.processes.stop(effect)
         elif isinstance(effect, Dequeued):
             pass  # the row was already marked by cancel()/operator_cancel()
         else:

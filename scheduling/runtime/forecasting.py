@@ -37,8 +37,8 @@ class Forecasting:
         starting = [tid for tid in self._waiting if not self.scheduler.is_queued(tid)]
         underway = Underway(
             jobs={tid: since for tid, (_, _, since) in self._granted.items()},
-            starts=dict(self._starting_since),
-            stops=[model for model in self._stops if model not in self._starting_since],
+            starts=self.processes.starting_since(),
+            stops=self.processes.stopping(),
         )
         waiting = [*starting, *ranked]
         try:
