@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduling import events
-from scheduling.core import band_of
 from scheduling.door.frontdoor import DatabaseAway, Unanswered
 from scheduling.outage_log import OutageLog
 from scheduling.door.refusal_rows import RefusalRows
@@ -88,13 +87,8 @@ class _Held:
     api_key: str = ""  # the API key row's name, for its per-key series
 
     def finished(self, outcome: Outcome, now: float) -> events.Finished:
-        first_byte = outcome.first_byte_monotonic
-        return events.Finished(
-            model=self.lease.model, route=self.route, band=self.lease.decision.band, state=outcome.state,
-            status=outcome.status_code, seconds=now - self.granted_at,
-            ttfb_s=None if first_byte is None else first_byte - self.granted_at, usage=outcome.usage or {},
-            key=self.api_key, queue_wait_s=self.lease.decision.queue_wait_s,
-        )
+        return events.Finished.of_granted(self.lease.model, self.route, self.lease.decision, outcome,
+                                          self.granted_at, now, self.api_key)
 
 
 class ChannelLayerFrontDoor:
@@ -244,11 +238,7 @@ class ChannelLayerFrontDoor:
         if worker is not None:  # answered on the reply channel, where nobody waits for it
             question = EndRelayed(ticket_id, outcome, seconds, first_byte_s)
             self._send_later(Ask(f"{self._reply}?{next(self._keys)}", self._reply, question), worker)
-        self._observer(events.Finished(
-            model=request.model, route=request.route, band=band_of(request.priority), state=outcome.state,
-            status=outcome.status_code, seconds=seconds, ttfb_s=first_byte_s, usage=outcome.usage or {},
-            key=request.api_key,
-        ))
+        self._observer(events.Finished.of_relayed(request, outcome, seconds, first_byte_s))
 
     async def refuse_key(self, key: str, why: str) -> int:
         """This front end's requests of `key` waiting at a worker are refused here at once, Redis or not, each naming

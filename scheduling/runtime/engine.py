@@ -226,21 +226,8 @@ class SchedulerRuntime(OperatorActions, Takeover, RelayedRows, Forecasting):
         ))
         if outcome.state == RequestState.FAILED:  # the model may have died: the next request must start it again
             self.fleet.check_exited(request.model)
-        self._observe(
-            request,
-            Finished(
-                model=request.model,
-                route=request.route,
-                band=decision.band,
-                state=outcome.state,
-                status=outcome.status_code,
-                seconds=now - granted_at,
-                ttfb_s=None if outcome.first_byte_monotonic is None else outcome.first_byte_monotonic - granted_at,
-                usage=outcome.usage or {},
-                key=request.api_key,
-                queue_wait_s=decision.queue_wait_s,
-            )
-        )
+        self._observe(request, Finished.of_granted(request.model, request.route, decision, outcome, granted_at, now,
+                                                   request.api_key))
         return True
 
     # -- model processes ------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from scheduling.core import band_of
 from scheduling.events import Finished
 from scheduling.rows.columns import outcome_columns, request_columns
 from scheduling.tickets import Outcome, RequestState, TicketRequest
@@ -42,10 +41,4 @@ class RelayedRows:
         self.recorder.update(ticket_id, **outcome_columns(
             outcome, started_at + timedelta(seconds=seconds), seconds, first_byte_at
         ))
-        self._observer(
-            Finished(
-                model=request.model, route=request.route, band=band_of(request.priority), state=outcome.state,
-                status=outcome.status_code, seconds=seconds, ttfb_s=first_byte_s, usage=outcome.usage or {},
-                key=request.api_key,
-            )
-        )
+        self._observer(Finished.of_relayed(request, outcome, seconds, first_byte_s))
