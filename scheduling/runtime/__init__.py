@@ -6,9 +6,10 @@ on the event loop, one at a time, so the core needs no locks. The engine knows n
 processes are reached through a `fleet` object and rows through a recorder.
 
 `SchedulerRuntime` is one class made of one module per job: the request path (`engine`), the operators'
-side and reads (`operators`), taking over from another worker (`takeover`), rows of relayed requests
-(`relayed`) and the queue's forecast (`forecasting`); the model starts and stops under way are owned by
-its `ModelProcesses` (`processes`), the leases by its `ModelLeases` (`model_leases`).
+side and reads (`operators`), taking over from another worker (`takeover`) and the queue's forecast
+(`forecasting`). It owns parts with their own state: the model starts and stops under way
+(`ModelProcesses`, `processes`), the requests relayed to a peer with their rows (`RelayedRows`, `relayed`)
+and the model leases (`ModelLeases`, `model_leases`).
 Only the composition root (`proxy/service.py`) and the worker side build or name it.
 """
 

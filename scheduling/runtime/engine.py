@@ -42,7 +42,7 @@ class _Waiter:
     request: TicketRequest
 
 
-class SchedulerRuntime(OperatorActions, Takeover, RelayedRows, Forecasting):
+class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
     def __init__(
         self,
         scheduler: Scheduler,
@@ -66,7 +66,6 @@ class SchedulerRuntime(OperatorActions, Takeover, RelayedRows, Forecasting):
         self._waiting: dict[int, _Waiter] = {}
         self._granted: dict[int, tuple[TicketRequest, Decision, float]] = {}
         self._leases: dict[int, Lease] = {}
-        self._relayed: dict[int, tuple[TicketRequest, datetime]] = {}  # served without the scheduler, until they end
         self._effects: deque = deque()
         self._applying = False
         self._timer: asyncio.TimerHandle | None = None
@@ -79,6 +78,7 @@ class SchedulerRuntime(OperatorActions, Takeover, RelayedRows, Forecasting):
         self._version = 0  # counts the scheduler's steps, so a forecast knows when it went stale
         self._forecast: tuple[int, float, dict[int, Outlook]] | None = None
         self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
+        self.relayed = RelayedRows(recorder, self._ticket_id, self._observer)  # served without the scheduler
         self.model_leases = ModelLeases(self)  # its rows' reads run once the service starts `run()`
 
     # -- clocks -------------------------------------------------------------------------------
@@ -229,6 +229,18 @@ class SchedulerRuntime(OperatorActions, Takeover, RelayedRows, Forecasting):
         self._observe(request, Finished.of_granted(request.model, request.route, decision, outcome, granted_at, now,
                                                    request.api_key))
         return True
+
+    # -- relayed to a peer ----------------------------------------------------------------------
+    def begin_relayed(self, request: TicketRequest, peer: str, started_at: datetime, explanation: str) -> int:
+        """A request served without the scheduler (relayed to `peer`) began at `started_at`: its row, as
+        dispatched at once (refused where it could not be recorded). Returns its ticket id; end it with
+        `end_relayed`."""
+        self._refuse_if_unrecordable()
+        return self.relayed.begin(request, peer, started_at, explanation)
+
+    def end_relayed(self, ticket_id: int, outcome: Outcome, seconds: float, first_byte_s: float | None) -> None:
+        """A relayed request ended (see `RelayedRows.end`). Idempotent, as `release`."""
+        self.relayed.end(ticket_id, outcome, seconds, first_byte_s)
 
     # -- model processes ------------------------------------------------------------------------
     def unload(self, models: list[str] | None = None) -> list[asyncio.Task]:

@@ -147,7 +147,7 @@ class OperatorActions:
         # stops wait until the drain is over (the service stops the whole fleet then).
         self._run(lambda: [e for e in self.scheduler.shutdown(now) if not isinstance(e, StopModel)])
         deadline = self.now() + drain_seconds
-        while (self._granted or self._relayed or self._tasks) and self.now() < deadline:
+        while (self._granted or self.relayed.underway() or self._tasks) and self.now() < deadline:
             await asyncio.sleep(0.05)
         # What still runs is cut by the shutdown, not by its model stopping: each client is told so.
         cut = [lease for ticket_id in self._granted if (lease := self._leases.get(ticket_id)) is not None]
