@@ -9,12 +9,11 @@ import logging
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 from scheduling.core import (
-    Decision, Dequeued, Grant, ModelState, Refuse, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
+    Dequeued, Grant, ModelState, Refuse, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
 )
 from scheduling.core.durations import DurationHistory
 from scheduling.core.forecast import Outlook, RecentArrivals
@@ -23,6 +22,7 @@ from scheduling.rows.columns import decision_fields, outcome_columns, request_co
 from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
 
 from .forecasting import Forecasting, job_kind
+from .held import HeldRequests, Waiter
 from .model_leases import ModelLeases
 from .operators import OperatorActions
 from .processes import Fleet, ModelProcesses
@@ -33,13 +33,6 @@ log = logging.getLogger("llamaswap.scheduler")
 
 # Retry-After for a request whose maximum wait ran out when its dispatch cannot be predicted.
 MAX_WAIT_RETRY_AFTER_S = 5
-
-
-@dataclass
-class _Waiter:
-    future: asyncio.Future
-    ticket: Ticket
-    request: TicketRequest
 
 
 class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
@@ -63,9 +56,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
         self._loop = asyncio.get_running_loop()
         # Workers sharing a database take ids from it (scheduling.door.ticket_ids); one alone counts up.
         self._ticket_id = ticket_ids or itertools.count(first_ticket_id).__next__
-        self._waiting: dict[int, _Waiter] = {}
-        self._granted: dict[int, tuple[TicketRequest, Decision, float]] = {}
-        self._leases: dict[int, Lease] = {}
+        self.held = HeldRequests()  # waiting for their grant, or running under their lease
         self._effects: deque = deque()
         self._applying = False
         self._timer: asyncio.TimerHandle | None = None
@@ -108,15 +99,15 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
         self._run(lambda: self.scheduler.submit(waiter.ticket, now))
         return await self._wait(waiter)
 
-    def _queue(self, request: TicketRequest, now: float, arrival: float, ticket_id: int | None) -> _Waiter:
+    def _queue(self, request: TicketRequest, now: float, arrival: float, ticket_id: int | None) -> Waiter:
         """Hold a place for `request`; a new request (no `ticket_id`) gets its row here."""
         record = ticket_id is None
         if record:
             ticket_id = self._ticket_id()
         ticket = Ticket(id=ticket_id, model=request.model, priority=request.priority, arrival=arrival,
                         key=request.api_key or None, weight=request.key_weight)
-        waiter = _Waiter(self._loop.create_future(), ticket, request)
-        self._waiting[ticket.id] = waiter
+        waiter = Waiter(self._loop.create_future(), ticket, request)
+        self.held.wait(waiter)
         if request.max_wait_s is not None:  # counted from arrival: a carried request's wait so far counts
             expiry = self._loop.call_at(arrival + request.max_wait_s, self._waited_too_long, ticket.id)
             waiter.future.add_done_callback(lambda _: expiry.cancel())
@@ -135,7 +126,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
         self._observer(Queued(request.model, band))
         return waiter
 
-    async def _wait(self, waiter: _Waiter) -> Lease:
+    async def _wait(self, waiter: Waiter) -> Lease:
         try:
             return await waiter.future
         except Refused as exc:
@@ -147,7 +138,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
 
     def cancel(self, ticket_id: int, reason: str) -> None:
         """The caller is gone (or an operator cancelled it). Idempotent."""
-        if ticket_id in self._granted:
+        if ticket_id in self.held.granted:
             self.release(ticket_id, Outcome(state=RequestState.CANCELLED, error=reason))
             return
         self._end_waiting(ticket_id, reason)
@@ -156,7 +147,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
 
     def _end_waiting(self, ticket_id: int, reason: str) -> None:
         """A request not yet granted is cancelled: its caller is refused, its row ends."""
-        waiter = self._waiting.pop(ticket_id, None)
+        waiter = self.held.stop_waiting(ticket_id)
         if waiter is None:
             return
         if not waiter.future.done():
@@ -173,7 +164,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
     def _waited_too_long(self, ticket_id: int) -> None:
         """A request's `max_wait_s` ran out before its grant: refuse it, saying when to retry from the
         forecast of its dispatch."""
-        waiter = self._waiting.get(ticket_id)
+        waiter = self.held.waiting.get(ticket_id)
         if waiter is None or waiter.future.done():
             return  # granted or gone in the same instant
         outlook = self.forecast(stale_ok=True).get(ticket_id)
@@ -190,7 +181,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
 
     def _refuse_waiting(self, ticket_id: int, reason: Refused, state: str) -> None:
         """End a waiting request with `reason` (its caller's error) and free its place."""
-        waiter = self._waiting.pop(ticket_id)
+        waiter = self.held.take_waiter(ticket_id)
         if not waiter.future.done():  # its client may have left a moment ago
             waiter.future.set_exception(reason)
             waiter.future.exception()  # mark retrieved: nobody may be left to read it
@@ -212,10 +203,9 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
     def _record_end(self, ticket_id: int, outcome: Outcome) -> bool:
         """A granted request ended: its row and metrics say how (the scheduler is told by the caller).
         Returns whether it was running."""
-        granted = self._granted.pop(ticket_id, None)
+        granted = self.held.end(ticket_id)
         if granted is None:
             return False
-        self._leases.pop(ticket_id, None)
         request, decision, granted_at = granted
         now = self.now()
         if outcome.state == RequestState.COMPLETED and request.method != "LOAD":  # a preload's "job" is no job
@@ -274,7 +264,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
         reason = Refused(
             503, "model_unloaded", f"model '{model}' was unloaded by an operator while this request was running"
         )
-        self._cut([ticket_id for ticket_id, (request, _, _) in self._granted.items() if request.model == model], reason)
+        self._cut([ticket_id for ticket_id, (request, _, _) in self.held.granted.items() if request.model == model], reason)
 
     # -- operator API ---------------------------------------------------------------------------
 
@@ -316,7 +306,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
             raise TypeError(f"unknown scheduler effect {effect!r}")
 
     def _grant(self, effect: Grant) -> None:
-        waiter = self._waiting.pop(effect.ticket_id, None)
+        waiter = self.held.stop_waiting(effect.ticket_id)
         now = self.now()
         if waiter is None or waiter.future.done():
             # The caller left in the same instant; hand the GPU straight to the next request.
@@ -328,15 +318,14 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
             self._effects.append(lambda: self.scheduler.finished(effect.ticket_id, now))
             return
         decision = effect.decision
-        self._granted[effect.ticket_id] = (waiter.request, decision, now)
         lease = Lease(effect.ticket_id, effect.model, self.fleet.upstream_url(effect.model), decision)
-        self._leases[effect.ticket_id] = lease
+        self.held.grant(effect.ticket_id, waiter.request, decision, now, lease)
         waiter.future.set_result(lease)
         self.recorder.update(effect.ticket_id, state=RequestState.DISPATCHED, dispatched_at=self._wall(now), **decision_fields(decision))
         self._observe(waiter.request, Dispatched(decision))
 
     def _refuse(self, effect: Refuse) -> None:
-        waiter = self._waiting.pop(effect.ticket_id, None)
+        waiter = self.held.stop_waiting(effect.ticket_id)
         self.recorder.update(
             effect.ticket_id,
             state=RequestState.REJECTED,
@@ -364,7 +353,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
     def _cut(self, ticket_ids: list[int], reason: Refused) -> None:
         """End these running requests now: their rows say `reason`, and their holders tell their clients."""
         for ticket_id in ticket_ids:
-            lease = self._leases.get(ticket_id)
+            lease = self.held.lease(ticket_id)
             self.release(ticket_id, Outcome(state=RequestState.CANCELLED, status_code=reason.status, error=reason.message))
             if lease is not None:
                 lease.revoke(reason)

@@ -31,12 +31,12 @@ class Forecasting:
         cached = self._forecast
         if cached is not None and now - cached[1] < FORECAST_MAX_AGE_S and (stale_ok or cached[0] == self._version):
             return aged(cached[2], now - cached[1])
-        kinds = {tid: job_kind(waiter.request, waiter.ticket.priority) for tid, waiter in self._waiting.items()}
-        kinds.update((tid, job_kind(request, decision.priority)) for tid, (request, decision, _) in self._granted.items())
-        ranked = [ticket.id for ticket, _ in self.scheduler.ranked(now) if ticket.id in self._waiting]
-        starting = [tid for tid in self._waiting if not self.scheduler.is_queued(tid)]
+        kinds = {tid: job_kind(waiter.request, waiter.ticket.priority) for tid, waiter in self.held.waiting.items()}
+        kinds.update((tid, job_kind(request, decision.priority)) for tid, (request, decision, _) in self.held.granted.items())
+        ranked = [ticket.id for ticket, _ in self.scheduler.ranked(now) if ticket.id in self.held.waiting]
+        starting = [tid for tid in self.held.waiting if not self.scheduler.is_queued(tid)]
         underway = Underway(
-            jobs={tid: since for tid, (_, _, since) in self._granted.items()},
+            jobs={tid: since for tid, (_, _, since) in self.held.granted.items()},
             starts=self.processes.starting_since(),
             stops=self.processes.stopping(),
         )
@@ -60,7 +60,7 @@ class Forecasting:
         their typical durations; None when none runs or none has a typical duration."""
         now = self.now()
         ends = []
-        for request, decision, since in self._granted.values():
+        for request, decision, since in self.held.granted.values():
             if request.model != model:
                 continue
             left = self.durations.job_left_s(job_kind(request, decision.priority), now - since)

@@ -45,8 +45,7 @@ class Takeover:
     def hand_over(self) -> int:
         """Stop serving the queue without answering it: the rows stay queued for the worker that takes
         over, which rebuilds the queue from them. Returns how many requests were handed over."""
-        waiters = list(self._waiting.values())
-        self._waiting.clear()
+        waiters = self.held.stop_all_waiting()
         now = self.now()
         for waiter in waiters:
             if not waiter.future.done():
