@@ -6,9 +6,9 @@ on the event loop, one at a time, so the core needs no locks. The engine knows n
 processes are reached through a `fleet` object and rows through a recorder.
 
 `SchedulerRuntime` is one class made of one module per job: the request path (`engine`), the operators'
-side and reads (`operators`), taking over from another worker (`takeover`) and the queue's forecast
-(`forecasting`). It owns parts with their own state: the requests it holds, waiting or granted
-(`HeldRequests`, `held`), the model starts and stops under way (`ModelProcesses`, `processes`), the requests relayed to a peer with their rows (`RelayedRows`, `relayed`)
+side and reads (`operators`) and taking over from another worker (`takeover`). It owns parts with their own
+state: the requests it holds, waiting or granted (`HeldRequests`, `held`), the model starts and stops under
+way (`ModelProcesses`, `processes`), the queue's forecast (`Forecasting`, `forecasting`), the requests relayed to a peer with their rows (`RelayedRows`, `relayed`)
 and the model leases (`ModelLeases`, `model_leases`).
 Only the composition root (`proxy/service.py`) and the worker side build or name it.
 """

@@ -16,7 +16,7 @@ from scheduling.core import (
     Dequeued, Grant, ModelState, Refuse, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
 )
 from scheduling.core.durations import DurationHistory
-from scheduling.core.forecast import Outlook, RecentArrivals
+from scheduling.core.forecast import Outlook
 from scheduling.events import Dispatched, Finished, ModelStateChanged, Queued, Unserved, RuntimeEvent
 from scheduling.rows.columns import decision_fields, outcome_columns, request_columns
 from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
@@ -35,7 +35,7 @@ log = logging.getLogger("llamaswap.scheduler")
 MAX_WAIT_RETRY_AFTER_S = 5
 
 
-class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
+class SchedulerRuntime(OperatorActions, Takeover):
     def __init__(
         self,
         scheduler: Scheduler,
@@ -65,9 +65,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
         self.processes = ModelProcesses(scheduler, fleet, self.durations, self._observer, self.now, self._run,
                                         self._spawn)
         self._closing = False
-        self._arrived = RecentArrivals()  # recent new requests, for their pace
-        self._version = 0  # counts the scheduler's steps, so a forecast knows when it went stale
-        self._forecast: tuple[int, float, dict[int, Outlook]] | None = None
+        self.forecasting = Forecasting(scheduler, self.held, self.processes, self.durations, self.now)
         self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
         self.relayed = RelayedRows(recorder, self._ticket_id, self._observer)  # served without the scheduler
         self.model_leases = ModelLeases(self)  # its rows' reads run once the service starts `run()`
@@ -113,7 +111,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
             waiter.future.add_done_callback(lambda _: expiry.cancel())
         band = band_of(request.priority)
         if record and request.method != "LOAD":
-            self._arrived.add(arrival, job_kind(request, request.priority), request.priority)
+            self.forecasting.arrived(arrival, request)
         if record:
             self.recorder.create(
                 ticket.id,
@@ -167,7 +165,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
         waiter = self.held.waiting.get(ticket_id)
         if waiter is None or waiter.future.done():
             return  # granted or gone in the same instant
-        outlook = self.forecast(stale_ok=True).get(ticket_id)
+        outlook = self.forecasting.forecast(stale_ok=True).get(ticket_id)
         eta = None if outlook is None else outlook.eta_s
         expected = "" if eta is None else f"; it was expected to be sent in ~{math.ceil(eta)} s more"
         because = self.scheduler.held_back_because(ticket_id)
@@ -219,6 +217,15 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
         self._observe(request, Finished.of_granted(request.model, request.route, decision, outcome, granted_at, now,
                                                    request.api_key))
         return True
+
+    # -- the queue's forecast ---------------------------------------------------------------------
+    def forecast(self, stale_ok: bool = False) -> dict[int, Outlook]:
+        """The outlook of every request not yet sent to its model (see `Forecasting.forecast`)."""
+        return self.forecasting.forecast(stale_ok)
+
+    def next_job_end_in(self, model: str) -> int | None:
+        """Whole seconds until the first of `model`'s running jobs is predicted to end (see `Forecasting`)."""
+        return self.forecasting.next_job_end_in(model)
 
     # -- relayed to a peer ----------------------------------------------------------------------
     def begin_relayed(self, request: TicketRequest, peer: str, started_at: datetime, explanation: str) -> int:
@@ -284,7 +291,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
                     self._apply(item)
         finally:
             self._applying = False
-            self._version += 1
+            self.forecasting.changed()
         now = self.now()
         self.snapshot = (now, self.scheduler.snapshot(now))
         self._arm_timer()
@@ -336,7 +343,7 @@ class SchedulerRuntime(OperatorActions, Takeover, Forecasting):
         if waiter is not None and not waiter.future.done():
             retry_after = effect.retry_after
             if effect.code == "concurrency_limit":  # a place frees when the first of its jobs ends
-                retry_after = self.next_job_end_in(waiter.request.model) or retry_after
+                retry_after = self.forecasting.next_job_end_in(waiter.request.model) or retry_after
             waiter.future.set_exception(Refused(effect.status, effect.code, effect.message, retry_after))
         self._observe(
             waiter and waiter.request,
