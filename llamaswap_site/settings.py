@@ -121,7 +121,7 @@ LLAMASWAP_QUOTA_COUNTER = (
 )
 
 # The admin's login is throttled (django-axes): after AXES_FAILURE_LIMIT wrong passwords in a row for one user
-# name from one address, that pair is refused (429, `scheduling.login_lockout`) until AXES_COOLOFF_TIME has passed
+# name from one address, that pair is refused (429, `scheduling.admin.login_lockout`) until AXES_COOLOFF_TIME has passed
 # since its last try; a right password resets the count. The attempts are rows, so every front end sees them.
 # `llamaswap axes_reset` (or axes_reset_username NAME) lifts the locks.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
@@ -130,7 +130,7 @@ AXES_COOLOFF_TIME = timedelta(seconds=float(os.environ.get("LLAMASWAP_LOGIN_COOL
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "llamaswap_site.client_ip.client_ip"
-AXES_LOCKOUT_CALLABLE = "scheduling.login_lockout.locked_out"
+AXES_LOCKOUT_CALLABLE = "scheduling.admin.login_lockout.locked_out"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -6,7 +6,7 @@ from django.views.generic import RedirectView
 from proxy.api import lease_views, llama_swap_views, model_views, placement_views, profile_views, queue_views, views
 from proxy.api.metrics_view import metrics_view
 from proxy.batches import views as batch_views
-from scheduling.admin import overview_page
+from scheduling.admin.site import overview_page
 
 urlpatterns = [
     # llama-swap's / leads to its UI; here the admin is the UI.

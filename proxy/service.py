@@ -80,7 +80,7 @@ def prepare(config=None, *, worker: bool = False) -> Prepared:
     from proxy.serving.active_profile import start_profile, start_with_profile
     from proxy.model_processes.orphans import stop_orphaned_model_processes
     from scheduling.rows.recovery import recover_previous_run
-    from scheduling.rows.row_durations import durations_from_rows
+    from scheduling.rows.durations import durations_from_rows
     from scheduling.operating.settings_store import stored_serial_settings
 
     global _prepared

@@ -26,7 +26,7 @@ def reaches_into_proxy(source: str, package: str) -> list[str]:
 
 
 def test_there_are_scheduling_modules_to_scan():
-    assert {p.name for p in MODULES} >= {"engine.py", "admin.py", "metrics.py", "frontdoor.py", "serial.py"}
+    assert {p.name for p in MODULES} >= {"engine.py", "site.py", "metrics.py", "frontdoor.py", "serial.py"}
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda p: str(p.relative_to(SCHEDULING)))
@@ -53,7 +53,7 @@ def test_the_scan_lets_other_imports_be(source):
 PROXY = SCHEDULING.parent / "proxy"
 COMPOSITION_ROOT = PROXY / "service.py"
 FRONT_END_SIDE = [SCHEDULING / name for name in (
-    "door/frontdoor.py", "door/remote.py", "door/wire.py", "door/questions.py", "tickets.py", "rows/row_columns.py",
+    "door/frontdoor.py", "door/remote.py", "door/wire.py", "door/questions.py", "tickets.py", "rows/columns.py",
 )]
 SPEAKERS = sorted(p for p in PROXY.rglob("*.py") if p != COMPOSITION_ROOT) + FRONT_END_SIDE
 
@@ -216,10 +216,40 @@ def product_modules() -> list[Path]:
             if "migrations" not in path.parts]
 
 
+# Longer on purpose, each up to the lines given and for the reason given: one class whose parts change the same
+# state within one call reads better whole than spread over files as mixins.
+LONGER_ON_PURPOSE = {
+    "scheduling/core/serial.py": (680, "the serial scheduler is one state machine: a reload, a memory measure or a "
+                                       "lease change re-runs its dispatch on the same slots, starts and queue, and "
+                                       "its state sits in owners (WaitingRequests, Slots, Starts) it names"),
+}
+
+
+def too_long(lengths: dict[str, int], allowed: dict[str, tuple[int, str]]) -> dict[str, int]:
+    """The modules longer than the limit, or than the lines their exception allows."""
+    return {name: lines for name, lines in lengths.items()
+            if lines > (allowed[name][0] if name in allowed else MAX_MODULE_LINES)}
+
+
+def module_lengths() -> dict[str, int]:
+    return {str(path.relative_to(SCHEDULING.parent)): len(path.read_text().splitlines()) for path in product_modules()}
+
+
 def test_no_product_module_is_longer_than_a_reader_can_hold():
-    long = {str(path.relative_to(SCHEDULING.parent)): lines for path in product_modules()
-            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
-    assert long == {}
+    assert too_long(module_lengths(), LONGER_ON_PURPOSE) == {}
+
+
+def test_each_length_exception_is_still_needed_and_says_why():
+    lengths = module_lengths()
+    assert {name: lengths.get(name) for name in LONGER_ON_PURPOSE
+            if lengths.get(name, 0) <= MAX_MODULE_LINES} == {}
+    assert all(len(why) > 40 for _, why in LONGER_ON_PURPOSE.values())
+
+
+def test_the_length_scan_holds_an_exception_to_its_own_lines():
+    allowed = {"long.py": (700, "one state machine read whole, for the test")}
+    assert too_long({"long.py": 650, "other.py": 600, "short.py": 10}, allowed) == {"other.py": 600}
+    assert too_long({"long.py": 701}, allowed) == {"long.py": 701}
 
 
 def test_the_length_rule_scans_the_modules_it_means():
@@ -280,3 +310,103 @@ def test_the_room_scan_sees_an_import_up_through_a_package_a_function_and_a_rela
     }
     assert imports_up_the_rooms(import_graph(modules)) == [
         "proxy.serving.holding -> proxy.service", "proxy.serving.inbound -> proxy.http.consumers"]
+
+
+# -- scheduling/ in layers --------------------------------------------------------------------------------
+# Inside `scheduling`, a module imports only from its own layer or the layers below it. From the ground up:
+# the pure core; the words both sides share and the small tools every layer uses; the tables; the rows and the
+# keys as rows; the door (the port, the wire, the questions); the engine; the operators' pages and metrics; the
+# admin. A module takes the layer of the longest prefix that names it (a name ending in `$`: that module alone).
+SCHEDULING_LAYERS = [
+    ["scheduling.core"],
+    ["scheduling.tickets", "scheduling.events", "scheduling.outage_log", "scheduling.whole_numbers",
+     "scheduling.keys.quota", "scheduling.keys.scope", "scheduling.keys.secrets", "scheduling.keys$"],
+    ["scheduling.models", "scheduling.apps", "scheduling$"],
+    ["scheduling.rows", "scheduling.keys.store", "scheduling.keys.refusals"],
+    ["scheduling.door"],
+    ["scheduling.runtime"],
+    ["scheduling.operating", "scheduling.metrics"],
+    ["scheduling.admin", "scheduling.batch_metrics"],
+]
+# The two imports that run up on purpose: the door of a scheduler in this process is the engine's adapter, and
+# a worker hands a request the engine handed over (`HandedOver`) to the worker taking over. Everything else in
+# `door/` speaks the words of `tickets` (see `test_only_the_composition_root_imports_the_engine`).
+UPWARD_ON_PURPOSE = {
+    ("scheduling.door.in_process", "scheduling.runtime"),
+    ("scheduling.door.worker", "scheduling.runtime"),
+}
+
+
+def names(prefix: str, module: str) -> bool:
+    if prefix.endswith("$"):
+        return module == prefix[:-1]
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_of(module: str, layers: list[list[str]]) -> int | None:
+    """The layer of the longest prefix (a dotted name or a package above it) that names `module`."""
+    best, found = -1, None
+    for number, prefixes in enumerate(layers):
+        for prefix in prefixes:
+            if names(prefix, module) and len(prefix) > best:
+                best, found = len(prefix), number
+    return found
+
+
+def against_the_layers(graph: dict[str, set[str]], layers: list[list[str]], top: str) -> set[tuple[str, str]]:
+    """Each import, among the modules under `top`, of a module on a higher layer than the importer's."""
+    inside = {name: targets for name, targets in graph.items() if name == top or name.startswith(top + ".")}
+    return {(name, target) for name, targets in inside.items() for target in targets
+            if (target == top or target.startswith(top + "."))
+            and layer_of(target, layers) > layer_of(name, layers)}
+
+
+def scheduling_graph() -> dict[str, set[str]]:
+    return {name: targets for name, targets in import_graph(module_files(SCHEDULING.parent)).items()
+            if name == "scheduling" or name.startswith("scheduling.")}
+
+
+def test_every_scheduling_module_has_a_layer():
+    assert [name for name in scheduling_graph() if layer_of(name, SCHEDULING_LAYERS) is None] == []
+
+
+def test_each_layer_names_modules_that_exist():
+    modules = set(scheduling_graph())
+    assert [prefix for prefixes in SCHEDULING_LAYERS for prefix in prefixes
+            if not any(names(prefix, module) for module in modules)] == []
+
+
+def test_scheduling_imports_run_down_its_layers_but_the_two_on_purpose():
+    assert against_the_layers(scheduling_graph(), SCHEDULING_LAYERS, "scheduling") == UPWARD_ON_PURPOSE
+
+
+LAYERS_FOR_THE_SCAN = [["p.low"], ["p$", "p.mid", "p.mid.down"], ["p.high"]]
+
+
+def test_the_layer_scan_takes_the_longest_prefix_and_an_exact_name_alone():
+    assert [layer_of(name, [["p.mid.down"], ["p"], ["p.mid"]]) for name in ("p.mid.down.x", "p.mid.x", "p.other")] \
+        == [0, 2, 1]
+    assert [layer_of(name, [["p$"], ["p.mid"]]) for name in ("p", "p.mid.x", "p.other")] == [0, 1, None]
+
+
+def test_the_layer_scan_sees_an_import_up_through_a_function_and_a_package():
+    modules = {
+        "p": ("", "p"),
+        "p.low": ("def f():\n    from p.high import page\n", "p"),
+        "p.mid": ("from . import high\n", "p"),
+        "p.mid.down": ("from ..low import thing\n", "p.mid"),
+        "p.high": ("from p.mid import down\nimport p.low\n", "p"),
+    }
+    assert against_the_layers(import_graph(modules), LAYERS_FOR_THE_SCAN, "p") == {("p.low", "p.high"),
+                                                                                  ("p.mid", "p.high")}
+
+
+def test_the_layer_scan_lets_down_and_sideways_imports_and_other_packages_be():
+    modules = {
+        "p": ("", "p"),
+        "p.low": ("import q.top\n", "p"),
+        "p.mid": ("from .low import thing\nfrom . import mid\n", "p"),
+        "p.high": ("from p.mid import x\nfrom p import low\n", "p"),
+        "q.top": ("import p.high\n", "q"),
+    }
+    assert against_the_layers(import_graph(modules), LAYERS_FOR_THE_SCAN, "p") == set()

@@ -31,7 +31,7 @@ from proxy.api.model_listing import capability_fields
 from proxy.upstream.peer_relay import peer_model_states
 from scheduling.rows.activity import activity_row
 from scheduling.door.questions import LogsSince, Processes, Queue
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 from scheduling.operating.batch_progress import BatchWatch, time_left_s
 from scheduling.models import QueuedRequest
 from scheduling.tickets import RequestState

@@ -15,7 +15,7 @@ from proxy.api.visibility import told_page
 from scheduling.rows.llama_swap_activity import (
     LlamaSwapActivityQuery, LlamaSwapQueryError, llama_swap_activity_page, activity_stats, model_names,
 )
-from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_number
+from scheduling.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 
 @api_key_required

@@ -17,8 +17,8 @@ from scheduling.rows.activity import activity_row
 from scheduling.models import QueuedRequest
 from scheduling.core.priority import PRIORITY_ALIASES
 from scheduling.door.questions import CancelRequest, Queue, QueueEntryOf, Reprioritize
-from scheduling.forms import PriorityField
-from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed
+from scheduling.admin.forms import PriorityField
+from scheduling.whole_numbers import ROW_ID_MAX, as_typed
 
 _ALIASES = ", ".join(f"'{name}'" for name in PRIORITY_ALIASES)
 

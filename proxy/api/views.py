@@ -18,7 +18,7 @@ from proxy.config.secrets import shown_argv, shown_url
 from proxy.serving.cross_site import CROSS_SITE_CODE, cross_site_refusal
 from proxy.api.responses import allow_methods, json_error
 from proxy.service import get_service
-from scheduling.admin_not_found import admin_not_found
+from scheduling.admin.not_found import admin_not_found
 from scheduling.rows.activity import ActivityQuery, ActivityQueryError, activity_page
 from scheduling.door.questions import Logs, LogsSince, RunningProcesses, Unload
 

@@ -27,7 +27,7 @@ from proxy.batches.lines import parse_line
 from proxy.serving.disk_full import is_disk_full
 from scheduling import batch_metrics
 from scheduling.metrics import BATCH_LINES_ENDED
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 from scheduling.operating.batch_progress import lines_at_once
 from scheduling.rows.connections import on_kept_connection
 

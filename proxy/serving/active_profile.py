@@ -16,7 +16,7 @@ from channels.db import database_sync_to_async
 from django.db import DatabaseError
 from django.utils import timezone
 
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 from scheduling.models import ActiveProfile
 
 log = logging.getLogger("llamaswap.profiles")

@@ -24,7 +24,7 @@ from django.db import connection
 from django.utils import timezone
 
 from proxy.serving.access import Caller, Denied, identify
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 from scheduling.keys.refusals import RefusalCounts, write_refusals
 from scheduling.keys.store import KeyRows, read_rows
 from scheduling.metrics import key_refused

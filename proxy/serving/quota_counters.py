@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 from scheduling.keys.quota import WINDOW_S, OverQuota, QuotaLimits, RateWindows
 
 log = logging.getLogger("llamaswap.quota")

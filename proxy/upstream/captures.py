@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.serving.auth import SECRET_HEADERS
-from scheduling.operating.whole_numbers import whole_number
+from scheduling.whole_numbers import whole_number
 
 MB = 1024 * 1024
 REDACTED = "[REDACTED]"

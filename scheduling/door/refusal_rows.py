@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 from scheduling.door.ticket_ids import TicketBlocks, take_block
 from scheduling.rows.recorder import Recorder
-from scheduling.rows.row_columns import request_columns
+from scheduling.rows.columns import request_columns
 from scheduling.tickets import Refused, RequestState, TicketRequest
 
 # How long a request refused for want of Redis waits for a request id for its row.

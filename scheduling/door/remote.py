@@ -19,44 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduling import events
-from scheduling.core import band_of
 from scheduling.door.frontdoor import DatabaseAway, Unanswered
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 from scheduling.door.refusal_rows import RefusalRows
 from scheduling.door.questions import BeginRelayed, EndRelayed, Question, RefuseKey, StillGranted
 from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
 from scheduling.door.directory import WorkerDirectory
-from scheduling.door.wire import (
-    ANNOUNCE_S,
-    FRONT_END_TIMEOUT_S,
-    FRONT_ENDS_GROUP,
-    GOODBYE_S,
-    HEARTBEAT_S,
-    REDIS_FAILURES,
-    SEND_RETRY_S,
-    WORKERS_GROUP,
-    Announce,
-    Discover,
-    Heartbeat,
-    Hello,
-    receive_or_retry,
-    Answer,
-    Ask,
-    Cancel,
-    Cut,
-    Granted,
-    Message,
-    Queued,
-    TicketRefused,
-    Release,
-    Stop,
-    Submit,
-    drop_connections,
-    end_if_cancelled,
-    from_message,
-    send_soon,
-    to_message,
-)
+from scheduling.door import wire
 
 # How long a question to the worker may take before the caller is told it did not answer.
 ANSWER_TIMEOUT_S = 5.0
@@ -64,12 +33,12 @@ ANSWER_TIMEOUT_S = 5.0
 REDIS_WAIT_S = 5.0
 # How long a request for a model no worker has announced waits for one (a front end that just started
 # hears every live worker within one announcement round).
-ROUTE_WAIT_S = 2 * ANNOUNCE_S
+ROUTE_WAIT_S = 2 * wire.ANNOUNCE_S
 CLOSE_TIMEOUT_S = 5.0  # for the listener to take its stop message
 # How many requests refused here a front end remembers, for a grant that crossed the refusal on the wire.
 REFUSED_KEPT = 10_000
 # Heartbeats failing this long may become a worker's FRONT_END_TIMEOUT_S of silence: grants are checked from then on.
-SUSPECT_SILENCE_S = 2 * HEARTBEAT_S
+SUSPECT_SILENCE_S = 2 * wire.HEARTBEAT_S
 
 log = logging.getLogger("llamaswap.frontend")
 
@@ -88,20 +57,15 @@ class _Held:
     api_key: str = ""  # the API key row's name, for its per-key series
 
     def finished(self, outcome: Outcome, now: float) -> events.Finished:
-        first_byte = outcome.first_byte_monotonic
-        return events.Finished(
-            model=self.lease.model, route=self.route, band=self.lease.decision.band, state=outcome.state,
-            status=outcome.status_code, seconds=now - self.granted_at,
-            ttfb_s=None if first_byte is None else first_byte - self.granted_at, usage=outcome.usage or {},
-            key=self.api_key, queue_wait_s=self.lease.decision.queue_wait_s,
-        )
+        return events.Finished.of_granted(self.lease.model, self.route, self.lease.decision, outcome,
+                                          self.granted_at, now, self.api_key)
 
 
 class ChannelLayerFrontDoor:
     runs_scheduler = False
 
     def __init__(
-        self, config, layer, *, heartbeat_s: float = HEARTBEAT_S, redis_wait_s: float = REDIS_WAIT_S,
+        self, config, layer, *, heartbeat_s: float = wire.HEARTBEAT_S, redis_wait_s: float = REDIS_WAIT_S,
         observer: Callable[[events.RuntimeEvent], None] | None = None,
     ) -> None:
         self.config = config
@@ -158,25 +122,26 @@ class ChannelLayerFrontDoor:
         try:
             try:
                 self._submitting.add(key)
-                await self._through_redis(lambda: self.layer.send(worker, to_message(Submit(key, reply, request))), deadline)
+                await self._through_redis(
+                    lambda: self.layer.send(worker, wire.to_message(wire.Submit(key, reply, request))), deadline)
             except Refused as exc:
                 self._waiting.pop(key, None)
-                self._send_later(Cancel(key), worker)  # in case the submit reached the worker after all
+                self._send_later(wire.Cancel(key), worker)  # in case the submit reached the worker after all
                 await self._refused_here(request, key, arrived_at, exc)
                 raise
             finally:
                 self._submitting.discard(key)
             if queued is not None:
                 queued(key)
-            answer: Granted = await granted
+            answer: wire.Granted = await granted
         except Refused as exc:
             self._observer(events.Unserved(request.model, request.route, exc.status, key=request.api_key))
             raise
         except asyncio.CancelledError:
             if self._waiting.pop(key, None) is not None:
-                self._send_later(Cancel(key), worker)
+                self._send_later(wire.Cancel(key), worker)
             elif granted.done() and not granted.cancelled() and granted.exception() is None:  # granted as the client left
-                self._send_later(Release(key, LEFT_BEFORE_GRANT), granted.result().worker)
+                self._send_later(wire.Release(key, LEFT_BEFORE_GRANT), granted.result().worker)
             self._observer(events.Unserved(request.model, request.route, 499, cancelled=True, key=request.api_key))
             raise
         finally:
@@ -201,24 +166,24 @@ class ChannelLayerFrontDoor:
             try:
                 # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancel that comes as the send
                 # completes, and a client that left would then wait on for a grant nobody releases.
-                async with asyncio.timeout(max(deadline - self._loop.time(), SEND_RETRY_S)):
+                async with asyncio.timeout(max(deadline - self._loop.time(), wire.SEND_RETRY_S)):
                     return await attempt()
-            except (*REDIS_FAILURES, TimeoutError) as exc:
+            except (*wire.REDIS_FAILURES, TimeoutError) as exc:
                 tries += 1
                 if tries == 1:
-                    await drop_connections(self.layer)
+                    await wire.drop_connections(self.layer)
                     continue
                 left = deadline - self._loop.time()
                 if left <= 0:
                     raise unreachable(exc) from exc
-                await asyncio.sleep(min(left, SEND_RETRY_S))
+                await asyncio.sleep(min(left, wire.SEND_RETRY_S))
             except Exception as exc:  # not Redis being away (a full channel, say): no reason to wait
                 raise unreachable(exc) from exc
 
     def release(self, ticket_id: int, outcome: Outcome) -> None:
         held = self._leases.pop(ticket_id, None)
         if held is not None:
-            self._send_later(Release(held.key, outcome), held.worker)
+            self._send_later(wire.Release(held.key, outcome), held.worker)
             self._observer(held.finished(outcome, self._loop.time()))
 
     async def begin_relayed(self, request: TicketRequest, peer: str, explanation: str) -> int | None:
@@ -243,12 +208,8 @@ class ChannelLayerFrontDoor:
         worker = self._relayed.pop(ticket_id, None) if ticket_id is not None else None
         if worker is not None:  # answered on the reply channel, where nobody waits for it
             question = EndRelayed(ticket_id, outcome, seconds, first_byte_s)
-            self._send_later(Ask(f"{self._reply}?{next(self._keys)}", self._reply, question), worker)
-        self._observer(events.Finished(
-            model=request.model, route=request.route, band=band_of(request.priority), state=outcome.state,
-            status=outcome.status_code, seconds=seconds, ttfb_s=first_byte_s, usage=outcome.usage or {},
-            key=request.api_key,
-        ))
+            self._send_later(wire.Ask(f"{self._reply}?{next(self._keys)}", self._reply, question), worker)
+        self._observer(events.Finished.of_relayed(request, outcome, seconds, first_byte_s))
 
     async def refuse_key(self, key: str, why: str) -> int:
         """This front end's requests of `key` waiting at a worker are refused here at once, Redis or not, each naming
@@ -264,7 +225,7 @@ class ChannelLayerFrontDoor:
         while len(self._refused) > REFUSED_KEPT:
             del self._refused[next(iter(self._refused))]
         for worker in {self._submitted[handle][2] for handle in mine}:  # answered where nobody waits for it
-            self._send_later(Ask(f"{self._reply}?{next(self._keys)}", self._reply, RefuseKey(key, why)), worker)
+            self._send_later(wire.Ask(f"{self._reply}?{next(self._keys)}", self._reply, RefuseKey(key, why)), worker)
         return len(mine)
 
     async def ask(self, question: Question) -> Any:
@@ -290,10 +251,10 @@ class ChannelLayerFrontDoor:
             self._heartbeat.cancel()
         if self._listener is not None:
             try:
-                async with asyncio.timeout(GOODBYE_S):
-                    await self.layer.send(self._reply, to_message(Stop()))
+                async with asyncio.timeout(wire.GOODBYE_S):
+                    await self.layer.send(self._reply, wire.to_message(wire.Stop()))
                 await asyncio.wait([self._listener], timeout=CLOSE_TIMEOUT_S)
-            except (*REDIS_FAILURES, TimeoutError) as exc:
+            except (*wire.REDIS_FAILURES, TimeoutError) as exc:
                 log.warning("Redis is unreachable (%s): the front end stops without its last messages",
                             exc or f"no answer within {GOODBYE_S:g} s")
             self._listener.cancel()
@@ -301,7 +262,7 @@ class ChannelLayerFrontDoor:
             if not future.done():
                 future.set_exception(Refused(503, "shutting_down", "llamaswap is shutting down; retry later", 1))
         if self._sends:
-            _, unsent = await asyncio.wait(self._sends, timeout=GOODBYE_S)
+            _, unsent = await asyncio.wait(self._sends, timeout=wire.GOODBYE_S)
             for send in unsent:
                 send.cancel()
         await self.refusals.close()
@@ -329,9 +290,10 @@ class ChannelLayerFrontDoor:
         self._answers[key] = answer
         name = type(question).__name__
         try:
-            await self._through_redis(lambda: self.layer.send(worker, to_message(Ask(key, reply, question))), deadline)
+            await self._through_redis(
+                lambda: self.layer.send(worker, wire.to_message(wire.Ask(key, reply, question))), deadline)
             async with asyncio.timeout_at(deadline):
-                result: Answer = await answer
+                result: wire.Answer = await answer
         except Refused as exc:
             raise _unreachable(question, exc) from exc
         except TimeoutError:
@@ -355,8 +317,8 @@ class ChannelLayerFrontDoor:
         announce themselves there) and asks every worker already up to announce itself now."""
         self.refusals.prepare()  # its ids are taken now, while the database answers: an outage may take both
         reply = await self.layer.new_channel("llamaswap.frontend.")  # answers wait there until the listener reads
-        await self.layer.group_add(FRONT_ENDS_GROUP, reply)
-        await self.layer.group_send(WORKERS_GROUP, to_message(Discover(reply)))
+        await self.layer.group_add(wire.FRONT_ENDS_GROUP, reply)
+        await self.layer.group_send(wire.WORKERS_GROUP, wire.to_message(wire.Discover(reply)))
         self._reply = reply  # only now: when Redis failed above, the next request starts over
         self._listener = self._loop.create_task(self._listen(reply))
         self._heartbeat = self._loop.create_task(self._beat(reply))
@@ -366,10 +328,10 @@ class ChannelLayerFrontDoor:
         """Tell every live worker this front end lives, so none waits on the leases of a dead one (and
         stay in the front ends' group, whose members expire)."""
         while True:
-            await self._beat_once(FRONT_ENDS_GROUP, self.layer.group_add(FRONT_ENDS_GROUP, reply))
+            await self._beat_once(wire.FRONT_ENDS_GROUP, self.layer.group_add(wire.FRONT_ENDS_GROUP, reply))
             # Live workers only: a dead one's channel would just fill up; the one that takes over announces itself.
             for worker in self.workers.live(self._loop.time()):
-                await self._beat_once(worker, self.layer.send(worker, to_message(Heartbeat(reply))))
+                await self._beat_once(worker, self.layer.send(worker, wire.to_message(wire.Heartbeat(reply))))
             await asyncio.sleep(self.heartbeat_s)
 
     async def _beat_once(self, target: str, sending) -> None:
@@ -379,40 +341,41 @@ class ChannelLayerFrontDoor:
             raise
         except Exception as exc:  # the next beat tries again
             self._beats.failed(exc)
-            if isinstance(exc, REDIS_FAILURES):  # the listener's connection may be broken too
-                await drop_connections(self.layer)
+            if isinstance(exc, wire.REDIS_FAILURES):  # the listener's connection may be broken too
+                await wire.drop_connections(self.layer)
         else:
             self._beats.worked()
             now = self._loop.time()
             if now - self._beat_at >= SUSPECT_SILENCE_S:
                 self._long_silence_ended_at = now
             self._beat_at = now
-        end_if_cancelled()
+        wire.end_if_cancelled()
 
     def _grants_suspect(self) -> bool:
         """Whether this front end has been (or is) silent long enough that a worker may have let its requests
         go: from a silence of `SUSPECT_SILENCE_S` until the worker's own limit has passed twice since it ended."""
         now = self._loop.time()
-        return now - self._beat_at >= SUSPECT_SILENCE_S or now - self._long_silence_ended_at < 2 * FRONT_END_TIMEOUT_S
+        return (now - self._beat_at >= SUSPECT_SILENCE_S
+                or now - self._long_silence_ended_at < 2 * wire.FRONT_END_TIMEOUT_S)
 
     async def _listen(self, reply: str) -> None:
         while True:
-            body = await receive_or_retry(self.layer, reply)
+            body = await wire.receive_or_retry(self.layer, reply)
             try:
-                message = from_message(body)
-                if isinstance(message, Stop):
+                message = wire.from_message(body)
+                if isinstance(message, wire.Stop):
                     return
-                if isinstance(message, Hello):
+                if isinstance(message, wire.Hello):
                     await self._submit_again(reply, message)
-                elif isinstance(message, Announce):
+                elif isinstance(message, wire.Announce):
                     if self.workers.heard(message, self._loop.time()):
-                        await self.layer.send(message.channel, to_message(Heartbeat(reply)))
+                        await self.layer.send(message.channel, wire.to_message(wire.Heartbeat(reply)))
                 else:
                     self._answer(message)
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("ignoring a message the front end cannot read (%s): %r", exc, body)
 
-    async def _submit_again(self, reply: str, hello: Hello) -> None:
+    async def _submit_again(self, reply: str, hello: wire.Hello) -> None:
         """A worker heard from this front end for the first time (one took over, or was restarted):
         submit to it again, in order and before any later answer is read, what still waits for its grant."""
         again = [key for key, waiting in self._waiting.items()
@@ -422,34 +385,35 @@ class ChannelLayerFrontDoor:
         for key in again:
             request, arrived_at, worker = self._submitted[key]
             try:
-                await self.layer.send(worker, to_message(Submit(key, reply, request, arrived_at)))
+                await self.layer.send(worker, wire.to_message(wire.Submit(key, reply, request, arrived_at)))
             except Exception as exc:  # the request stays waiting, until its client gives up
                 log.warning("could not submit request %s again: %s", key, exc)
 
-    def _answer(self, message: Message) -> None:
-        if isinstance(message, Granted):
+    def _answer(self, message: wire.Message) -> None:
+        if isinstance(message, wire.Granted):
             waiting = self._waiting.pop(message.key, None)
             if waiting is None or waiting.done():  # the client left, or was refused here, as it was granted
-                self._send_later(Release(message.key, self._refused.pop(message.key, LEFT_BEFORE_GRANT)), message.worker)
+                self._send_later(wire.Release(message.key, self._refused.pop(message.key, LEFT_BEFORE_GRANT)),
+                                 message.worker)
             elif self._grants_suspect():
                 task = self._loop.create_task(self._check_grant(message, waiting))
                 self._sends.add(task)
                 task.add_done_callback(self._sends.discard)
             else:
                 waiting.set_result(message)
-        elif isinstance(message, Queued):
+        elif isinstance(message, wire.Queued):
             if message.key in self._waiting:
                 self._rows[message.key] = message.ticket_id
-        elif isinstance(message, TicketRefused):
+        elif isinstance(message, wire.TicketRefused):
             self._refused.pop(message.key, None)
             waiting = self._waiting.pop(message.key, None)
             if waiting is not None and not waiting.done():
                 waiting.set_exception(message.refused)
-        elif isinstance(message, Answer):
+        elif isinstance(message, wire.Answer):
             answer = self._answers.get(message.key)
             if answer is not None and not answer.done():
                 answer.set_result(message)
-        elif isinstance(message, Cut):
+        elif isinstance(message, wire.Cut):
             for ticket_id, held in list(self._leases.items()):
                 if held.key == message.key:
                     # Ended as the worker ended it (as the in-process runtime does), not as the client then sees it.
@@ -459,7 +423,7 @@ class ChannelLayerFrontDoor:
         else:
             log.warning("a front end does not take %s messages", type(message).__name__)
 
-    async def _check_grant(self, granted: Granted, waiting: asyncio.Future) -> None:
+    async def _check_grant(self, granted: wire.Granted, waiting: asyncio.Future) -> None:
         """A grant read after a long silence: the worker may have taken this front end for dead and let the
         request go, giving its slot (even its model) to another; using the grant would then send a second job to
         a one-slot model, or to one stopped meanwhile. Ask the worker; a grant it let go is asked for again, under
@@ -472,9 +436,9 @@ class ChannelLayerFrontDoor:
                 break
             except Unanswered as exc:
                 log.warning("could not ask whether request %s is still granted (%s); asking again", key, exc)
-                await asyncio.sleep(SEND_RETRY_S)
+                await asyncio.sleep(wire.SEND_RETRY_S)
         if waiting.done():  # the client left meanwhile (before the answer, or while it was on its way)
-            self._send_later(Release(key, LEFT_BEFORE_GRANT), granted.worker)
+            self._send_later(wire.Release(key, LEFT_BEFORE_GRANT), granted.worker)
             return
         if held:
             waiting.set_result(granted)
@@ -482,10 +446,10 @@ class ChannelLayerFrontDoor:
         log.warning("request %s was let go while this front end was cut off from Redis: asking for it again", key)
         self._waiting[key] = waiting
         request, arrived_at, worker = self._submitted[key]
-        self._send_later(Submit(key, self._reply, request, arrived_at), worker)
+        self._send_later(wire.Submit(key, self._reply, request, arrived_at), worker)
 
-    def _send_later(self, message: Message, worker: str) -> None:
-        send_soon(self.layer, worker, message, self._sends)
+    def _send_later(self, message: wire.Message, worker: str) -> None:
+        wire.send_soon(self.layer, worker, message, self._sends)
 
 
 @dataclass(frozen=True)

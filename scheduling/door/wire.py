@@ -27,7 +27,7 @@ from channels_redis.pubsub import RedisPubSubChannelLayer
 from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
 from scheduling.core import Decision
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 from scheduling.door.questions import Question
 from scheduling.tickets import Outcome, Refused, TicketRequest
 

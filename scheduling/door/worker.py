@@ -24,41 +24,11 @@ from datetime import datetime, timedelta, timezone
 from urllib.parse import urlsplit, urlunsplit
 
 from scheduling.door.in_process import InProcessFrontDoor
-from scheduling.runtime import FRONT_END_SILENT, HandedOver
+from scheduling.rows.columns import FRONT_END_SILENT
+from scheduling.runtime import HandedOver
 from scheduling.tickets import Carried, Interrupted, Lease, Outcome, Refused, RequestState
-from scheduling.door.outage_log import OutageLog
-from scheduling.door.wire import (
-    ANNOUNCE_S,
-    REDIS_FAILURES,
-    FRONT_END_TIMEOUT_S,
-    FRONT_ENDS_GROUP,
-    GOODBYE_S,
-    WORKERS_GROUP,
-    Announce,
-    Discover,
-    Heartbeat,
-    Hello,
-    front_end_of,
-    receive_or_retry,
-    Answer,
-    Ask,
-    Cancel,
-    Cut,
-    Granted,
-    Message,
-    Queued,
-    TicketRefused,
-    Release,
-    Stop,
-    Submit,
-    deliver,
-    drop_connections,
-    end_if_cancelled,
-    from_message,
-    send_soon,
-    to_message,
-    worker_channel,
-)
+from scheduling.outage_log import OutageLog
+from scheduling.door import wire
 
 log = logging.getLogger("llamaswap.worker")
 
@@ -85,13 +55,14 @@ class _Remote:
 class SchedulerWorker:
     def __init__(
         self, door: InProcessFrontDoor, layer, models: Iterable[str], *, advertise: str | None = None,
-        front_end_timeout_s: float = FRONT_END_TIMEOUT_S, announce_s: float = ANNOUNCE_S, gather_s: float = GATHER_S,
+        front_end_timeout_s: float = wire.FRONT_END_TIMEOUT_S, announce_s: float = wire.ANNOUNCE_S,
+        gather_s: float = GATHER_S,
     ) -> None:
         self.runtime = door.runtime
         self.door = door
         self.layer = layer
         self.models = tuple(models)
-        self.channel = worker_channel(self.models, layer)
+        self.channel = wire.worker_channel(self.models, layer)
         self.announce_s = announce_s
         self.advertise = advertise
         self.front_end_timeout_s = front_end_timeout_s
@@ -125,8 +96,8 @@ class SchedulerWorker:
             return
         now = asyncio.get_running_loop().time()
         for c in keyed:
-            self._heard.setdefault(front_end_of(c.request.origin), now)
-            self._queue(c.request.origin, _Remote(front_end_of(c.request.origin)), c)
+            self._heard.setdefault(wire.front_end_of(c.request.origin), now)
+            self._queue(c.request.origin, _Remote(wire.front_end_of(c.request.origin)), c)
         log.warning("took over %d queued requests from the rows", len(keyed))
 
     def expect_ends(self, interrupted: list[Interrupted]) -> None:
@@ -182,7 +153,7 @@ class SchedulerWorker:
             self._reached_at = loop.time()
             while True:
                 try:
-                    body = await receive_or_retry(self.layer, self.channel)
+                    body = await wire.receive_or_retry(self.layer, self.channel)
                 except asyncio.CancelledError as cancel:
                     if cancel.args != (self._stop_token,):
                         raise
@@ -190,11 +161,11 @@ class SchedulerWorker:
                     return  # stop() could not reach Redis
                 self._reached()
                 try:
-                    message = from_message(body)
+                    message = wire.from_message(body)
                 except (ValueError, TypeError, KeyError) as exc:
                     log.warning("ignoring a message the worker cannot read (%s): %r", exc, body)
                     continue
-                if isinstance(message, Stop):
+                if isinstance(message, wire.Stop):
                     if message.sender == self._stop_token:
                         return
                     log.info("ignoring the stop a previous worker left on this channel")
@@ -205,21 +176,21 @@ class SchedulerWorker:
             announcer.cancel()
             if not self._cut_off:
                 try:
-                    async with asyncio.timeout(GOODBYE_S):
-                        await self.layer.group_discard(WORKERS_GROUP, self.channel)
+                    async with asyncio.timeout(wire.GOODBYE_S):
+                        await self.layer.group_discard(wire.WORKERS_GROUP, self.channel)
                 except Exception as exc:  # Redis gone: the group's expiry drops this channel in time
                     log.warning("could not leave the workers' group: %s", exc or type(exc).__name__)
 
-    def _announcement(self) -> Announce:
-        return Announce(self.channel, self.models, self.name)
+    def _announcement(self) -> wire.Announce:
+        return wire.Announce(self.channel, self.models, self.name)
 
     async def _announce(self) -> None:
         """Tell every front end which models this worker serves, now and every `announce_s`: a front
         end started later asks (`Discover`), and a standby that takes over is known at once."""
         while True:
             try:
-                await self.layer.group_send(FRONT_ENDS_GROUP, to_message(self._announcement()))
-                await self.layer.group_add(WORKERS_GROUP, self.channel)
+                await self.layer.group_send(wire.FRONT_ENDS_GROUP, wire.to_message(self._announcement()))
+                await self.layer.group_add(wire.WORKERS_GROUP, self.channel)
                 self._reached()
                 self._announcing.worked()
             except asyncio.CancelledError:
@@ -228,9 +199,9 @@ class SchedulerWorker:
                 pass
             except Exception as exc:  # the next round tries again
                 self._announcing.failed(exc)
-                if isinstance(exc, REDIS_FAILURES):  # the receive's connection may be broken too: it reconnects
-                    await drop_connections(self.layer)
-            end_if_cancelled()
+                if isinstance(exc, wire.REDIS_FAILURES):  # the receive's connection may be broken too: it reconnects
+                    await wire.drop_connections(self.layer)
+            wire.end_if_cancelled()
             await asyncio.sleep(self.announce_s)
 
     def _in_outage(self, now: float) -> bool:
@@ -318,27 +289,27 @@ class SchedulerWorker:
         for `GOODBYE_S`) that cannot be waited for: `run()` ends now, leaving no group, and what is still on the
         channel waits there for the next worker."""
         try:
-            async with asyncio.timeout(GOODBYE_S):
-                await self.layer.send(self.channel, to_message(Stop(self._stop_token)))
-        except (*REDIS_FAILURES, TimeoutError) as exc:
+            async with asyncio.timeout(wire.GOODBYE_S):
+                await self.layer.send(self.channel, wire.to_message(wire.Stop(self._stop_token)))
+        except (*wire.REDIS_FAILURES, TimeoutError) as exc:
             log.warning("Redis is unreachable (%s: %s): stopping without reading the rest of this worker's channel",
                         type(exc).__name__, exc or f"no answer within {GOODBYE_S:g} s")
             self._cut_off = True
             if self._serving is not None:
                 self._serving.cancel(msg=self._stop_token)
 
-    def handle(self, message: Message) -> None:
+    def handle(self, message: wire.Message) -> None:
         """Act on one message; never blocks, so messages are taken in the order they came."""
-        if isinstance(message, (Submit, Heartbeat)):
+        if isinstance(message, (wire.Submit, wire.Heartbeat)):
             if message.reply not in self._greeted and not self._handing_over:
                 self._greeted.add(message.reply)
-                send_soon(self.layer, message.reply, Hello(self.name, self.channel), self._sends)
+                wire.send_soon(self.layer, message.reply, wire.Hello(self.name, self.channel), self._sends)
             self._heard[message.reply] = asyncio.get_running_loop().time()
-        if isinstance(message, Heartbeat):
+        if isinstance(message, wire.Heartbeat):
             return
-        if isinstance(message, Discover):
-            send_soon(self.layer, message.reply, self._announcement(), self._sends)
-        elif isinstance(message, Submit):
+        if isinstance(message, wire.Discover):
+            wire.send_soon(self.layer, message.reply, self._announcement(), self._sends)
+        elif isinstance(message, wire.Submit):
             if message.key in self._remotes or self._handing_over:
                 return  # a repeated submit (the first one stands), or one for the worker that takes over
             if message.key in self._answered and message.key not in self._interrupted:
@@ -352,15 +323,15 @@ class SchedulerWorker:
                 )
                 carried = Carried(request, arrived, self._reopen_let_go(message.key))
                 self._queue(message.key, _Remote(message.reply), carried)
-        elif isinstance(message, Cancel):
+        elif isinstance(message, wire.Cancel):
             self._drop(message.key)
-        elif isinstance(message, Release):
+        elif isinstance(message, wire.Release):
             remote = self._remotes.get(message.key)
             if remote is not None and not remote.released.done():
                 remote.released.set_result(message.outcome)
             elif (interrupted := self._interrupted.pop(message.key, None)) is not None:
                 self.runtime.end_interrupted(interrupted, message.outcome)
-        elif isinstance(message, Ask):
+        elif isinstance(message, wire.Ask):
             asyncio.get_running_loop().create_task(self._answer(message))
         else:
             log.warning("a worker does not take %s messages", type(message).__name__)
@@ -378,7 +349,7 @@ class SchedulerWorker:
             return
         ticket_id = self.runtime.ticket_of(key)
         if ticket_id is not None:
-            send_soon(self.layer, remote.reply, Queued(key, ticket_id), self._sends)
+            wire.send_soon(self.layer, remote.reply, wire.Queued(key, ticket_id), self._sends)
 
     def _answering(self, key: str) -> None:
         """Remember that `key` has its answer, so a second submit of it is dropped."""
@@ -395,7 +366,7 @@ class SchedulerWorker:
                 return  # its row stays queued for the worker that takes over
             except Refused as exc:
                 self._answering(key)
-                await self._send(remote.reply, TicketRefused(key, exc))
+                await self._send(remote.reply, wire.TicketRefused(key, exc))
                 return
             except asyncio.CancelledError:
                 return  # the runtime cancelled the queued request itself
@@ -405,31 +376,31 @@ class SchedulerWorker:
                 self._answering(key)
                 await self._send(
                     remote.reply,
-                    Granted(key, lease.ticket_id, self._advertised(lease.upstream), lease.decision, self.channel),
+                    wire.Granted(key, lease.ticket_id, self._advertised(lease.upstream), lease.decision, self.channel),
                 )
                 outcome = await remote.released
             except asyncio.CancelledError:
                 if lease.cut is not None and asyncio.current_task().uncancel() == 0:
                     cut = lease.cut
-                    await self._send(remote.reply, Cut(key, cut))
+                    await self._send(remote.reply, wire.Cut(key, cut))
             finally:
                 self.runtime.release(lease.ticket_id, outcome)
         finally:
             del self._remotes[key]
 
-    async def _answer(self, ask: Ask) -> None:
+    async def _answer(self, ask: wire.Ask) -> None:
         """Answer a front end's question as this process's own front door would (`scheduling.door.questions`)."""
         try:
             value = await self.door.ask(ask.question)
         except Exception as exc:  # the asker gets the failure; the worker keeps serving
             if _database_away(exc):  # expected in an outage: no traceback, and its address stays here
                 log.warning("answering %s failed: the database is unreachable (%s)", type(ask.question).__name__, exc)
-                await self._send(ask.reply, Answer(ask.key, error=type(exc).__name__, database_away=True))
+                await self._send(ask.reply, wire.Answer(ask.key, error=type(exc).__name__, database_away=True))
                 return
             log.exception("answering %s failed", type(ask.question).__name__)
-            await self._send(ask.reply, Answer(ask.key, error=f"{type(exc).__name__}: {exc}"))
+            await self._send(ask.reply, wire.Answer(ask.key, error=f"{type(exc).__name__}: {exc}"))
             return
-        await self._send(ask.reply, Answer(ask.key, value))
+        await self._send(ask.reply, wire.Answer(ask.key, value))
 
     def _advertised(self, upstream: str) -> str:
         """The model server's address as front ends on other machines reach it."""
@@ -439,8 +410,8 @@ class SchedulerWorker:
         host = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
         return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
 
-    async def _send(self, channel: str, message: Message) -> None:
-        await deliver(self.layer, channel, message)  # a grant made while Redis is away waits for it
+    async def _send(self, channel: str, message: wire.Message) -> None:
+        await wire.deliver(self.layer, channel, message)  # a grant made while Redis is away waits for it
 
 
 def _forget_oldest(remembered: dict) -> None:

@@ -2,7 +2,7 @@
 
 A window of rows becomes `Recorded` requests (see `scheduling.core.replay`); the rows are read as
 plain tuples, never model instances, so a window of 100 000 requests reads in a second or two.
-A load is not a row of its own: as in `row_durations`, a request whose dispatch started its
+A load is not a row of its own: as in `rows.durations`, a request whose dispatch started its
 model spent (sent − arrived) − its queue wait on that start.
 """
 
@@ -17,7 +17,7 @@ from scheduling.core import SerialSettings
 from scheduling.core.replay import Fidelity, Recorded, ReplayResult, Setup, fidelity, replay
 from scheduling.models import ApiKey, QueuedRequest, SettingsChange
 from scheduling.tickets import RequestState
-from scheduling.rows.row_durations import load_time
+from scheduling.rows.durations import load_time
 from scheduling.operating.settings_store import stored_serial_settings
 
 _FIELDS = (

@@ -15,7 +15,7 @@ from django.http import QueryDict
 
 from scheduling.models import BandChoice, QueuedRequest
 from scheduling.tickets import RequestState
-from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_number
+from scheduling.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000

@@ -15,7 +15,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.functional import cached_property
 
-from scheduling.operating.whole_numbers import whole_number
+from scheduling.whole_numbers import whole_number
 
 
 def _start_of(moment: datetime, kind: str) -> datetime:

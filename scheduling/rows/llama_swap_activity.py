@@ -20,7 +20,7 @@ from django.http import QueryDict
 from scheduling.rows.activity import iso_utc
 from scheduling.models import QueuedRequest
 from scheduling.tickets import TERMINAL_STATES, RequestState
-from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_number
+from scheduling.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 DEFAULT_LIMIT = 25
 MAX_LIMIT = 999

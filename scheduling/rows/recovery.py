@@ -12,8 +12,8 @@ from django.db.models import Max
 from django.utils import timezone
 
 from scheduling.models import ApiKey, QueuedRequest
+from scheduling.rows.columns import FRONT_END_SILENT
 from scheduling.tickets import TERMINAL_STATES, RequestState
-from scheduling.runtime import FRONT_END_SILENT
 from scheduling.tickets import Carried, Interrupted, TicketRequest
 
 log = logging.getLogger("llamaswap.recovery")

@@ -5,14 +5,15 @@ engine carries out what it asks for (grant, start or stop a model, reject). Ever
 on the event loop, one at a time, so the core needs no locks. The engine knows nothing of HTTP: model
 processes are reached through a `fleet` object and rows through a recorder.
 
-`SchedulerRuntime` is one class made of one module per job: the request path (`engine`), the model
-processes (`processes`), the operators' side and reads (`operators`), taking over from another
-worker (`takeover`), rows of relayed requests (`relayed`) and the queue's forecast (`forecasting`).
+`SchedulerRuntime` is one class in two modules: the request path, with taking over from another worker
+(`engine`), and the operators' side and reads (`operators`). It owns parts with their own state: the
+requests it holds, waiting or granted (`HeldRequests`, `held`), the model starts and stops under way
+(`ModelProcesses`, `processes`), the queue's forecast (`Forecasting`, `forecasting`), the requests relayed
+to a peer with their rows (`RelayedRows`, `relayed`) and the model leases (`ModelLeases`, `model_leases`).
 Only the composition root (`proxy/service.py`) and the worker side build or name it.
 """
 
-from .engine import MAX_WAIT_RETRY_AFTER_S, SchedulerRuntime
+from .engine import MAX_WAIT_RETRY_AFTER_S, HandedOver, SchedulerRuntime
 from .processes import Fleet
-from .takeover import FRONT_END_SILENT, HandedOver
 
-__all__ = ["FRONT_END_SILENT", "MAX_WAIT_RETRY_AFTER_S", "Fleet", "HandedOver", "SchedulerRuntime"]
+__all__ = ["MAX_WAIT_RETRY_AFTER_S", "Fleet", "HandedOver", "SchedulerRuntime"]

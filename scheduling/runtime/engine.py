@@ -8,25 +8,25 @@ import itertools
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Coroutine, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Callable
+from typing import Any, Callable
 
 from scheduling.core import (
-    Decision, Dequeued, Grant, Refuse, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
+    Dequeued, Grant, ModelState, Refuse, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
 )
 from scheduling.core.durations import DurationHistory
-from scheduling.core.forecast import Outlook, RecentArrivals
-from scheduling.events import Dispatched, Finished, Queued, Unserved, RuntimeEvent
-from scheduling.rows.row_columns import decision_fields, outcome_columns, request_columns
-from scheduling.tickets import Lease, Outcome, Refused, RequestState, TicketRequest
+from scheduling.core.forecast import Outlook
+from scheduling.events import Dispatched, Finished, ModelStateChanged, Queued, Unserved, RuntimeEvent
+from scheduling.rows.columns import decision_fields, outcome_columns, request_columns
+from scheduling.tickets import Carried, Interrupted, Lease, Outcome, Refused, RequestState, TicketRequest
 
 from .forecasting import Forecasting, job_kind
+from .held import HeldRequests, Waiter
 from .model_leases import ModelLeases
 from .operators import OperatorActions
 from .processes import Fleet, ModelProcesses
 from .relayed import RelayedRows
-from .takeover import Takeover
 
 log = logging.getLogger("llamaswap.scheduler")
 
@@ -34,14 +34,11 @@ log = logging.getLogger("llamaswap.scheduler")
 MAX_WAIT_RETRY_AFTER_S = 5
 
 
-@dataclass
-class _Waiter:
-    future: asyncio.Future
-    ticket: Ticket
-    request: TicketRequest
+class HandedOver(Exception):
+    """The request stays queued for the worker that takes over from this one: answer nothing."""
 
 
-class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, Forecasting):
+class SchedulerRuntime(OperatorActions):
     def __init__(
         self,
         scheduler: Scheduler,
@@ -62,22 +59,18 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         self._loop = asyncio.get_running_loop()
         # Workers sharing a database take ids from it (scheduling.door.ticket_ids); one alone counts up.
         self._ticket_id = ticket_ids or itertools.count(first_ticket_id).__next__
-        self._waiting: dict[int, _Waiter] = {}
-        self._granted: dict[int, tuple[TicketRequest, Decision, float]] = {}
-        self._leases: dict[int, Lease] = {}
-        self._relayed: dict[int, tuple[TicketRequest, datetime]] = {}  # served without the scheduler, until they end
+        self.held = HeldRequests()  # waiting for their grant, or running under their lease
         self._effects: deque = deque()
         self._applying = False
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._starts: dict[str, asyncio.Task] = {}
-        self._stops: dict[str, asyncio.Task] = {}
-        self._starting_since: dict[str, float] = {}
+        # The model starts and stops under way, each reported to the core when it ends.
+        self.processes = ModelProcesses(scheduler, fleet, self.durations, self._observer, self.now, self._run,
+                                        self._spawn)
         self._closing = False
-        self._arrived = RecentArrivals()  # recent new requests, for their pace
-        self._version = 0  # counts the scheduler's steps, so a forecast knows when it went stale
-        self._forecast: tuple[int, float, dict[int, Outlook]] | None = None
+        self.forecasting = Forecasting(scheduler, self.held, self.processes, self.durations, self.now)
         self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
+        self.relayed = RelayedRows(recorder, self._ticket_id, self._observer)  # served without the scheduler
         self.model_leases = ModelLeases(self)  # its rows' reads run once the service starts `run()`
 
     # -- clocks -------------------------------------------------------------------------------
@@ -107,21 +100,21 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         self._run(lambda: self.scheduler.submit(waiter.ticket, now))
         return await self._wait(waiter)
 
-    def _queue(self, request: TicketRequest, now: float, arrival: float, ticket_id: int | None) -> _Waiter:
+    def _queue(self, request: TicketRequest, now: float, arrival: float, ticket_id: int | None) -> Waiter:
         """Hold a place for `request`; a new request (no `ticket_id`) gets its row here."""
         record = ticket_id is None
         if record:
             ticket_id = self._ticket_id()
         ticket = Ticket(id=ticket_id, model=request.model, priority=request.priority, arrival=arrival,
                         key=request.api_key or None, weight=request.key_weight)
-        waiter = _Waiter(self._loop.create_future(), ticket, request)
-        self._waiting[ticket.id] = waiter
+        waiter = Waiter(self._loop.create_future(), ticket, request)
+        self.held.wait(waiter)
         if request.max_wait_s is not None:  # counted from arrival: a carried request's wait so far counts
             expiry = self._loop.call_at(arrival + request.max_wait_s, self._waited_too_long, ticket.id)
             waiter.future.add_done_callback(lambda _: expiry.cancel())
         band = band_of(request.priority)
         if record and request.method != "LOAD":
-            self._arrived.add(arrival, job_kind(request, request.priority), request.priority)
+            self.forecasting.arrived(arrival, request)
         if record:
             self.recorder.create(
                 ticket.id,
@@ -134,7 +127,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         self._observer(Queued(request.model, band))
         return waiter
 
-    async def _wait(self, waiter: _Waiter) -> Lease:
+    async def _wait(self, waiter: Waiter) -> Lease:
         try:
             return await waiter.future
         except Refused as exc:
@@ -146,7 +139,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
 
     def cancel(self, ticket_id: int, reason: str) -> None:
         """The caller is gone (or an operator cancelled it). Idempotent."""
-        if ticket_id in self._granted:
+        if ticket_id in self.held.granted:
             self.release(ticket_id, Outcome(state=RequestState.CANCELLED, error=reason))
             return
         self._end_waiting(ticket_id, reason)
@@ -155,7 +148,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
 
     def _end_waiting(self, ticket_id: int, reason: str) -> None:
         """A request not yet granted is cancelled: its caller is refused, its row ends."""
-        waiter = self._waiting.pop(ticket_id, None)
+        waiter = self.held.stop_waiting(ticket_id)
         if waiter is None:
             return
         if not waiter.future.done():
@@ -172,10 +165,10 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
     def _waited_too_long(self, ticket_id: int) -> None:
         """A request's `max_wait_s` ran out before its grant: refuse it, saying when to retry from the
         forecast of its dispatch."""
-        waiter = self._waiting.get(ticket_id)
+        waiter = self.held.waiting.get(ticket_id)
         if waiter is None or waiter.future.done():
             return  # granted or gone in the same instant
-        outlook = self.forecast(stale_ok=True).get(ticket_id)
+        outlook = self.forecasting.forecast(stale_ok=True).get(ticket_id)
         eta = None if outlook is None else outlook.eta_s
         expected = "" if eta is None else f"; it was expected to be sent in ~{math.ceil(eta)} s more"
         because = self.scheduler.held_back_because(ticket_id)
@@ -189,7 +182,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
 
     def _refuse_waiting(self, ticket_id: int, reason: Refused, state: str) -> None:
         """End a waiting request with `reason` (its caller's error) and free its place."""
-        waiter = self._waiting.pop(ticket_id)
+        waiter = self.held.take_waiter(ticket_id)
         if not waiter.future.done():  # its client may have left a moment ago
             waiter.future.set_exception(reason)
             waiter.future.exception()  # mark retrieved: nobody may be left to read it
@@ -211,10 +204,9 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
     def _record_end(self, ticket_id: int, outcome: Outcome) -> bool:
         """A granted request ended: its row and metrics say how (the scheduler is told by the caller).
         Returns whether it was running."""
-        granted = self._granted.pop(ticket_id, None)
+        granted = self.held.end(ticket_id)
         if granted is None:
             return False
-        self._leases.pop(ticket_id, None)
         request, decision, granted_at = granted
         now = self.now()
         if outcome.state == RequestState.COMPLETED and request.method != "LOAD":  # a preload's "job" is no job
@@ -225,22 +217,117 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         ))
         if outcome.state == RequestState.FAILED:  # the model may have died: the next request must start it again
             self.fleet.check_exited(request.model)
-        self._observe(
-            request,
-            Finished(
-                model=request.model,
-                route=request.route,
-                band=decision.band,
-                state=outcome.state,
-                status=outcome.status_code,
-                seconds=now - granted_at,
-                ttfb_s=None if outcome.first_byte_monotonic is None else outcome.first_byte_monotonic - granted_at,
-                usage=outcome.usage or {},
-                key=request.api_key,
-                queue_wait_s=decision.queue_wait_s,
-            )
-        )
+        self._observe(request, Finished.of_granted(request.model, request.route, decision, outcome, granted_at, now,
+                                                   request.api_key))
         return True
+
+    # -- the queue's forecast ---------------------------------------------------------------------
+    def forecast(self, stale_ok: bool = False) -> dict[int, Outlook]:
+        """The outlook of every request not yet sent to its model (see `Forecasting.forecast`)."""
+        return self.forecasting.forecast(stale_ok)
+
+    def next_job_end_in(self, model: str) -> int | None:
+        """Whole seconds until the first of `model`'s running jobs is predicted to end (see `Forecasting`)."""
+        return self.forecasting.next_job_end_in(model)
+
+    # -- relayed to a peer ----------------------------------------------------------------------
+    def begin_relayed(self, request: TicketRequest, peer: str, started_at: datetime, explanation: str) -> int:
+        """A request served without the scheduler (relayed to `peer`) began at `started_at`: its row, as
+        dispatched at once (refused where it could not be recorded). Returns its ticket id; end it with
+        `end_relayed`."""
+        self._refuse_if_unrecordable()
+        return self.relayed.begin(request, peer, started_at, explanation)
+
+    def end_relayed(self, ticket_id: int, outcome: Outcome, seconds: float, first_byte_s: float | None) -> None:
+        """A relayed request ended (see `RelayedRows.end`). Idempotent, as `release`."""
+        self.relayed.end(ticket_id, outcome, seconds, first_byte_s)
+
+    # -- model processes ------------------------------------------------------------------------
+    def unload(self, models: list[str] | None = None) -> list[asyncio.Task]:
+        """Stop these models now (None: every model). Requests they are serving are cut at once (see
+        `Lease`); returns the stops under way for them, which end once their processes are gone."""
+        now = self.now()
+        self._run(lambda: self.scheduler.unload(models, now))
+        return self.processes.stops_of(models)
+
+    def model_exited(self, model: str) -> None:
+        """A model process died on its own (crash): the core must stop counting it as loaded."""
+        now = self.now()
+        self._observer(ModelStateChanged(model, ModelState.STOPPED))
+        self._run(lambda: self.scheduler.model_stopped(model, now))
+
+    def memory_measured(self, model: str, use: Mapping[str, int]) -> None:
+        """What `model`'s processes use on each GPU (MiB by GPU id), measured where they run: the core shows it
+        and counts it where it is more than declared, which is said here."""
+        warning = self.scheduler.memory_measured(model, use)
+        if warning is not None:
+            log.warning("%s", warning)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _cut_requests_on(self, model: str) -> None:
+        """An operator unloads `model`: what it is serving ends now, each client told why."""
+        reason = Refused(
+            503, "model_unloaded", f"model '{model}' was unloaded by an operator while this request was running"
+        )
+        self._cut([ticket_id for ticket_id, (request, _, _) in self.held.granted.items() if request.model == model], reason)
+
+    # -- taking over from another worker: requests the previous one left queued are queued again with their
+    # waits so far, a worker that stops hands its queue over unanswered, and a request a dead worker had
+    # granted ends as its front end reports --------------------------------------------------------------
+
+
+    def requeue(self, carried: list[Carried]) -> list[Coroutine[Any, Any, Lease]]:
+        """Queue requests a previous worker had queued, all at once, and return what to await for
+        each one's lease (as `submit`). Their waits so far count for aging."""
+        if self._closing:
+            raise Refused(503, "shutting_down", "llamaswap is shutting down; retry later", 1)
+        now = self.now()
+        wall = datetime.now(timezone.utc)
+        waiters = [
+            self._queue(c.request, now, now - max(0.0, (wall - c.arrived_at).total_seconds()), c.ticket_id)
+            for c in carried
+        ]
+        self._run(lambda: self.scheduler.submit_all([w.ticket for w in waiters], now))
+        return [self._wait(waiter) for waiter in waiters]
+
+    def reopen(self, ticket_id: int, explanation: str) -> None:
+        """A request whose row was ended `cancelled` is queued again under it (see `requeue`): the row
+        says `queued` again, and why, until it ends as the request then does."""
+        self.recorder.update(ticket_id, state=RequestState.QUEUED, status_code=None, error="", finished_at=None,
+                             explanation=explanation)
+
+    def drop_carried(self, ticket_id: int, reason: str) -> None:
+        """A request a previous worker left queued is given up before it was queued again: its row ends."""
+        self.recorder.update(ticket_id, state=RequestState.CANCELLED, error=reason, finished_at=self._wall(self.now()))
+
+    def hand_over(self) -> int:
+        """Stop serving the queue without answering it: the rows stay queued for the worker that takes
+        over, which rebuilds the queue from them. Returns how many requests were handed over."""
+        waiters = self.held.stop_all_waiting()
+        now = self.now()
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(HandedOver())
+                waiter.future.exception()
+            self._run(lambda ticket_id=waiter.ticket.id: self.scheduler.cancel(ticket_id, now))
+        return len(waiters)
+
+    def end_interrupted(self, interrupted: Interrupted, outcome: Outcome) -> None:
+        """A request a dead worker had granted ended after all, its front end says how: its row says
+        so instead of `interrupted`, with the times the front end stamped (see `stamped`)."""
+        def wall(unix: float | None) -> datetime | None:
+            return None if unix is None else datetime.fromtimestamp(unix, timezone.utc)
+
+        finished_at = wall(outcome.ended_at) or self._wall(self.now())
+        seconds = max(0.0, (finished_at - interrupted.dispatched_at).total_seconds())
+        self.recorder.update(interrupted.ticket_id, **outcome_columns(
+            outcome, finished_at, seconds, wall(outcome.first_byte_at)
+        ))
 
     # -- operator API ---------------------------------------------------------------------------
 
@@ -260,7 +347,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
                     self._apply(item)
         finally:
             self._applying = False
-            self._version += 1
+            self.forecasting.changed()
         now = self.now()
         self.snapshot = (now, self.scheduler.snapshot(now))
         self._arm_timer()
@@ -271,18 +358,18 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         elif isinstance(effect, Refuse):
             self._refuse(effect)
         elif isinstance(effect, StartModel):
-            self._starts[effect.model] = self._spawn(self._start_model(effect))
+            self.processes.start(effect)
         elif isinstance(effect, StopModel):
             if effect.reason == "unload":
                 self._cut_requests_on(effect.model)
-            self._stops[effect.model] = self._spawn(self._stop_model(effect))
+            self.processes.stop(effect)
         elif isinstance(effect, Dequeued):
             pass  # the row was already marked by cancel()/operator_cancel()
         else:
             raise TypeError(f"unknown scheduler effect {effect!r}")
 
     def _grant(self, effect: Grant) -> None:
-        waiter = self._waiting.pop(effect.ticket_id, None)
+        waiter = self.held.stop_waiting(effect.ticket_id)
         now = self.now()
         if waiter is None or waiter.future.done():
             # The caller left in the same instant; hand the GPU straight to the next request.
@@ -294,15 +381,14 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
             self._effects.append(lambda: self.scheduler.finished(effect.ticket_id, now))
             return
         decision = effect.decision
-        self._granted[effect.ticket_id] = (waiter.request, decision, now)
         lease = Lease(effect.ticket_id, effect.model, self.fleet.upstream_url(effect.model), decision)
-        self._leases[effect.ticket_id] = lease
+        self.held.grant(effect.ticket_id, waiter.request, decision, now, lease)
         waiter.future.set_result(lease)
         self.recorder.update(effect.ticket_id, state=RequestState.DISPATCHED, dispatched_at=self._wall(now), **decision_fields(decision))
         self._observe(waiter.request, Dispatched(decision))
 
     def _refuse(self, effect: Refuse) -> None:
-        waiter = self._waiting.pop(effect.ticket_id, None)
+        waiter = self.held.stop_waiting(effect.ticket_id)
         self.recorder.update(
             effect.ticket_id,
             state=RequestState.REJECTED,
@@ -313,7 +399,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
         if waiter is not None and not waiter.future.done():
             retry_after = effect.retry_after
             if effect.code == "concurrency_limit":  # a place frees when the first of its jobs ends
-                retry_after = self.next_job_end_in(waiter.request.model) or retry_after
+                retry_after = self.forecasting.next_job_end_in(waiter.request.model) or retry_after
             waiter.future.set_exception(Refused(effect.status, effect.code, effect.message, retry_after))
         self._observe(
             waiter and waiter.request,
@@ -330,7 +416,7 @@ class SchedulerRuntime(ModelProcesses, OperatorActions, Takeover, RelayedRows, F
     def _cut(self, ticket_ids: list[int], reason: Refused) -> None:
         """End these running requests now: their rows say `reason`, and their holders tell their clients."""
         for ticket_id in ticket_ids:
-            lease = self._leases.get(ticket_id)
+            lease = self.held.lease(ticket_id)
             self.release(ticket_id, Outcome(state=RequestState.CANCELLED, status_code=reason.status, error=reason.message))
             if lease is not None:
                 lease.revoke(reason)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 
 from scheduling.core import band_of
 from scheduling.core.durations import JobKind
-from scheduling.core.forecast import Arrivals, Outlook, Underway, forecast
+from scheduling.core.forecast import Arrivals, Outlook, RecentArrivals, Underway, forecast
 from scheduling.tickets import TicketRequest
 
 log = logging.getLogger("llamaswap.scheduler")
@@ -21,7 +22,28 @@ FORECAST_MAX_AGE_S = 1.0
 
 
 class Forecasting:
-    """Part of `SchedulerRuntime`."""
+    """The queue's forecast and what it is made from beyond the engine's state, owned here: the pace requests
+    arrive at (`arrived`) and the scheduler's steps (`changed`), by which one forecast serves every reader until
+    the queue changes or a second passes. It reads the requests held, the starts and stops under way and the
+    durations learned. `SchedulerRuntime` makes one (`runtime.forecasting`)."""
+
+    def __init__(self, scheduler, held, processes, durations, now: Callable[[], float]) -> None:
+        self.scheduler = scheduler
+        self.held = held
+        self.processes = processes
+        self.durations = durations
+        self.now = now
+        self._arrived = RecentArrivals()  # recent new requests, for their pace
+        self._version = 0  # counts the scheduler's steps, so a forecast knows when it went stale
+        self._forecast: tuple[int, float, dict[int, Outlook]] | None = None
+
+    def arrived(self, arrival: float, request: TicketRequest) -> None:
+        """A new request (not a load) arrived: it counts in its kind's pace."""
+        self._arrived.add(arrival, job_kind(request, request.priority), request.priority)
+
+    def changed(self) -> None:
+        """The scheduler took a step: a forecast made before it is stale."""
+        self._version += 1
 
     def forecast(self, stale_ok: bool = False) -> dict[int, Outlook]:
         """The outlook of every request not yet sent to its model (see `scheduling.core.forecast`), its
@@ -31,14 +53,14 @@ class Forecasting:
         cached = self._forecast
         if cached is not None and now - cached[1] < FORECAST_MAX_AGE_S and (stale_ok or cached[0] == self._version):
             return aged(cached[2], now - cached[1])
-        kinds = {tid: job_kind(waiter.request, waiter.ticket.priority) for tid, waiter in self._waiting.items()}
-        kinds.update((tid, job_kind(request, decision.priority)) for tid, (request, decision, _) in self._granted.items())
-        ranked = [ticket.id for ticket, _ in self.scheduler.ranked(now) if ticket.id in self._waiting]
-        starting = [tid for tid in self._waiting if not self.scheduler.is_queued(tid)]
+        kinds = {tid: job_kind(waiter.request, waiter.ticket.priority) for tid, waiter in self.held.waiting.items()}
+        kinds.update((tid, job_kind(request, decision.priority)) for tid, (request, decision, _) in self.held.granted.items())
+        ranked = [ticket.id for ticket, _ in self.scheduler.ranked(now) if ticket.id in self.held.waiting]
+        starting = [tid for tid in self.held.waiting if not self.scheduler.is_queued(tid)]
         underway = Underway(
-            jobs={tid: since for tid, (_, _, since) in self._granted.items()},
-            starts=dict(self._starting_since),
-            stops=[model for model in self._stops if model not in self._starting_since],
+            jobs={tid: since for tid, (_, _, since) in self.held.granted.items()},
+            starts=self.processes.starting_since(),
+            stops=self.processes.stopping(),
         )
         waiting = [*starting, *ranked]
         try:
@@ -60,7 +82,7 @@ class Forecasting:
         their typical durations; None when none runs or none has a typical duration."""
         now = self.now()
         ends = []
-        for request, decision, since in self._granted.values():
+        for request, decision, since in self.held.granted.values():
             if request.model != model:
                 continue
             left = self.durations.job_left_s(job_kind(request, decision.priority), now - since)

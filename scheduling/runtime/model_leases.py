@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from django.db import DatabaseError
 
 from scheduling.core.mentions import named, plain
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 from scheduling.rows.connections import on_fresh_connection
 from scheduling.rows.leases import SYNC_S, leases_in_force, revoke_leases_of
 from scheduling.tickets import Outcome, Refused, RequestState, TicketRequest

@@ -23,14 +23,14 @@ class OperatorActions:
 
     def operator_cut(self, ticket_id: int) -> bool:
         """Operator action: end a running request now, its client told why. Returns whether it ran."""
-        if ticket_id not in self._granted:
+        if ticket_id not in self.held.granted:
             return False
         self._cut([ticket_id], Refused(503, "cancelled_by_operator", "cancelled by an operator while running"))
         return True
 
     def operator_cancel(self, ticket_id: int) -> bool:
         """Admin action: fail a queued request with a clear message. Returns whether it was waiting."""
-        if ticket_id not in self._waiting:
+        if ticket_id not in self.held.waiting:
             return False
         reason = Refused(503, "cancelled_by_operator", f"cancelled by an operator {self._where(ticket_id)}")
         self._refuse_waiting(ticket_id, reason, RequestState.CANCELLED)
@@ -39,7 +39,7 @@ class OperatorActions:
     def refuse_key(self, key: str, reason: Refused) -> list[int]:
         """Refuse every waiting request of the API key `key` with `reason` (the key no longer counts); returns
         their ids. Its running requests go on."""
-        refused = [ticket_id for ticket_id, waiter in self._waiting.items() if key and waiter.request.api_key == key]
+        refused = [ticket_id for ticket_id, waiter in self.held.waiting.items() if key and waiter.request.api_key == key]
         for ticket_id in refused:
             self._refuse_waiting(ticket_id, reason, RequestState.CANCELLED)
         return refused
@@ -47,7 +47,7 @@ class OperatorActions:
     def reprioritize(self, ticket_id: int, priority: int) -> bool:
         """Admin action: re-rank a queued request. Returns whether it was still queued (one whose
         model is starting for it has left the queue)."""
-        if ticket_id not in self._waiting or not self.scheduler.is_queued(ticket_id):
+        if ticket_id not in self.held.waiting or not self.scheduler.is_queued(ticket_id):
             return False
         now = self.now()
         self._run(lambda: self.scheduler.reprioritize(ticket_id, priority, now))
@@ -93,29 +93,29 @@ class OperatorActions:
         return future.result(timeout)
 
     def waiting_request(self, ticket_id: int) -> TicketRequest | None:
-        waiter = self._waiting.get(ticket_id)
+        waiter = self.held.waiting.get(ticket_id)
         return waiter.request if waiter else None
 
     def arrival_of(self, ticket_id: int) -> float | None:
         """When a waiting request arrived (`now()` clock), counting a previous worker's wait for it."""
-        waiter = self._waiting.get(ticket_id)
+        waiter = self.held.waiting.get(ticket_id)
         return waiter.ticket.arrival if waiter else None
 
     def running_requests(self) -> list[tuple[int, tuple[TicketRequest, Decision, float]]]:
-        return list(self._granted.items())
+        return list(self.held.granted.items())
 
     def tickets_of(self, origins: Collection[str]) -> list[int]:
         """The requests, waiting or running, that front ends know by these keys (distributed mode)."""
-        waiting = [tid for tid, waiter in self._waiting.items() if waiter.request.origin in origins]
-        return waiting + [tid for tid, (request, _, _) in self._granted.items() if request.origin in origins]
+        waiting = [tid for tid, waiter in self.held.waiting.items() if waiter.request.origin in origins]
+        return waiting + [tid for tid, (request, _, _) in self.held.granted.items() if request.origin in origins]
 
     def ticket_of(self, origin: str) -> int | None:
         """The ticket of the waiting request a front end knows as `origin` (distributed mode)."""
-        return next((tid for tid, waiter in self._waiting.items() if waiter.request.origin == origin), None)
+        return next((tid for tid, waiter in self.held.waiting.items() if waiter.request.origin == origin), None)
 
     def granted_request(self, ticket_id: int) -> tuple[TicketRequest, Decision, float] | None:
         """A running request with its dispatch decision and when it was granted (`now()` clock), or None."""
-        return self._granted.get(ticket_id)
+        return self.held.granted.get(ticket_id)
 
     def oldest_wait_by_band(self) -> dict[Band, float]:
         """Oldest wait per band as of now, from the last published snapshot (thread-safe read)."""
@@ -131,7 +131,7 @@ class OperatorActions:
         rows end `cancelled` with `reason`, a running one's lease is revoked, and only then does the
         scheduler give out what they held, so none of them is granted or starts a model on its way out."""
         for ticket_id in ticket_ids:
-            lease = self._leases.get(ticket_id)
+            lease = self.held.lease(ticket_id)
             if not self._record_end(ticket_id, Outcome(state=RequestState.CANCELLED, error=reason)):
                 self._end_waiting(ticket_id, reason)
             elif lease is not None:
@@ -147,11 +147,11 @@ class OperatorActions:
         # stops wait until the drain is over (the service stops the whole fleet then).
         self._run(lambda: [e for e in self.scheduler.shutdown(now) if not isinstance(e, StopModel)])
         deadline = self.now() + drain_seconds
-        while (self._granted or self._relayed or self._tasks) and self.now() < deadline:
+        while (self.held.granted or self.relayed.underway() or self._tasks) and self.now() < deadline:
             await asyncio.sleep(0.05)
         # What still runs is cut by the shutdown, not by its model stopping: each client is told so.
-        cut = [lease for ticket_id in self._granted if (lease := self._leases.get(ticket_id)) is not None]
-        self._cut(list(self._granted), Refused(503, "shutting_down", "llamaswap shut down before this request finished"))
+        cut = [lease for ticket_id in self.held.granted if (lease := self.held.lease(ticket_id)) is not None]
+        self._cut(list(self.held.granted), Refused(503, "shutting_down", "llamaswap shut down before this request finished"))
         # A cut request closes its model server's connection as its holder ends: the models stop after
         # that, so a server is not killed in the middle of its side of the close.
         holders = [task for lease in cut if (task := lease.holder()) is not None]

@@ -1,16 +1,15 @@
 """The engine's model processes: starts and stops the core asks for, carried out as tasks through the fleet,
-each reported back to the core when it ends (a failed start included); operators' unloads; crashes."""
+each reported back to the core when it ends (a failed start included)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine
 from typing import Protocol
 
 from scheduling.core import ModelState, StartModel, StopModel
-from scheduling.events import Evicted, ModelLoaded, ModelStateChanged
-from scheduling.tickets import Refused
+from scheduling.events import Evicted, ModelLoaded, ModelStateChanged, RuntimeEvent
 
 log = logging.getLogger("llamaswap.scheduler")
 
@@ -32,33 +31,41 @@ STOP_REASONS = {
 
 
 class ModelProcesses:
-    """Part of `SchedulerRuntime`."""
+    """The model starts and stops the core asked for, owned here as tasks: at most one start and one stop under way
+    a model, each carried out through the fleet and reported to the core when it ends (ready, failed or stopped)
+    through `run`; while a start runs, when it began. `SchedulerRuntime` makes one (`runtime.processes`)."""
 
-    def unload(self, models: list[str] | None = None) -> list[asyncio.Task]:
-        """Stop these models now (None: every model). Requests they are serving are cut at once (see
-        `Lease`); returns the stops under way for them, which end once their processes are gone."""
-        now = self.now()
-        self._run(lambda: self.scheduler.unload(models, now))
+    def __init__(self, scheduler, fleet: Fleet, durations, observer: Callable[[RuntimeEvent], None],
+                 now: Callable[[], float], run: Callable[[Callable[[], list]], None],
+                 spawn: Callable[[Coroutine], asyncio.Task]) -> None:
+        self._scheduler = scheduler
+        self._fleet = fleet
+        self._durations = durations
+        self._observer = observer
+        self._now = now
+        self._run = run
+        self._spawn = spawn
+        self._starts: dict[str, asyncio.Task] = {}
+        self._stops: dict[str, asyncio.Task] = {}
+        self._starting_since: dict[str, float] = {}
+
+    def start(self, effect: StartModel) -> None:
+        self._starts[effect.model] = self._spawn(self._start_model(effect))
+
+    def stop(self, effect: StopModel) -> None:
+        self._stops[effect.model] = self._spawn(self._stop_model(effect))
+
+    def stops_of(self, models: list[str] | None) -> list[asyncio.Task]:
+        """The stops under way for `models` (None: every model)."""
         return [task for model, task in self._stops.items() if models is None or model in models]
 
-    def model_exited(self, model: str) -> None:
-        """A model process died on its own (crash): the core must stop counting it as loaded."""
-        now = self.now()
-        self._observer(ModelStateChanged(model, ModelState.STOPPED))
-        self._run(lambda: self.scheduler.model_stopped(model, now))
+    def starting_since(self) -> dict[str, float]:
+        """Each model starting now, with when its start began."""
+        return dict(self._starting_since)
 
-    def memory_measured(self, model: str, use: Mapping[str, int]) -> None:
-        """What `model`'s processes use on each GPU (MiB by GPU id), measured where they run: the core shows it
-        and counts it where it is more than declared, which is said here."""
-        warning = self.scheduler.memory_measured(model, use)
-        if warning is not None:
-            log.warning("%s", warning)
-
-    def _spawn(self, coro) -> asyncio.Task:
-        task = self._loop.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    def stopping(self) -> list[str]:
+        """The models stopping now, not for a start of their own."""
+        return [model for model in self._stops if model not in self._starting_since]
 
     async def _start_model(self, effect: StartModel) -> None:
         try:
@@ -69,32 +76,32 @@ class ModelProcesses:
                 self._starting_since.pop(effect.model, None)
 
     async def _start_and_report(self, effect: StartModel) -> None:
-        started = self._starting_since[effect.model] = self.now()
+        started = self._starting_since[effect.model] = self._now()
         self._observer(ModelStateChanged(effect.model, ModelState.STARTING))
         try:
-            await self.fleet.swap_in(effect.model, tuple(effect.evict), effect.gpus)
+            await self._fleet.swap_in(effect.model, tuple(effect.evict), effect.gpus)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any start failure is reported to the waiting requests, never raised
             reason = str(exc) or type(exc).__name__  # the text names the cause; the model is named here
             log.warning("model %s failed to start: %s", effect.model, reason)
             self._observer(ModelStateChanged(effect.model, ModelState.STOPPED))
-            self._run(lambda: self.scheduler.model_failed(effect.model, reason, self.now()))
+            self._run(lambda: self._scheduler.model_failed(effect.model, reason, self._now()))
             return
-        self.durations.add_load(effect.model, self.now() - started)
-        self._observer(ModelLoaded(effect.model, self.now() - started))
+        self._durations.add_load(effect.model, self._now() - started)
+        self._observer(ModelLoaded(effect.model, self._now() - started))
         self._observer(ModelStateChanged(effect.model, ModelState.READY))
         for model in effect.evict:
             self._observer(ModelStateChanged(model, ModelState.STOPPED))
             self._observer(Evicted(model, "memory" if model in effect.for_memory else "swap"))
-        self._run(lambda: self.scheduler.model_ready(effect.model, self.now()))
+        self._run(lambda: self._scheduler.model_ready(effect.model, self._now()))
 
     async def _stop_model(self, effect: StopModel) -> None:
         log.info("stopping model %s: %s", effect.model, STOP_REASONS.get(effect.reason, effect.reason))
         self._observer(ModelStateChanged(effect.model, ModelState.STOPPING))
         try:
             try:
-                await self.fleet.stop(effect.model)
+                await self._fleet.stop(effect.model)
             except Exception:  # the process is treated as gone either way; say why it may not be
                 log.exception("stopping model %s failed", effect.model)
             start = self._starts.get(effect.model)
@@ -106,11 +113,4 @@ class ModelProcesses:
             if self._stops.get(effect.model) is asyncio.current_task():
                 del self._stops[effect.model]
             self._observer(ModelStateChanged(effect.model, ModelState.STOPPED))
-            self._run(lambda: self.scheduler.model_stopped(effect.model, self.now()))
-
-    def _cut_requests_on(self, model: str) -> None:
-        """An operator unloads `model`: what it is serving ends now, each client told why."""
-        reason = Refused(
-            503, "model_unloaded", f"model '{model}' was unloaded by an operator while this request was running"
-        )
-        self._cut([ticket_id for ticket_id, (request, _, _) in self._granted.items() if request.model == model], reason)
+            self._run(lambda: self._scheduler.model_stopped(effect.model, self._now()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.lease_admin import state_in_words
+from scheduling.admin.leases import state_in_words
 
 
 @pytest.mark.parametrize(("state", "words"), [

@@ -9,9 +9,9 @@ import pytest
 from django import forms
 from django.test import RequestFactory
 
-from scheduling.admin import _selected_tickets
-from scheduling.forms import PriorityField, SlotsField
-from scheduling.operating.whole_numbers import ROW_ID_MAX, as_typed, whole_number
+from scheduling.admin.site import _selected_tickets
+from scheduling.admin.forms import PriorityField, SlotsField
+from scheduling.whole_numbers import ROW_ID_MAX, as_typed, whole_number
 
 pytestmark = pytest.mark.django_db
 

@@ -72,7 +72,7 @@ MUTANTS = (
         "scheduling/core/serial.py",
         (
             (
-                "            following = self._queue.model_top(ticket.model, loaded, self._settings)",
+                "            following = self._waiting.queue.model_top(ticket.model, loaded, self._settings)",
                 "            return False\n            following = None",
             ),
         ),
@@ -111,7 +111,7 @@ MUTANTS = (
     Mutant(
         "restart-a-model-being-stopped",
         "scheduling/core/serial.py",
-        (("        return self._evicting.get(model)", "        return None"),),
+        (("        return self._starts.stopped_for(model)", "        return None"),),
         "a model a start under way stops may start again before that start reports",
     ),
     Mutant(
@@ -177,8 +177,8 @@ MUTANTS = (
     ),
     Mutant(
         "reload-counts-a-stopping-victim",
-        "scheduling/core/serial_reload.py",
-        (("holding = [m for m in self._fleet.not_stopped() if m not in self._evicting]",
+        "scheduling/core/serial.py",
+        (("holding = [m for m in self._fleet.not_stopped() if self._starts.stopped_for(m) is None]",
           "holding = self._fleet.not_stopped()"),),
         "a reload puts a model a start is stopping back in the memory book",
         PLACEMENT,

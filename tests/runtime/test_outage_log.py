@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from scheduling.door.outage_log import OutageLog
+from scheduling.outage_log import OutageLog
 
 
 def test_many_failed_tries_make_one_line_and_the_first_that_works_another(caplog):

@@ -15,7 +15,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from scheduling.forms import PriorityField
+from scheduling.admin.forms import PriorityField
 from scheduling.keys.store import make_key
 from scheduling.models import ApiKey
 from scheduling.operating import key_usage, overview

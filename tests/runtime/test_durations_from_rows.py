@@ -8,7 +8,7 @@ import pytest
 
 from scheduling.core.durations import JobKind
 from scheduling.models import QueuedRequest
-from scheduling.rows.row_durations import durations_from_rows
+from scheduling.rows.durations import durations_from_rows
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from scheduling.core.settings import slot_count_problem
 from scheduling.door import frontdoor
 from scheduling.models import SchedulerSettings
 from scheduling.operating.settings_store import ignored_slots
-from scheduling.operating.whole_numbers import whole_number
+from scheduling.whole_numbers import whole_number
 
 _SIGNED_INTEGER = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")

@@ -1,4 +1,4 @@
-"""The operators' admin: the live queue, the models, the scheduler settings and the request history.
+"""The admin site's look and its main pages: the live queue, the models, the scheduler settings and the request history.
 
 The queue and models pages read the running scheduler through its front door (`scheduling.door.frontdoor`),
 not the database, so they show what the scheduler will do next. The history is
@@ -22,12 +22,9 @@ from django.utils.html import format_html
 
 from scheduling.core.mentions import plain
 from scheduling.door import frontdoor
-from scheduling.keys import admin as key_admin  # noqa: F401  (registers the API keys' pages)
-from scheduling import batch_admin  # noqa: F401  (registers the Batches page)
-from scheduling import lease_admin  # noqa: F401  (registers the Leases page)
 
 from scheduling.operating import overview, placement_page, settings_preview
-from scheduling.forms import PriorityForm, SchedulerSettingsForm, config_or_problem
+from scheduling.admin.forms import PriorityForm, SchedulerSettingsForm, config_or_problem
 from scheduling.rows.history import CappedCountPaginator, HistoryQuerySet, search_requests
 from scheduling.models import (
     ApiKey,
@@ -40,7 +37,7 @@ from scheduling.models import (
 from scheduling.tickets import RequestState
 from scheduling.door.questions import BusyModels, CancelWaiting, Processes, Queue, Reprioritize, Snapshot, Unload, Waiting
 from scheduling.operating.settings_store import as_text, ignored_slot_lines, ignored_values, override_source, save_settings
-from scheduling.operating.whole_numbers import whole_number
+from scheduling.whole_numbers import whole_number
 
 
 admin.site.site_header = "llamaswap"

@@ -9,6 +9,10 @@ from typing import Any
 from scheduling.core import Decision, band_of
 from scheduling.tickets import Outcome, TicketRequest
 
+# How a request's row ends when the worker takes its front end for dead (followed by for how long it was silent);
+# a worker taking over finds the requests let go so by it (`recovery.let_go_requests`).
+FRONT_END_SILENT = "its front end was not heard from"
+
 
 def request_columns(request: TicketRequest) -> dict[str, Any]:
     """A request's row columns as it arrived, alike for a queued request and one relayed to a peer."""
