@@ -169,6 +169,8 @@ class SchedulerRuntime(OperatorActions):
         if waiter is None or waiter.future.done():
             return  # granted or gone in the same instant
         outlook = self.forecasting.forecast(stale_ok=True).get(ticket_id)
+        if outlook is None:  # a forecast made before it came: the next one, shared again, knows it
+            outlook = self.forecasting.forecast().get(ticket_id)
         eta = None if outlook is None else outlook.eta_s
         expected = "" if eta is None else f"; it was expected to be sent in ~{math.ceil(eta)} s more"
         because = self.scheduler.held_back_because(ticket_id)

@@ -51,6 +51,20 @@ async def test_the_retry_after_of_a_missed_wait_is_the_predicted_wait(gpu_for):
     gpu.finish(lease)
 
 
+async def test_a_request_queued_after_the_last_forecast_is_told_its_own_predicted_wait(gpu_for):
+    """A forecast made before the request came knows nothing of it: its refusal asks for one that does, rather than
+    telling the client the fallback."""
+    gpu = gpu_for("chat")
+    learned(gpu, "chat", 600.0)
+    _, lease = await gpu.running("chat")
+    patient = await gpu.submit("chat")
+    assert patient.ticket_id in gpu.runtime.forecasting.forecast()  # a page or a stream asked meanwhile
+    refused = await refusal(await gpu.submit("chat", max_wait_s=0.05))
+    assert refused.retry_after >= 590, "its predicted wait, not the fallback"
+    gpu.finish(lease)
+    gpu.finish(await patient.lease())
+
+
 async def test_a_request_granted_within_its_maximum_wait_is_left_alone(gpu_for):
     gpu = gpu_for("chat")
     _, lease = await gpu.running("chat")
