@@ -47,13 +47,21 @@ TARGETS_MS = {  # from the project's goals; reported, not enforced
 }
 
 
+def model_cmd(events: Path) -> str:
+    """The fake model's command, the same program on both sides of an A/B: `-I` keeps the serving checkout (the
+    model's working directory and PYTHONPATH) off its import path, so it runs this venv's fakemodel and proxy,
+    never a baseline's (a tree from before fakemodel/ existed, or whose proxy modules it imports were named
+    otherwise)."""
+    return fake_cmd(MODEL, events, "--tps", "0").replace(" -m fakemodel ", " -I -m fakemodel ", 1)
+
+
 def config_text(events: Path) -> str:
     return f"""
         healthCheckTimeout: 15
         startPort: {model_ports(1)}
         models:
           {MODEL}:
-            cmd: {fake_cmd(MODEL, events, "--tps", "0")}
+            cmd: {model_cmd(events)}
             proxy: http://127.0.0.1:${{PORT}}
         routing:
           scheduler:

@@ -134,6 +134,41 @@ KEY_REFUSALS = Counter(
 MAX_KEY_LABELS = 1000
 
 
+class _Children:
+    """A labelled metric's children by their label values, looked up once each.
+
+    `metric.labels(...)` checks and converts its values and takes the metric's lock on every call; the
+    runtime's observer makes about a dozen such calls a request, with values from small fixed sets (bands,
+    configured models, routes, statuses, at most MAX_KEY_LABELS keys), so each child is kept here after
+    its first lookup. prometheus_client keeps every child it made anyway, so this holds no more than it does.
+    """
+
+    __slots__ = ("metric", "children")
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self.children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        try:
+            return self.children[values]
+        except KeyError:
+            child = self.children[values] = self.metric.labels(*values)
+            return child
+
+
+_DISPATCHED = _Children(DISPATCHED)
+_QUEUE_WAIT = _Children(QUEUE_WAIT)
+_REORDERS = _Children(REORDERS)
+_REQUESTS = _Children(REQUESTS)
+_KEY_REQUESTS = _Children(KEY_REQUESTS)
+_REQUEST_DURATION = _Children(REQUEST_DURATION)
+_FIRST_BYTE = _Children(FIRST_BYTE)
+_KEY_QUEUE_WAIT = _Children(KEY_QUEUE_WAIT)
+_TOKENS = _Children(TOKENS)
+_KEY_TOKENS = _Children(KEY_TOKENS)
+
+
 @dataclass
 class KeyLabels:
     """The `key` label of a request's key row name: "" is "config" when the config file has apiKeys (then
@@ -435,37 +470,37 @@ def record_event(event: RuntimeEvent) -> None:
 def _dispatched(event: Dispatched) -> None:
     decision = event.decision
     band = str(decision.band)
-    DISPATCHED.labels(band).inc()
-    QUEUE_WAIT.labels(band).observe(decision.queue_wait_s)
+    _DISPATCHED(band).inc()
+    _QUEUE_WAIT(band).observe(decision.queue_wait_s)
     if decision.changed_by_aging:
-        REORDERS.labels(band, "aging").inc()
+        _REORDERS(band, "aging").inc()
     if decision.changed_by_affinity:
-        REORDERS.labels(band, "swap_affinity").inc()
+        _REORDERS(band, "swap_affinity").inc()
     if decision.changed_by_fairness:
-        REORDERS.labels(band, "fair_share").inc()
+        _REORDERS(band, "fair_share").inc()
 
 
 def _finished(event: Finished) -> None:
     model, key = event.model, KEY_LABELS.of(event.key)
     status = status_label(event.status, event.state)
-    REQUESTS.labels(model, event.route, status).inc()
-    KEY_REQUESTS.labels(key, status).inc()
-    REQUEST_DURATION.labels(model).observe(event.seconds)
+    _REQUESTS(model, event.route, status).inc()
+    _KEY_REQUESTS(key, status).inc()
+    _REQUEST_DURATION(model).observe(event.seconds)
     if event.ttfb_s is not None:
-        FIRST_BYTE.labels(model).observe(event.ttfb_s)
+        _FIRST_BYTE(model).observe(event.ttfb_s)
     if event.queue_wait_s is not None:
-        KEY_QUEUE_WAIT.labels(key).observe(event.queue_wait_s)
+        _KEY_QUEUE_WAIT(key).observe(event.queue_wait_s)
     for direction in TOKEN_DIRECTIONS:
         count = event.usage.get(f"{direction}_tokens")
         if isinstance(count, int) and count > 0:
-            TOKENS.labels(model, direction).inc(count)
-            KEY_TOKENS.labels(key, direction).inc(count)
+            _TOKENS(model, direction).inc(count)
+            _KEY_TOKENS(key, direction).inc(count)
 
 
 def _unserved(event: Unserved) -> None:
     """Answered by the scheduler with an error (429, failed start, shutdown) or cancelled while queued."""
-    REQUESTS.labels(event.model or UNKNOWN, event.route, str(event.status)).inc()
-    KEY_REQUESTS.labels(KEY_LABELS.of(event.key), str(event.status)).inc()
+    _REQUESTS(event.model or UNKNOWN, event.route, str(event.status)).inc()
+    _KEY_REQUESTS(KEY_LABELS.of(event.key), str(event.status)).inc()
 
 
 def key_refused(key: str, status: int) -> None:

@@ -10,6 +10,7 @@ nothing.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 from pathlib import Path
@@ -81,10 +82,16 @@ def host_refusal(host: str) -> str | None:
 
     The same test Django applies to ALLOWED_HOSTS, so its own check further on never disagrees.
     """
+    return _host_refusal(host, tuple(settings.ALLOWED_HOSTS))
+
+
+@functools.lru_cache(maxsize=256)
+def _host_refusal(host: str, allowed: tuple[str, ...]) -> str | None:
+    """`host_refusal` for these ALLOWED_HOSTS: a model request asks it every time, with one of a few names."""
     domain, _ = split_domain_port(host)
     if not domain:
         return f"Host {host!r} is not a valid host name, so it is none of the names this service answers to ({ENV})"
-    if validate_host(domain, settings.ALLOWED_HOSTS):
+    if validate_host(domain, allowed):
         return None
     return (
         f"Host {host!r} is not a name this service answers to: add it to {ENV} "

@@ -248,8 +248,7 @@ def _write_batch(batch: list) -> None:
         return
     with transaction.atomic():
         if creates:
-            _insert_rows(QueuedRequest, [QueuedRequest(id=tid, **storable(QueuedRequest, fields))
-                                         for tid, fields in creates.items()])
+            _insert_new_rows(QueuedRequest, creates)
         _update_rows(QueuedRequest, updates)
 
 
@@ -274,13 +273,80 @@ def _insert_rows(model, rows: list) -> None:
     from django.db import connection
 
     columns = model._meta.concrete_fields
+    _execute_insert(model, [[column.get_db_prep_save(column.pre_save(row, True), connection) for column in columns]
+                            for row in rows])
+
+
+def _execute_insert(model, values: list[list[Any]]) -> None:
+    """One prepared INSERT of every column of `model`, run for each row of `values` (in column order)."""
+    from django.db import connection
+
+    columns = model._meta.concrete_fields
     quote = connection.ops.quote_name
     names = ", ".join(quote(column.column) for column in columns)
     with connection.cursor() as cursor:
         cursor.executemany(
             f"INSERT INTO {quote(model._meta.db_table)} ({names}) VALUES ({', '.join(['%s'] * len(columns))})",
-            [[column.get_db_prep_save(column.pre_save(row, True), connection) for column in columns] for row in rows],
+            values,
         )
+
+
+def _insert_new_rows(model, creates: dict[int, dict[str, Any]]) -> None:
+    """New rows by id, their fields fitted (`storable`), each value prepared for saving as `_insert_rows` prepares
+    a model instance's, but read straight from the fields (or the column's default) where every column of `model`
+    allows it (`_plain_columns`): building an instance of fifty-odd fields a row was most of this thread's work."""
+    rows = [(tid, storable(model, fields)) for tid, fields in creates.items()]
+    plain = _plain_columns(model)
+    if plain is None or not all(plain.names.issuperset(fields) for _, fields in rows):
+        # A name the model lacks (or the id among the fields): the model instance refuses it, as it always did.
+        _insert_rows(model, [model(id=tid, **fields) for tid, fields in rows])
+        return
+    values = []
+    for tid, fields in rows:
+        row = []
+        for name, default, prepare in plain.columns:
+            if name == plain.pk:
+                value = tid
+            else:
+                value = fields[name] if name in fields else default()
+            row.append(None if value is None else prepare(value))
+        values.append(row)
+    _execute_insert(model, values)
+
+
+@dataclass(frozen=True)
+class _PlainColumns:
+    """`_plain_columns`: each column's field name, default and preparation for saving, in table order; the field
+    names a row's fields may have (the primary key's not among them: it is the row's id)."""
+
+    columns: tuple[tuple[str, Any, Any], ...]
+    names: frozenset[str]
+    pk: str
+
+
+# Field classes whose pre_save reads the attribute as it is and whose preparation for saving leaves None as None
+# (NULL): a row of these can be written from its values without a model instance.
+_PLAIN_FIELDS = ("AutoField", "BigAutoField", "BigIntegerField", "BooleanField", "CharField", "FloatField",
+                 "IntegerField", "PositiveIntegerField", "SmallIntegerField", "TextField")
+
+
+@functools.cache
+def _plain_columns(model) -> _PlainColumns | None:
+    """How `_insert_new_rows` writes rows of `model` without an instance: None when a column is of a class not
+    known to need none (`_PLAIN_FIELDS`; a date column counts only without auto_now and auto_now_add)."""
+    from django.db import connection, models
+
+    columns = []
+    for column in model._meta.concrete_fields:
+        kind = type(column)
+        plain = kind.__module__ == models.Field.__module__ and kind.__name__ in _PLAIN_FIELDS
+        dated = kind in (models.DateTimeField, models.DateField) and not (column.auto_now or column.auto_now_add)
+        if not (plain or dated) or column.name != column.attname:
+            return None
+        prepare = functools.partial(column.get_db_prep_save, connection=connection)
+        columns.append((column.name, column.get_default, prepare))
+    pk = model._meta.pk.name
+    return _PlainColumns(tuple(columns), frozenset(name for name, _, _ in columns) - {pk}, pk)
 
 
 def _update_rows(model, updates: dict[int, dict[str, Any]]) -> None:

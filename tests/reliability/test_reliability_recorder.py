@@ -63,3 +63,31 @@ def test_values_beyond_their_columns_are_stored_fitted():
     assert (row.input_tokens, row.output_tokens) == (2**63 - 1, -(2**63))
     assert row.tokens_per_second is None and row.prompt_per_second is None and row.score_aging is None
     assert row.state == "completed"
+
+
+def test_new_rows_are_written_with_the_values_a_model_instance_would_give(monkeypatch):
+    """Rows inserted from their fields carry, column for column, what the same rows as model instances carry:
+    given values prepared for saving, defaults for the rest, NULL for None."""
+    from scheduling.rows import recorder
+
+    creates = {
+        1: queued(priority=5, client="127.0.0.1", stream=True, tokens_per_second=12.5, api_key="k",
+                   explanation="", slot=0),
+        2: queued(model="other", dispatched_at=ARRIVED, status_code=None, method="POST"),
+        3: {"model": "m", "path": "/v1/completions", "state": "queued", "arrived_at": ARRIVED},
+    }
+    written = []
+    monkeypatch.setattr(recorder, "_execute_insert", lambda model, values: written.append(values))
+    recorder._insert_new_rows(QueuedRequest, creates)
+    recorder._insert_rows(QueuedRequest, [QueuedRequest(id=tid, **recorder.storable(QueuedRequest, fields))
+                                          for tid, fields in creates.items()])
+    from_fields, from_instances = written
+    assert from_fields == from_instances
+    assert recorder._plain_columns(QueuedRequest) is not None  # the path compared above is the one taken
+
+
+def test_a_new_row_with_a_field_the_model_lacks_is_refused_as_by_the_model():
+    from scheduling.rows import recorder
+
+    with pytest.raises(TypeError):
+        recorder._insert_new_rows(QueuedRequest, {1: queued(no_such_column=1)})
