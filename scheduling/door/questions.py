@@ -454,22 +454,22 @@ def _logs_since(question: LogsSince, runtime, fleet) -> dict[str, LogText]:
 
 @answers(CancelRequest)
 def _cancel_request(question: CancelRequest, runtime, fleet) -> bool:
-    return runtime.operator_cancel(question.ticket_id) or runtime.operator_cut(question.ticket_id)
+    return runtime.operators.cancel(question.ticket_id) or runtime.operators.cut(question.ticket_id)
 
 
 @answers(CancelWaiting)
 def _cancel_waiting(question: CancelWaiting, runtime, fleet) -> list[int]:
-    return [ticket_id for ticket_id in question.ticket_ids if runtime.operator_cancel(ticket_id)]
+    return [ticket_id for ticket_id in question.ticket_ids if runtime.operators.cancel(ticket_id)]
 
 
 @answers(RefuseKey)
 def _refuse_key(question: RefuseKey, runtime, fleet) -> list[int]:
-    return runtime.refuse_key(question.key, Refused(401, "invalid_api_key", question.why))
+    return runtime.operators.refuse_key(question.key, Refused(401, "invalid_api_key", question.why))
 
 
 @answers(Reprioritize)
 def _reprioritize(question: Reprioritize, runtime, fleet) -> list[int]:
-    return [ticket_id for ticket_id in question.ticket_ids if runtime.reprioritize(ticket_id, question.priority)]
+    return [ticket_id for ticket_id in question.ticket_ids if runtime.operators.reprioritize(ticket_id, question.priority)]
 
 
 @answers(Unload)
@@ -488,7 +488,7 @@ async def _keep_leases(question: KeepLeases, runtime, fleet) -> dict[int, dict]:
 
 @answers(Retune)
 def _retune(question: Retune, runtime, fleet) -> None:
-    runtime.retune(question.settings)
+    runtime.operators.retune(question.settings)
 
 
 @answers(BeginRelayed)
