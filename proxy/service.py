@@ -235,8 +235,8 @@ class ProxyService:
         captures.STORE.configure(config.capture_buffer_mb)
         if self.runtime is not None:
             self.fleet.apply(config, restart)
-            self.runtime.reconfigure(model_specs(config), swap_policy(config), restart, config.hardware)
-            self.runtime.retune(serial_settings)
+            self.runtime.operators.reconfigure(model_specs(config), swap_policy(config), restart, config.hardware)
+            self.runtime.operators.retune(serial_settings)
         for model in set(old) | set(config.models):
             before, after = old.get(model), config.models.get(model)
             if model in restart or before is None or after is None or before.timeouts != after.timeouts:

@@ -340,7 +340,7 @@ class PlacementCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         capacity, declared, measured, per_model = self._families()
         try:  # on the runtime's loop; a runtime whose loop has ended (a process shutting down) has none to show
-            view = None if self.runtime is None else self.runtime.from_thread(self.runtime.scheduler.placement)
+            view = None if self.runtime is None else self.runtime.operators.from_thread(self.runtime.scheduler.placement)
         except (RuntimeError, TimeoutError):
             view = None
         for gpu in (view or {}).get("gpus", ()):

@@ -199,6 +199,38 @@ def test_proxy_and_scheduling_never_import_the_site_package():
     assert {name: targets for name, targets in upward.items() if targets} == {}
 
 
+# -- the scheduler and the engine are composed, not mixed in -------------------------------------------------
+# The scheduling core and the engine own their state in parts they build and name (`self.held`, `self.operators`,
+# the scheduler's `WaitingRequests`): no class there takes a class of the project's own as a base, so what a part
+# reads and changes is said where it is built, not spread over the methods of one object.
+COMPOSED = ("scheduling/core", "scheduling/runtime")
+
+
+def project_bases(sources: dict[str, str]) -> list[str]:
+    """`module: Class(Base)` for each class in `sources` (name -> text) whose base is a class defined in any of them."""
+    trees = {name: ast.parse(text) for name, text in sources.items()}
+    defined = {node.name for tree in trees.values() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    return sorted(f"{name}: {node.name}({ast.unparse(base)})" for name, tree in trees.items()
+                  for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+                  for base in node.bases if ast.unparse(base).split(".")[-1] in defined)
+
+
+def test_the_core_and_the_engine_take_no_project_class_as_a_base():
+    sources = {str(path.relative_to(SCHEDULING.parent)): path.read_text() for folder in COMPOSED
+               for path in sorted((SCHEDULING.parent / folder).rglob("*.py"))}
+    assert "scheduling/runtime/engine.py" in sources and "scheduling/core/serial.py" in sources
+    assert project_bases(sources) == []
+
+
+def test_the_base_scan_sees_a_mixin_by_name_and_through_a_module_and_passes_a_library_base():
+    sources = {
+        "engine.py": "from .operators import Operators\nclass Runtime(Operators, Exception):\n    pass\n",
+        "operators.py": "class Operators:\n    pass\nclass Kept(enum.StrEnum):\n    pass\n",
+        "other.py": "from . import operators\nclass Other(operators.Operators):\n    pass\n",
+    }
+    assert project_bases(sources) == ["engine.py: Runtime(Operators)", "other.py: Other(operators.Operators)"]
+
+
 # -- folders say what their files are about ---------------------------------------------------------------
 MAX_MODULES_AT_A_TOP_LEVEL = 20
 MAX_MODULE_LINES = 560

@@ -61,6 +61,10 @@ class FakeRuntime:
     def placement(self) -> None:
         return None
 
+    @property
+    def operators(self):
+        return self  # from_thread()
+
     def from_thread(self, fn, *args):
         return fn(*args)
 

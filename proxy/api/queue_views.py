@@ -16,7 +16,7 @@ from proxy.api.visibility import own_entries, own_rows, told_in
 from scheduling.rows.activity import activity_row
 from scheduling.models import QueuedRequest
 from scheduling.core.priority import PRIORITY_ALIASES
-from scheduling.door.questions import CancelRequest, Queue, QueueEntryOf, Reprioritize
+from scheduling.door.questions import Cancel, Progress, Queue, Reprioritize
 from scheduling.admin.forms import PriorityField
 from scheduling.whole_numbers import ROW_ID_MAX, as_typed
 
@@ -47,7 +47,7 @@ async def queue_entry(request: HttpRequest, service, ticket_id: int) -> HttpResp
     if request.method == "PATCH":
         return await _reprioritize(request, service, ticket_id)
     scope = request.caller.scope
-    entry = await service.door.ask(QueueEntryOf(ticket_id))
+    entry = await service.door.ask(Progress(ticket_id))
     if entry is not None and await own_entries(scope, [entry]):
         return JsonResponse(told_in(scope, entry.as_json()))
     row = await sync_to_async(_row)(ticket_id)
@@ -68,7 +68,7 @@ async def _cancel(service, ticket_id: int) -> HttpResponse:
     """A waiting request is refused, a running one cut; either client gets a 503 cancelled_by_operator."""
     if ticket_id > ROW_ID_MAX:  # llama-swap's route has no check of its own
         return json_error(404, f"no request {as_typed(str(ticket_id))}: ids stop at {ROW_ID_MAX}", "request_not_found")
-    if not await service.door.ask(CancelRequest(ticket_id)):
+    if not await service.door.ask(Cancel((ticket_id,), running=True)):
         return json_error(404, f"request {ticket_id} is not waiting or running", "request_not_found")
     return JsonResponse({"msg": "ok"})
 

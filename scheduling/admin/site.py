@@ -35,7 +35,7 @@ from scheduling.models import (
     WaitingRequest,
 )
 from scheduling.tickets import RequestState
-from scheduling.door.questions import BusyModels, CancelWaiting, Processes, Queue, Reprioritize, Snapshot, Unload, Waiting
+from scheduling.door.questions import BusyModels, Cancel, Processes, Queue, Reprioritize, Snapshot, Unload, Waiting
 from scheduling.operating.settings_store import as_text, ignored_slot_lines, ignored_values, override_source, save_settings
 from scheduling.whole_numbers import whole_number
 
@@ -152,7 +152,7 @@ class WaitingRequestAdmin(LivePageAdmin):
             self.message_user(request, "Select at least one waiting request first.", messages.WARNING)
             return HttpResponseRedirect(request.path)
         if action == "cancel":
-            cancelled = door.ask_now(CancelWaiting(tuple(tickets)))
+            cancelled = door.ask_now(Cancel(tuple(tickets)))
             if cancelled:
                 self.message_user(
                     request,

@@ -48,7 +48,7 @@ class InProcessFrontDoor:
 
     def ask_now(self, question: Question) -> Any:
         try:
-            return self.runtime.from_thread(answer, question, self.runtime, self.fleet)
+            return self.runtime.operators.from_thread(answer, question, self.runtime, self.fleet)
         except TimeoutError:  # the loop is held up (a long scheduling step): the page says so
             raise Unanswered(f"the scheduler did not answer {type(question).__name__!r} in time") from None
         except RuntimeError as exc:  # its loop has ended: this process is shutting down

@@ -115,21 +115,15 @@ class Queue(Listed):
 
 
 @dataclass(frozen=True)
-class QueueEntryOf(FirstFound):
-    """One waiting or running request, by ticket id (None: not waiting or running)."""
-
-    ticket_id: int
-
-
-@dataclass(frozen=True)
 class Progress(FirstFound):
-    """Where a request a front door queued stands (None: no longer waiting or running). `handle`: what
-    `submit`'s `queued` was given, the ticket id in one process, the front end's key in distributed mode."""
+    """Where one waiting or running request stands (None: no longer waiting or running), by its ticket id, or by
+    the handle `submit`'s `queued` was given: the ticket id in one process, the front end's key in distributed
+    mode (asked of the worker it was sent to alone)."""
 
     handle: int | str
 
     def workers(self, reach: Reach) -> list[str]:
-        return reach.holding(self.handle)
+        return reach.holding(self.handle) if isinstance(self.handle, str) else reach.live()
 
 
 @dataclass(frozen=True)
@@ -189,20 +183,12 @@ class LogsSince(Question):
 
 
 @dataclass(frozen=True)
-class CancelRequest(Question):
-    """An operator ends a waiting or running request, its client told why; answers whether it was there."""
-
-    ticket_id: int
-
-    def merge(self, answers: dict[str, Any]) -> bool:
-        return any(answers.values())
-
-
-@dataclass(frozen=True)
-class CancelWaiting(Listed):
-    """Fail these queued requests as cancelled by an operator; answers those that were still waiting."""
+class Cancel(Listed):
+    """An operator fails these waiting requests as cancelled, and with `running` cuts those running too, each
+    client told why; answers those that were there to cancel."""
 
     ticket_ids: tuple[int, ...]
+    running: bool = False
 
 
 @dataclass(frozen=True)
@@ -384,11 +370,6 @@ def _entry_of(runtime, ticket_id: int | None) -> QueueEntry | None:
     return next((entry for entry in queue_entries(runtime) if entry.ticket_id == ticket_id), None)
 
 
-@answers(QueueEntryOf)
-def _queue_entry_of(question: QueueEntryOf, runtime, fleet) -> QueueEntry | None:
-    return _entry_of(runtime, question.ticket_id)
-
-
 @answers(Progress)
 def _progress(question: Progress, runtime, fleet) -> QueueEntry | None:
     handle = question.handle
@@ -452,24 +433,21 @@ def _logs_since(question: LogsSince, runtime, fleet) -> dict[str, LogText]:
     return {name: LogText(name, *logs[name].since(question.cursors.get(name))) for name in names if name in logs}
 
 
-@answers(CancelRequest)
-def _cancel_request(question: CancelRequest, runtime, fleet) -> bool:
-    return runtime.operator_cancel(question.ticket_id) or runtime.operator_cut(question.ticket_id)
-
-
-@answers(CancelWaiting)
-def _cancel_waiting(question: CancelWaiting, runtime, fleet) -> list[int]:
-    return [ticket_id for ticket_id in question.ticket_ids if runtime.operator_cancel(ticket_id)]
+@answers(Cancel)
+def _cancel(question: Cancel, runtime, fleet) -> list[int]:
+    operators = runtime.operators
+    return [ticket_id for ticket_id in question.ticket_ids
+            if operators.cancel(ticket_id) or (question.running and operators.cut(ticket_id))]
 
 
 @answers(RefuseKey)
 def _refuse_key(question: RefuseKey, runtime, fleet) -> list[int]:
-    return runtime.refuse_key(question.key, Refused(401, "invalid_api_key", question.why))
+    return runtime.operators.refuse_key(question.key, Refused(401, "invalid_api_key", question.why))
 
 
 @answers(Reprioritize)
 def _reprioritize(question: Reprioritize, runtime, fleet) -> list[int]:
-    return [ticket_id for ticket_id in question.ticket_ids if runtime.reprioritize(ticket_id, question.priority)]
+    return [ticket_id for ticket_id in question.ticket_ids if runtime.operators.reprioritize(ticket_id, question.priority)]
 
 
 @answers(Unload)
@@ -488,7 +466,7 @@ async def _keep_leases(question: KeepLeases, runtime, fleet) -> dict[int, dict]:
 
 @answers(Retune)
 def _retune(question: Retune, runtime, fleet) -> None:
-    runtime.retune(question.settings)
+    runtime.operators.retune(question.settings)
 
 
 @answers(BeginRelayed)

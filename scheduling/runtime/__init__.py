@@ -5,11 +5,13 @@ engine carries out what it asks for (grant, start or stop a model, reject). Ever
 on the event loop, one at a time, so the core needs no locks. The engine knows nothing of HTTP: model
 processes are reached through a `fleet` object and rows through a recorder.
 
-`SchedulerRuntime` is one class in two modules: the request path, with taking over from another worker
-(`engine`), and the operators' side and reads (`operators`). It owns parts with their own state: the
-requests it holds, waiting or granted (`HeldRequests`, `held`), the model starts and stops under way
-(`ModelProcesses`, `processes`), the queue's forecast (`Forecasting`, `forecasting`), the requests relayed
-to a peer with their rows (`RelayedRows`, `relayed`) and the model leases (`ModelLeases`, `model_leases`).
+`SchedulerRuntime` (`engine`) is the request path, with taking over from another worker, the reads the front
+doors' questions answer from, and the shutdown. It owns parts with their own state: the requests it holds,
+waiting or granted (`HeldRequests`, `held`), the model starts and stops under way (`ModelProcesses`,
+`processes`), the queue's forecast (`Forecasting`, `forecasting`), the requests relayed to a peer with their
+rows (`RelayedRows`, `relayed`) and the model leases (`ModelLeases`, `model_leases`); and the operators' ways
+in (`OperatorActions`, `operators`: cancel, cut, re-rank, retune, reconfigure, calls from other threads),
+which change the engine only through its request path.
 Only the composition root (`proxy/service.py`) and the worker side build or name it.
 """
 

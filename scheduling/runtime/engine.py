@@ -8,12 +8,13 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Collection, Coroutine, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from scheduling.core import (
-    Dequeued, Grant, ModelState, Refuse, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket, band_of,
+    Band, Decision, Dequeued, Grant, ModelState, Refuse, Scheduler, SchedulerSnapshot, StartModel, StopModel, Ticket,
+    band_of,
 )
 from scheduling.core.durations import DurationHistory
 from scheduling.core.forecast import Outlook
@@ -30,6 +31,9 @@ from .relayed import RelayedRows
 
 log = logging.getLogger("llamaswap.scheduler")
 
+# How long a shutdown waits, once it has cut what still runs, for those requests to end before models stop.
+SHUTDOWN_CUT_GRACE_S = 2.0
+
 # Retry-After for a request whose maximum wait ran out when its dispatch cannot be predicted.
 MAX_WAIT_RETRY_AFTER_S = 5
 
@@ -38,7 +42,7 @@ class HandedOver(Exception):
     """The request stays queued for the worker that takes over from this one: answer nothing."""
 
 
-class SchedulerRuntime(OperatorActions):
+class SchedulerRuntime:
     def __init__(
         self,
         scheduler: Scheduler,
@@ -72,6 +76,7 @@ class SchedulerRuntime(OperatorActions):
         self.snapshot: tuple[float, SchedulerSnapshot] = (self.now(), scheduler.snapshot(self.now()))
         self.relayed = RelayedRows(recorder, self._ticket_id, self._observer)  # served without the scheduler
         self.model_leases = ModelLeases(self)  # its rows' reads run once the service starts `run()`
+        self.operators = OperatorActions(self)  # cancel, cut, re-rank, retune, reconfigure; calls from threads
 
     # -- clocks -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -331,7 +336,80 @@ class SchedulerRuntime(OperatorActions):
             outcome, finished_at, seconds, wall(outcome.first_byte_at)
         ))
 
-    # -- operator API ---------------------------------------------------------------------------
+    # -- reads, for the front doors' questions and the metrics ---------------------------------
+    def ranked(self) -> list:
+        return self.scheduler.ranked(self.now())
+
+    def waiting_request(self, ticket_id: int) -> TicketRequest | None:
+        waiter = self.held.waiting.get(ticket_id)
+        return waiter.request if waiter else None
+
+    def arrival_of(self, ticket_id: int) -> float | None:
+        """When a waiting request arrived (`now()` clock), counting a previous worker's wait for it."""
+        waiter = self.held.waiting.get(ticket_id)
+        return waiter.ticket.arrival if waiter else None
+
+    def running_requests(self) -> list[tuple[int, tuple[TicketRequest, Decision, float]]]:
+        return list(self.held.granted.items())
+
+    def tickets_of(self, origins: Collection[str]) -> list[int]:
+        """The requests, waiting or running, that front ends know by these keys (distributed mode)."""
+        waiting = [tid for tid, waiter in self.held.waiting.items() if waiter.request.origin in origins]
+        return waiting + [tid for tid, (request, _, _) in self.held.granted.items() if request.origin in origins]
+
+    def ticket_of(self, origin: str) -> int | None:
+        """The ticket of the waiting request a front end knows as `origin` (distributed mode)."""
+        return next((tid for tid, waiter in self.held.waiting.items() if waiter.request.origin == origin), None)
+
+    def granted_request(self, ticket_id: int) -> tuple[TicketRequest, Decision, float] | None:
+        """A running request with its dispatch decision and when it was granted (`now()` clock), or None."""
+        return self.held.granted.get(ticket_id)
+
+    def oldest_wait_by_band(self) -> dict[Band, float]:
+        """Oldest wait per band as of now, from the last published snapshot (thread-safe read)."""
+        taken_at, snap = self.snapshot
+        elapsed = self._loop.time() - taken_at
+        return {
+            band: (wait + elapsed if snap.depth_by_band[band] else 0.0)
+            for band, wait in snap.oldest_wait_by_band.items()
+        }
+
+    # -- ending many at once, and the shutdown ----------------------------------------------------
+    def cancel_all(self, ticket_ids: list[int], reason: str) -> None:
+        """Requests whose callers are gone together (their front end died), wherever each is: their
+        rows end `cancelled` with `reason`, a running one's lease is revoked, and only then does the
+        scheduler give out what they held, so none of them is granted or starts a model on its way out."""
+        for ticket_id in ticket_ids:
+            lease = self.held.lease(ticket_id)
+            if not self._record_end(ticket_id, Outcome(state=RequestState.CANCELLED, error=reason)):
+                self._end_waiting(ticket_id, reason)
+            elif lease is not None:
+                lease.revoke(Refused(499, "cancelled", reason))
+        now = self.now()
+        self._run(lambda: self.scheduler.cancel_all(ticket_ids, now))
+
+    async def shutdown(self, drain_seconds: float) -> None:
+        """Refuse new work, fail queued requests, give running ones `drain_seconds` to finish."""
+        self._closing = True
+        now = self.now()
+        # The core asks to stop every model at once; that would cut the running request short, so the
+        # stops wait until the drain is over (the service stops the whole fleet then).
+        self._run(lambda: [e for e in self.scheduler.shutdown(now) if not isinstance(e, StopModel)])
+        deadline = self.now() + drain_seconds
+        while (self.held.granted or self.relayed.underway() or self._tasks) and self.now() < deadline:
+            await asyncio.sleep(0.05)
+        # What still runs is cut by the shutdown, not by its model stopping: each client is told so.
+        cut = [lease for ticket_id in self.held.granted if (lease := self.held.lease(ticket_id)) is not None]
+        self._cut(list(self.held.granted), Refused(503, "shutting_down", "llamaswap shut down before this request finished"))
+        # A cut request closes its model server's connection as its holder ends: the models stop after
+        # that, so a server is not killed in the middle of its side of the close.
+        holders = [task for lease in cut if (task := lease.holder()) is not None]
+        if holders:
+            await asyncio.wait(holders, timeout=SHUTDOWN_CUT_GRACE_S)
+        if self._timer:
+            self._timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
 
     # -- effects --------------------------------------------------------------------------------
     def _run(self, step: Callable[[], list]) -> None:
@@ -366,7 +444,7 @@ class SchedulerRuntime(OperatorActions):
                 self._cut_requests_on(effect.model)
             self.processes.stop(effect)
         elif isinstance(effect, Dequeued):
-            pass  # the row was already marked by cancel()/operator_cancel()
+            pass  # the row was already marked by cancel()/operators.cancel()
         else:
             raise TypeError(f"unknown scheduler effect {effect!r}")
 

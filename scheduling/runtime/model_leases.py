@@ -91,7 +91,7 @@ class ModelLeases:
             if lease_id not in {row[0] for row in before}:
                 log.info("lease #%d keeps model %s loaded", lease_id, model)
         self._rows = rows
-        self._runtime.apply_leases(rows)
+        self._runtime.operators.apply_leases(rows)
 
     def _leased(self) -> set[str]:
         return {model for _, model, _ in self._rows or []}

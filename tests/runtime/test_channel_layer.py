@@ -12,7 +12,7 @@ from scheduling.core import Band
 from scheduling.events import Finished, Unserved
 from scheduling.door.frontdoor import Unanswered
 from scheduling.door.in_process import InProcessFrontDoor
-from scheduling.door.questions import BusyModels, CancelWaiting, LogText, Reprioritize, Snapshot, Unload, Waiting
+from scheduling.door.questions import BusyModels, Cancel, LogText, Reprioritize, Snapshot, Unload, Waiting
 from scheduling.door.remote import ChannelLayerFrontDoor
 from scheduling.tickets import Outcome, Refused, TicketRequest
 from llamaswap_site.environment import redis_host
@@ -167,7 +167,7 @@ async def test_operators_on_a_front_end_see_and_change_the_workers_queue(wired):
         before = [(entry.ticket_id, entry.priority) for entry in first.ask_now(Waiting())]
         assert [busy.model for busy in first.ask_now(BusyModels())] == ["a"]
         moved = first.ask_now(Reprioritize((3,), 100))
-        cancelled = first.ask_now(CancelWaiting((2, 99)))
+        cancelled = first.ask_now(Cancel((2, 99)))
         return before, moved, cancelled, first.ask_now(Snapshot())
 
     before, moved, cancelled, snapshot = await asyncio.to_thread(operate)

@@ -17,14 +17,14 @@ async def test_an_operator_cancels_a_queued_request_with_a_503_and_not_a_running
     running, lease = await gpu.running("a")
     queued = await gpu.submit("a")
 
-    assert gpu.runtime.operator_cancel(queued.ticket_id)
+    assert gpu.runtime.operators.cancel(queued.ticket_id)
 
     with pytest.raises(Refused) as refused:
         await queued.lease()
     assert (refused.value.status, refused.value.code) == (503, "cancelled_by_operator")
     assert gpu.row(queued) | {"state": "cancelled", "status_code": 503} == gpu.row(queued)
-    assert not gpu.runtime.operator_cancel(queued.ticket_id), "already gone"
-    assert not gpu.runtime.operator_cancel(lease.ticket_id), "running requests are the unload's to cut"
+    assert not gpu.runtime.operators.cancel(queued.ticket_id), "already gone"
+    assert not gpu.runtime.operators.cancel(lease.ticket_id), "running requests are the unload's to cut"
     gpu.finish(lease)
     assert gpu.state(running) == "completed"
 
@@ -34,8 +34,8 @@ async def test_reprioritizing_a_queued_request_moves_it_ahead_and_updates_its_ro
     _, lease = await gpu.running("a")
     earlier, later = await gpu.submit("a"), await gpu.submit("a")
 
-    assert gpu.runtime.reprioritize(later.ticket_id, 100)
-    assert not gpu.runtime.reprioritize(lease.ticket_id, 100), "a running request has no rank to change"
+    assert gpu.runtime.operators.reprioritize(later.ticket_id, 100)
+    assert not gpu.runtime.operators.reprioritize(lease.ticket_id, 100), "a running request has no rank to change"
 
     assert (gpu.row(later)["priority"], gpu.row(later)["band"]) == (100, "interactive")
     gpu.finish(lease)
@@ -101,11 +101,13 @@ def test_a_call_from_another_thread_after_the_runtime_loop_closed_raises_and_lea
     import gc
     import warnings
 
+    from types import SimpleNamespace
+
     from scheduling.runtime.operators import OperatorActions
 
-    actions = OperatorActions()
-    actions._loop = asyncio.new_event_loop()
-    actions._loop.close()
+    closed = asyncio.new_event_loop()
+    closed.close()
+    actions = OperatorActions(SimpleNamespace(_loop=closed))  # a runtime whose loop has closed
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(RuntimeError):

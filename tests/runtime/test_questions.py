@@ -51,9 +51,9 @@ def test_every_question_has_exactly_one_answering_function():
 
 
 SAMPLES = [
-    questions.Snapshot(), questions.Waiting(), questions.BusyModels(), questions.Queue(), questions.QueueEntryOf(7),
+    questions.Snapshot(), questions.Waiting(), questions.BusyModels(), questions.Queue(), questions.Progress(7),
     questions.Progress("front#3"), questions.Processes(), questions.RunningProcesses(), questions.Logs(),
-    questions.LogsSince({"worker a": "12"}, "a"), questions.CancelRequest(7), questions.CancelWaiting((1, 2)),
+    questions.LogsSince({"worker a": "12"}, "a"), questions.Cancel((7,), running=True), questions.Cancel((1, 2)),
     questions.RefuseKey("app", "the API key 'app' is revoked"),
     questions.Reprioritize((3,), 100), questions.Unload(("a",), wait=False), questions.Unload(),
     questions.Retune(SerialSettings(30, 5, {"a": 2})),

@@ -70,10 +70,10 @@ async def test_the_jobs_that_end_here_teach_the_forecast(gpu_for):
 async def test_an_operator_cut_ends_a_running_request_and_tells_its_client(gpu_for):
     gpu = gpu_for("chat")
     client, lease = await gpu.running("chat")
-    assert gpu.runtime.operator_cut(client.ticket_id)
+    assert gpu.runtime.operators.cut(client.ticket_id)
     assert isinstance(lease.cut, Refused) and lease.cut.code == "cancelled_by_operator"
     assert gpu.state(client) == "cancelled" and gpu.row(client)["status_code"] == 503
-    assert not gpu.runtime.operator_cut(client.ticket_id), "already ended"
+    assert not gpu.runtime.operators.cut(client.ticket_id), "already ended"
 
 
 async def test_a_failing_forecast_costs_the_prediction_and_nothing_else(gpu_for, monkeypatch, caplog):

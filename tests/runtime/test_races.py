@@ -23,7 +23,7 @@ async def test_an_operator_cancel_just_after_the_client_left_does_not_raise(gpu_
     queued = await gpu.submit("a")
 
     queued.task.cancel()
-    assert gpu.runtime.operator_cancel(queued.ticket_id)
+    assert gpu.runtime.operators.cancel(queued.ticket_id)
 
     with pytest.raises((asyncio.CancelledError, Refused)):
         await asyncio.wait_for(queued.task, DEADLINE)
@@ -37,7 +37,7 @@ async def test_reprioritize_says_no_for_a_request_already_dispatched_to_a_starti
     client = await gpu.submit("a")
     start = await gpu.fleet.next_call("swap_in", "a")
 
-    changed = gpu.runtime.reprioritize(client.ticket_id, 100)
+    changed = gpu.runtime.operators.reprioritize(client.ticket_id, 100)
     row_priority = gpu.row(client)["priority"]
 
     start.succeed()
