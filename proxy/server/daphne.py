@@ -159,6 +159,20 @@ class PhrasedRequest(WebRequest):
         self.handle_reply({"type": "http.response.start", "status": self.refused.status, "headers": headers})
         self.handle_reply({"type": "http.response.body", "body": body})
 
+    def finish(self):
+        """A response that ends short of the Content-Length it declared (its model died mid-answer) closes its
+        connection once what was written is sent: Twisted would keep it open, and the client would wait for
+        bytes that never come until a timeout instead of seeing the body cut."""
+        channel = getattr(self, "channel", None)  # gone once finished
+        short = not self.finished and self.method != b"HEAD" and self.code not in (204, 304) and self._declared_length() > self.sentLength
+        super().finish()
+        if short and channel is not None:
+            channel.loseConnection()
+
+    def _declared_length(self) -> int:
+        values = self.responseHeaders.getRawHeaders(b"content-length") or []
+        return int(values[0]) if values and values[0].isdigit() else -1
+
     def setResponseCode(self, code, message=None):
         if message is None and code not in http.RESPONSES:
             with contextlib.suppress(ValueError):  # a code no standard names keeps Twisted's fallback

@@ -1,7 +1,8 @@
 """A model server (or peer) that answers JSON nested too deeply for Python's json module to read.
 
 `python -m tests.e2e.hostile_upstream --port N`. The request body's `"hostile"` says how it answers:
-`json` (200), `error` (500), or `sse` (200, a stream whose last event is the nested one). A GET answers
+`json` (200), `error` (500), `sse` (200, a stream whose last event is the nested one), or `short` (200 declaring
+a Content-Length, then the connection closed before the body is whole, as a model that dies mid-answer). A GET answers
 `{"path": <the request target as received>}`, so a test can see the exact bytes of a query.
 """
 
@@ -27,6 +28,13 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "sse":
             events = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\ndata: ' + NESTED + b"\n\ndata: [DONE]\n\n"
             self._answer(200, "text/event-stream", events)
+        elif mode == "short":
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(NESTED)))
+            self.end_headers()
+            self.wfile.write(NESTED[:1000])
+            self.close_connection = True
         else:
             self._answer(500 if mode == "error" else 200, "application/json", NESTED)
 

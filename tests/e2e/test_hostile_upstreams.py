@@ -75,6 +75,20 @@ def test_an_answer_nested_too_deeply_to_parse_is_passed_on_and_recorded_with_its
     assert "RecursionError" not in served.log()
 
 
+@pytest.mark.parametrize("model", ["hostile/h", "local"])
+def test_an_answer_cut_short_of_its_content_length_closes_the_connection(served, model):
+    """The client learns at once that the body is not whole, rather than waiting for bytes that never come."""
+    body = {"model": model, "messages": [], "hostile": "short"}
+    with httpx.Client(timeout=httpx.Timeout(30, read=20)) as client:
+        with client.stream("POST", served.base + "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            with pytest.raises(httpx.RemoteProtocolError, match="incomplete|without sending complete"):
+                r.read()
+    if model == "local":
+        recorded = row(served, r)
+        assert (recorded["state"], recorded["status_code"]) == ("failed", 502)
+
+
 def test_a_malformed_max_wait_is_refused_for_a_peer_as_for_a_local_model(served):
     def chat(max_wait: str) -> httpx.Response:
         return httpx.post(served.base + "/v1/chat/completions", json={"model": "hostile/h", "messages": []},
