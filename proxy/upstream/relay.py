@@ -87,12 +87,18 @@ def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     """The body's length from Content-Length, or None (chunked, or until the connection closes)."""
+    if header_value(headers, b"transfer-encoding"):
+        return None  # the chunks are the body, whatever length a model names beside them
     value = header_value(headers, b"content-length")
     return int(value) if value.isdigit() else None
 
 
 def downstream_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    out = [(k, v) for k, v in headers if k.decode("latin-1").lower() not in HOP_BY_HOP]
+    """The model's response headers the client gets: not the hop-by-hop ones, nor a Content-Length beside a
+    Transfer-Encoding (HTTP lets the encoding override it; passed on, it would cut the body short for the client,
+    and the rest would be read as the next answer on its connection)."""
+    drop = HOP_BY_HOP | {"content-length"} if header_value(headers, b"transfer-encoding") else HOP_BY_HOP
+    out = [(k, v) for k, v in headers if k.decode("latin-1").lower() not in drop]
     if header_value(headers, b"content-type").startswith("text/event-stream") and not header_value(headers, b"x-accel-buffering"):
         out.append((b"x-accel-buffering", b"no"))  # one already there (a peer that is a llamaswap) is not repeated
     return out

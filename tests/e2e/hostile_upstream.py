@@ -2,7 +2,8 @@
 
 `python -m tests.e2e.hostile_upstream --port N`. The request body's `"hostile"` says how it answers:
 `json` (200), `error` (500), `sse` (200, a stream whose last event is the nested one), or `short` (200 declaring
-a Content-Length, then the connection closed before the body is whole, as a model that dies mid-answer). A GET answers
+a Content-Length, then the connection closed before the body is whole, as a model that dies mid-answer), or
+`both` (200 with a Content-Length and a chunked body longer than it: the chunks are the body, as HTTP says). A GET answers
 `{"path": <the request target as received>}`, so a test can see the exact bytes of a query.
 """
 
@@ -35,6 +36,13 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(NESTED[:1000])
             self.close_connection = True
+        elif mode == "both":
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", "5")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"b\r\nhello world\r\n0\r\n\r\n")
         else:
             self._answer(500 if mode == "error" else 200, "application/json", NESTED)
 

@@ -89,6 +89,19 @@ def test_an_answer_cut_short_of_its_content_length_closes_the_connection(served,
         assert (recorded["state"], recorded["status_code"]) == ("failed", 502)
 
 
+@pytest.mark.parametrize("model", ["hostile/h", "local"])
+def test_a_chunked_answer_that_also_names_a_content_length_is_passed_on_whole_without_it(served, model):
+    """Transfer-Encoding overrides Content-Length: passing on the length would cut the body short for the client,
+    and what it did not read would be taken for the next answer on its connection."""
+    body = {"model": model, "messages": [], "hostile": "both"}
+    with httpx.Client(timeout=30) as client:
+        r = client.post(served.base + "/v1/chat/completions", json=body)
+        assert r.status_code == 200
+        assert r.content == b"hello world"
+        assert "content-length" not in r.headers
+        assert client.get(served.base + "/health").text == "OK"  # the same connection, in step
+
+
 def test_a_malformed_max_wait_is_refused_for_a_peer_as_for_a_local_model(served):
     def chat(max_wait: str) -> httpx.Response:
         return httpx.post(served.base + "/v1/chat/completions", json={"model": "hostile/h", "messages": []},
