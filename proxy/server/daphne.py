@@ -164,7 +164,8 @@ class PhrasedRequest(WebRequest):
         connection once what was written is sent: Twisted would keep it open, and the client would wait for
         bytes that never come until a timeout instead of seeing the body cut."""
         channel = getattr(self, "channel", None)  # gone once finished
-        short = not self.finished and self.method != b"HEAD" and self.code not in (204, 304) and self._declared_length() > self.sentLength
+        short = (not self.finished and self.method != b"HEAD" and self.code not in (204, 304)
+                 and self._declared_length() > self.sentLength)
         super().finish()
         if short and channel is not None:
             channel.loseConnection()
