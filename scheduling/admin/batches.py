@@ -13,24 +13,12 @@ from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from scheduling.admin.read_only import ReadOnly
 from scheduling.door import frontdoor
 from scheduling.door.queue_entries import seconds_in_words
 from scheduling.models import Batch, BatchRequest
 from scheduling.operating.batch_progress import counted, of_row, time_left_question
 from scheduling.rows.batch_status import cancel
-
-
-class ReadOnly(admin.ModelAdmin):
-    """Rows the API writes: the admin only shows them."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
 
 
 @admin.register(Batch)

@@ -25,6 +25,7 @@ from scheduling.door import frontdoor
 
 from scheduling.operating import overview, placement_page, settings_preview
 from scheduling.admin.forms import PriorityForm, SchedulerSettingsForm, config_or_problem
+from scheduling.admin.read_only import ReadOnly
 from scheduling.rows.history import CappedCountPaginator, HistoryQuerySet, search_requests
 from scheduling.models import (
     ApiKey,
@@ -330,7 +331,7 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
 
 
 @admin.register(SettingsChange)
-class SettingsChangeAdmin(admin.ModelAdmin):
+class SettingsChangeAdmin(ReadOnly):
     """The audit trail of settings edits: read-only, nobody can rewrite it."""
 
     list_display = ("changed_at", "changed_by", "setting", "old", "new")
@@ -344,15 +345,6 @@ class SettingsChangeAdmin(admin.ModelAdmin):
     @admin.display(description="new value")
     def new(self, obj: SettingsChange) -> str:
         return SettingsChange.shown(obj.new_value)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
 
 
 class ConfiguredModelFilter(admin.SimpleListFilter):
